@@ -1,0 +1,4 @@
+"""MLIR-level definitions: encodings of formats and the builders that emit kernels.
+
+Installed as ``sparse_mlir.dialects``; importing it needs the MLIR Python bindings.
+"""

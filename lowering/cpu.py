@@ -1,0 +1,88 @@
+"""The CPU pipeline: kernel module -> sparsified loops -> LLVM dialect -> shared library.
+
+Stages (each one's IR is kept for ``kernel.ir``):
+
+* ``input``: the module built from the DSL (sparse shapes static).
+* ``sparsified``: after ``sparse-assembler{direct-out}`` (level buffers become
+  plain memref arguments and results) and the sparsifier with direct codegen
+  (no runtime library on the hot path), bufferized.
+* ``llvm``: the LLVM dialect, with every symbol but the C interface internal.
+* then ``mlir-translate | opt | llc`` and the C compiler (``toolchain``).
+
+The sparsifier pipeline is spelled out rather than taken from ``--sparsifier``
+so project rewrites can run between its halves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from sparse_mlir.errors import LoweringError
+
+from . import rewrites, toolchain
+
+__all__ = ["CpuOptions", "SPARSIFY", "TO_LLVM", "lower_to_llvm", "compile_module"]
+
+
+@dataclass(frozen=True)
+class CpuOptions:
+    """Options that change generated code (all part of cache keys)."""
+
+    cpu: str = "native"
+    opt_level: int = 3
+
+    def key(self) -> str:
+        return f"cpu={self.cpu};O{self.opt_level}"
+
+
+SPARSIFY = ("builtin.module("
+            "sparse-assembler{direct-out=true},"
+            "func.func(linalg-generalize-named-ops),"
+            "func.func(linalg-fuse-elementwise-ops),"
+            "sparsification-and-bufferization{enable-simd-index32=true parallelization-strategy=none vl=0},"
+            "sparse-storage-specifier-to-llvm,"
+            "func.func(canonicalize))")
+
+TO_LLVM = ("builtin.module("
+           "func.func(convert-linalg-to-loops),"
+           "func.func(convert-vector-to-scf),"
+           "func.func(expand-realloc),"
+           "func.func(convert-scf-to-cf),"
+           "expand-strided-metadata,"
+           "lower-affine,"
+           "convert-vector-to-llvm,"
+           "func.func(arith-expand),"
+           "func.func(convert-math-to-llvm),"
+           "convert-math-to-libm,"
+           "convert-to-llvm,"
+           "reconcile-unrealized-casts)")
+
+
+def _run(module: ir.Module, pipeline: str, stage: str) -> None:
+    try:
+        PassManager.parse(pipeline).run(module.operation)
+    except Exception as exc:  # MLIRError carries the diagnostics
+        raise LoweringError(str(exc).splitlines()[0], stage=stage, target="cpu", diagnostics=str(exc)) from exc
+
+
+def lower_to_llvm(module: ir.Module, entry: str) -> dict[str, str]:
+    """Lower ``module`` in place to the LLVM dialect; return the IR text of each stage."""
+    stages = {"input": str(module)}
+    _run(module, SPARSIFY, "sparsified")
+    rewrites.widen_bool_buffers(module)
+    stages["sparsified"] = str(module)
+    _run(module, TO_LLVM, "llvm")
+    rewrites.export_only(module, {f"_mlir_ciface_{entry}"})
+    stages["llvm"] = str(module)
+    return stages
+
+
+def compile_module(module: ir.Module, entry: str, out_path: Path, options: CpuOptions) -> dict[str, str]:
+    """Lower and compile ``module`` to a shared library exporting ``_mlir_ciface_<entry>``."""
+    stages = lower_to_llvm(module, entry)
+    toolchain.compile_shared_library(stages["llvm"], out_path, cpu=options.cpu, opt_level=options.opt_level)
+    return stages

@@ -1,0 +1,72 @@
+"""IR rewrites that upstream passes lack, applied between pipeline stages."""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith
+
+__all__ = ["widen_bool_buffers", "export_only"]
+
+
+def widen_bool_buffers(module: ir.Module) -> None:
+    """Store ``memref<?xi1>`` buffers as ``i8``.
+
+    The sparsifier's access-pattern expansion (SpGEMM, sparse outputs with a
+    reduction) keeps a ``memref<?xi1>`` "filled" array, and MemRefToLLVM in
+    22.1.8 asserts on stores narrower than a byte, aborting the process.
+    Loads are truncated back to ``i1`` and stores extended, so the rest of
+    the IR is unchanged.
+    """
+    allocs: list[ir.Operation] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("memref.alloc", "memref.alloca") and _is_bool_memref(op.results[0].type):
+            allocs.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    i8 = ir.IntegerType.get_signless(8)
+    for alloc in allocs:
+        buf = alloc.results[0]
+        old = ir.MemRefType(buf.type)
+        buf.set_type(ir.MemRefType.get(old.shape, i8, old.layout, old.memory_space))
+        for use in list(buf.uses):
+            user = use.owner
+            name = user.name
+            if name == "memref.load":
+                result = user.results[0]
+                result.set_type(i8)
+                with ir.InsertionPoint(user.block), user.location:
+                    trunc = arith.TruncIOp(ir.IntegerType.get_signless(1), result)
+                    trunc.operation.move_after(user)
+                result.replace_all_uses_except(trunc.result, trunc.operation)
+            elif name in ("memref.store", "linalg.fill"):
+                value_index = 0
+                with ir.InsertionPoint(user), user.location:
+                    wide = arith.ExtUIOp(i8, user.operands[value_index])
+                user.operands[value_index] = wide.result
+                for region in user.regions:  # linalg.fill's scalar body
+                    for block in region.blocks:
+                        for arg in block.arguments:
+                            arg.set_type(i8)
+            elif name != "memref.dealloc":
+                raise AssertionError(f"widen_bool_buffers: unexpected user {name} of an i1 buffer")
+
+
+def _is_bool_memref(t: ir.Type) -> bool:
+    return isinstance(t, ir.MemRefType) and isinstance(t.element_type, ir.IntegerType) and t.element_type.width == 1
+
+
+def export_only(module: ir.Module, exported: set[str]) -> None:
+    """Give every ``llvm.func`` definition except ``exported`` internal linkage.
+
+    Several kernels then link into one program without symbol clashes, and
+    LLVM may inline and drop the internal wrappers.
+    """
+    internal = ir.Attribute.parse("#llvm.linkage<internal>")
+    for op in module.body.operations:
+        if op.operation.name != "llvm.func" or not op.operation.regions[0].blocks:
+            continue
+        name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+        if name not in exported:
+            op.operation.attributes["linkage"] = internal

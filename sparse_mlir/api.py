@@ -1,0 +1,41 @@
+"""``compile()``: expression + formats + dtype + target -> ``Kernel`` (cached per process)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .compiler import TARGETS
+from .dsl.plan import plan
+from .errors import DeviceError, DSLError
+from .formats import Format
+from .knobs import knobs
+from .runtime.kernel import Kernel
+
+__all__ = ["compile"]
+
+_kernels: dict[tuple, Kernel] = {}
+_lock = threading.Lock()
+
+
+def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",
+            target: str = "cpu") -> Kernel:  # noqa: A001 - the natural name, as in re.compile
+    """Compile tensor index notation to a native kernel.
+
+    ``formats`` maps tensor names to formats (``sm.CSR`` or ``"csr"``);
+    tensors without one are dense.  Sparse operand shapes are specialized on
+    the first call with each shape; later calls reuse the compiled code.
+    """
+    if not isinstance(target, str) or target not in (*TARGETS, "cuda"):
+        raise DeviceError(f"unknown target {target!r}; targets: cpu, cuda")
+    if target == "cuda":
+        raise DeviceError("target 'cuda' is not available in this build of sparse_mlir yet")
+    if formats is not None and not isinstance(formats, dict):
+        raise DSLError(f"formats must be a dict of tensor name to format, got {type(formats).__name__}")
+    spec = plan(expression, formats, dtype)
+    key = (spec.key(), target, knobs.cpu())
+    with _lock:
+        kernel = _kernels.get(key)
+        if kernel is None:
+            kernel = _kernels[key] = Kernel(spec, target, knobs.cpu())
+    return kernel

@@ -1,0 +1,67 @@
+"""The one place that turns a ``KernelSpec`` into IR and native code.
+
+MLIR is imported here lazily, only when something is compiled or shown, so a
+process can load and run cached or exported kernels without the MLIR
+packages installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+from . import __version__
+from .dsl.plan import KernelSpec
+from .errors import DeviceError
+from .formats import Format
+
+__all__ = ["TARGETS", "specialize", "kernel_source", "build_library", "source_hash"]
+
+TARGETS = ("cpu",)
+
+
+def specialize(spec: KernelSpec, formats: dict[str, Format]) -> KernelSpec:
+    """The spec with the operands' actual formats (index widths may have been widened)."""
+    return replace(spec, formats={**spec.formats, **formats})
+
+
+def kernel_source(spec: KernelSpec) -> str:
+    """The module before lowering, with every size dynamic (``?``): what any specialization starts from."""
+    from mlir import ir
+
+    from .dialects.kernel import build_kernel_module
+
+    with ir.Context():
+        shapes = {n: (None,) * spec.ranks[n] for n in (*spec.inputs, spec.output)}
+        return str(build_kernel_module(spec, shapes))
+
+
+def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], out_path: Path,
+                  target: str, cpu: str) -> dict[str, str]:
+    """Compile one specialization to a shared library; return the IR of each stage."""
+    if target not in TARGETS:
+        raise DeviceError(f"target {target!r} is not available; available: {', '.join(TARGETS)}")
+    from mlir import ir
+
+    from .dialects.kernel import KERNEL_NAME, build_kernel_module
+    from .lowering.cpu import CpuOptions, compile_module
+
+    with ir.Context():
+        module = build_kernel_module(spec, shapes)
+        return compile_module(module, KERNEL_NAME, out_path, CpuOptions(cpu=cpu))
+
+
+@functools.cache
+def source_hash() -> str:
+    """Hash of the package's own sources: a change in codegen invalidates cached kernels."""
+    roots = {Path(__file__).resolve().parent}
+    for sub in ("sparse_mlir.dialects", "sparse_mlir.lowering"):  # may live outside the package folder
+        found = importlib.util.find_spec(sub)
+        roots.update(Path(p).resolve() for p in (found.submodule_search_locations or []) if found)
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted({p for root in roots for p in root.rglob("*.py")}):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()

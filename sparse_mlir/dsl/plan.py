@@ -1,0 +1,244 @@
+"""From a parsed assignment to a ``KernelSpec``: indices, reductions, stages, checks.
+
+Summation rule (TACO/einsum): an index on the right but not on the left is
+summed, and the sum wraps the *smallest* subexpression that holds every use
+of that index.  So ``C[i,j] = relu(A[i,k]*B[k,j] + bias[j])`` is
+``relu(sum_k(A*B) + bias)`` (a fused epilogue) and ``y[i] = A[i,j] + b[i]``
+is ``sum_j(A) + b``.  A sum that is not the whole right-hand side becomes a
+*stage* of its own that fills a dense temporary; the last stage writes the
+output.  Each stage becomes one ``linalg.generic``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import DSLError
+from ..formats import Dense, Format, as_format
+from ..tensor import check_dtype
+from .ast import Access, Assignment, Binary, Call, Expr, Literal, Reduce, Unary
+from .parser import parse
+
+__all__ = ["Stage", "KernelSpec", "plan"]
+
+# f(0) == 0 for these, so a sparse argument keeps the result sparse
+_ZERO_PRESERVING = {"relu", "abs", "sqrt"}
+_FLOAT_ONLY = {"exp", "sqrt"}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One loop nest: ``result[indices] (+)= body`` summing over ``reduce``."""
+
+    result: str
+    indices: tuple[str, ...]
+    reduce: tuple[str, ...]
+    body: Expr
+
+    @property
+    def loops(self) -> tuple[str, ...]:
+        return self.indices + self.reduce
+
+    def accesses(self) -> tuple[Access, ...]:
+        """Distinct tensor accesses of the body, in order of first appearance."""
+        found: dict[Access, None] = {}
+
+        def walk(node: Expr) -> None:
+            if isinstance(node, Access):
+                found.setdefault(Access(node.tensor, node.index), None)
+            for child in node.children():
+                walk(child)
+
+        walk(self.body)
+        return tuple(found)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything the IR builder needs, with no MLIR in it."""
+
+    expression: str
+    output: str
+    output_indices: tuple[str, ...]
+    inputs: tuple[str, ...]
+    ranks: dict[str, int]
+    formats: dict[str, Format]
+    dtype: np.dtype
+    stages: tuple[Stage, ...]
+    temporaries: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def is_sparse(self, name: str) -> bool:
+        return not self.formats.get(name, Dense).is_dense
+
+    @property
+    def sparse_output(self) -> bool:
+        return self.is_sparse(self.output)
+
+    def extent_sources(self) -> dict[str, list[tuple[str, int]]]:
+        """For each index, the (input, dimension) pairs whose size defines it."""
+        sources: dict[str, list[tuple[str, int]]] = {}
+        for stage in self.stages:
+            for acc in stage.accesses():
+                if acc.tensor in self.temporaries:
+                    continue
+                for dim, idx in enumerate(acc.index):
+                    if (acc.tensor, dim) not in sources.setdefault(idx, []):
+                        sources[idx].append((acc.tensor, dim))
+        return sources
+
+    @property
+    def static_indices(self) -> frozenset[str]:
+        """Indices a sparse operand uses: its shape is static at the ABI, so they are specialized."""
+        used: set[str] = set()
+        for stage in self.stages:
+            for acc in stage.accesses():
+                if self.is_sparse(acc.tensor):
+                    used.update(acc.index)
+        if self.sparse_output:
+            used.update(self.output_indices)
+        return frozenset(used)
+
+    def key(self) -> tuple:
+        return (self.expression, tuple(sorted((n, f) for n, f in self.formats.items())), str(self.dtype))
+
+
+def plan(expression: str, formats: dict[str, Format | str] | None = None, dtype: str = "float64") -> KernelSpec:
+    """Parse ``expression`` and check it against ``formats`` and ``dtype``."""
+    tree = parse(expression)
+    dt = check_dtype(dtype, "kernel dtype")
+    ranks = _ranks(tree, expression)
+    inputs = tuple(r for r in ranks if r != tree.output.tensor)
+    fmts: dict[str, Format] = {}
+    for name, fmt in (formats or {}).items():
+        if name not in ranks:
+            raise DSLError(f"formats names {name!r}, which is not a tensor of the expression "
+                           f"(tensors: {', '.join(ranks)})")
+        fmts[name] = as_format(fmt, ranks[name])
+    _check_types(tree.rhs, dt, expression)
+    out = tree.output
+    if len(set(out.index)) != len(out.index):
+        raise DSLError(f"output index {out.index} repeats an index", expression, out.column)
+    rhs_indices = tree.rhs.indices()
+    for idx in out.index:
+        if idx not in rhs_indices:
+            raise DSLError(f"output index {idx!r} does not appear on the right-hand side, so its size is unknown",
+                           expression, out.column)
+    uses = Counter(i for acc in _accesses(tree.rhs) for i in acc.index)
+    summed = {i for i in uses if i not in out.index}
+    body = _place_reductions(tree.rhs, summed, uses)
+    spec_formats = {n: f for n, f in fmts.items() if not f.is_dense}
+    is_sparse = lambda name: name in spec_formats  # noqa: E731
+    if out.tensor in spec_formats and not _zero_preserving(body, is_sparse):
+        raise DSLError(f"the output {out.tensor} has sparse format {spec_formats[out.tensor]}, but the result is not "
+                       f"zero where the sparse inputs are zero; give {out.tensor} a dense format",
+                       expression, out.column)
+    stages, temps = _stages(body, out)
+    return KernelSpec(expression=" ".join(expression.split()), output=out.tensor, output_indices=out.index,
+                      inputs=inputs, ranks=ranks, formats=spec_formats, dtype=dt, stages=stages, temporaries=temps)
+
+
+def _accesses(node: Expr) -> list[Access]:
+    if isinstance(node, Access):
+        return [node]
+    return [a for child in node.children() for a in _accesses(child)]
+
+
+def _ranks(tree: Assignment, expression: str) -> dict[str, int]:
+    ranks: dict[str, int] = {tree.output.tensor: len(tree.output.index)}
+    for acc in _accesses(tree.rhs):
+        if acc.tensor == tree.output.tensor:
+            raise DSLError(f"the output {acc.tensor} also appears on the right-hand side; in-place updates are not "
+                           f"supported", expression, acc.column)
+        if len(set(acc.index)) != len(acc.index):
+            raise DSLError(f"{acc!r} repeats an index (diagonal access is not supported)", expression, acc.column)
+        if ranks.setdefault(acc.tensor, len(acc.index)) != len(acc.index):
+            raise DSLError(f"{acc.tensor} is used with {ranks[acc.tensor]} and with {len(acc.index)} indices",
+                           expression, acc.column)
+        if not 0 <= len(acc.index) <= 3:
+            raise DSLError(f"{acc.tensor} has {len(acc.index)} indices; tensors have at most 3", expression,
+                           acc.column)
+    return ranks
+
+
+def _check_types(node: Expr, dtype: np.dtype, expression: str) -> None:
+    if isinstance(node, Call) and node.func in _FLOAT_ONLY and dtype.kind != "f":
+        raise DSLError(f"{node.func} needs a floating-point dtype, but the kernel dtype is {dtype}", expression,
+                       node.column)
+    if isinstance(node, Literal) and isinstance(node.value, float) and dtype.kind != "f":
+        raise DSLError(f"literal {node.text} is not an integer, but the kernel dtype is {dtype}", expression,
+                       node.column)
+    for child in node.children():
+        _check_types(child, dtype, expression)
+
+
+def _place_reductions(node: Expr, summed: set[str], uses: Counter) -> Expr:
+    """Wrap each summed index around the smallest subtree holding all its uses."""
+    children = tuple(_place_reductions(c, summed, uses) for c in node.children())
+    if isinstance(node, Unary):
+        node = Unary(node.op, children[0])
+    elif isinstance(node, Binary):
+        node = Binary(node.op, children[0], children[1])
+    elif isinstance(node, Call):
+        node = Call(node.func, children, node.column)
+    here = Counter(i for acc in _accesses(node) for i in acc.index)
+    wrapped_below = {i for c in children for i in _reduced(c)}
+    over = tuple(i for i in node.indices() if i in summed and here[i] == uses[i] and i not in wrapped_below)
+    return Reduce(over, node) if over else node
+
+
+def _reduced(node: Expr) -> set[str]:
+    own = set(node.over) if isinstance(node, Reduce) else set()
+    return own.union(*(_reduced(c) for c in node.children()))
+
+
+def _zero_preserving(node: Expr, is_sparse) -> bool:
+    """True when ``node`` is zero wherever every sparse input is zero (dense inputs arbitrary)."""
+    if isinstance(node, Access):
+        return is_sparse(node.tensor)
+    if isinstance(node, Literal):
+        return node.value == 0
+    if isinstance(node, Reduce):
+        return _zero_preserving(node.body, is_sparse)
+    if isinstance(node, Unary):
+        return _zero_preserving(node.operand, is_sparse)
+    if isinstance(node, Binary):
+        lhs, rhs = (_zero_preserving(c, is_sparse) for c in node.children())
+        return (lhs or rhs) if node.op == "*" else (lhs and rhs)
+    if isinstance(node, Call):
+        args = [_zero_preserving(a, is_sparse) for a in node.args]
+        return node.func in _ZERO_PRESERVING and args[0] if node.func != "max" else all(args)
+    raise AssertionError(f"unknown node {node!r}")
+
+
+def _stages(body: Expr, out: Access) -> tuple[tuple[Stage, ...], dict[str, tuple[str, ...]]]:
+    """Split nested sums into stages that fill dense temporaries, innermost first."""
+    stages: list[Stage] = []
+    temps: dict[str, tuple[str, ...]] = {}
+
+    def lift(node: Expr) -> Expr:
+        if isinstance(node, Reduce):
+            inner = lift_children(node.body)
+            name = f"_t{len(temps)}"
+            temps[name] = node.indices()
+            stages.append(Stage(name, node.indices(), node.over, inner))
+            return Access(name, node.indices())
+        return lift_children(node)
+
+    def lift_children(node: Expr) -> Expr:
+        if isinstance(node, Unary):
+            return Unary(node.op, lift(node.operand))
+        if isinstance(node, Binary):
+            return Binary(node.op, lift(node.lhs), lift(node.rhs))
+        if isinstance(node, Call):
+            return Call(node.func, tuple(lift(a) for a in node.args), node.column)
+        return node
+
+    if isinstance(body, Reduce):
+        stages_body, over = lift_children(body.body), body.over
+    else:
+        stages_body, over = lift_children(body), ()
+    stages.append(Stage(out.tensor, out.index, over, stages_body))
+    return tuple(stages), temps

@@ -1,0 +1,321 @@
+"""Storage formats as small frozen values.
+
+A :class:`Format` is what MLIR calls a ``#sparse_tensor.encoding``: one
+:class:`Level` per storage level, a dimension-to-level map and the bit widths
+of position and coordinate buffers.  Equality and hashing cover every field
+that changes generated code (TACO's ``Format ==`` forgot the widths; we do
+not).  ``str(fmt)`` prints the encoding text.  Presets (``CSR``, ``BSR(2, 2)``,
+``NM(2, 4)``) and one string parser (``"csr"``, ``"bsr2x2"``, ``"2:4"``,
+``"ds:1,0"``) are shared by the Python API, the command line and CMake.
+
+This module is pure Python: MLIR attributes are built from it in
+``sparse_mlir.dialects.encoding``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field, replace
+
+from .errors import FormatError
+
+__all__ = [
+    "LevelKind", "Level", "LevelExpr", "Format", "CSR", "CSC", "COO", "DCSR", "CSF",
+    "Dense", "BSR", "NM", "coo", "csf", "sparse_vector", "parse_format", "as_format",
+]
+
+_WIDTHS = (0, 8, 16, 32, 64)
+
+
+class LevelKind(str, enum.Enum):
+    """MLIR level formats (``structured`` is N:M)."""
+
+    DENSE = "dense"
+    COMPRESSED = "compressed"
+    LOOSE_COMPRESSED = "loose_compressed"
+    SINGLETON = "singleton"
+    STRUCTURED = "structured"
+
+
+@dataclass(frozen=True)
+class Level:
+    """One storage level: its kind and properties (MLIR spelling)."""
+
+    kind: LevelKind
+    unique: bool = True
+    ordered: bool = True
+    n: int = 0
+    m: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", LevelKind(self.kind))
+        if self.kind is LevelKind.STRUCTURED and not (0 < self.n <= self.m):
+            raise FormatError(f"structured level needs 0 < n <= m, got {self.n}:{self.m}")
+        if self.kind is not LevelKind.STRUCTURED and (self.n or self.m):
+            raise FormatError(f"only structured levels take n and m, got {self.kind.value}")
+        if self.kind is LevelKind.DENSE and not (self.unique and self.ordered):
+            raise FormatError("dense levels are always unique and ordered")
+
+    @property
+    def has_positions(self) -> bool:
+        return self.kind in (LevelKind.COMPRESSED, LevelKind.LOOSE_COMPRESSED)
+
+    @property
+    def has_coordinates(self) -> bool:
+        return self.kind is not LevelKind.DENSE
+
+    def mlir(self) -> str:
+        """The level type as written in an encoding (``compressed(nonunique)``)."""
+        if self.kind is LevelKind.STRUCTURED:
+            return f"structured[{self.n}, {self.m}]"
+        props = [p for p, off in (("nonunique", self.unique), ("nonordered", self.ordered)) if not off]
+        if self.kind is LevelKind.SINGLETON:
+            props.append("soa")  # one coordinate array per level, never array-of-structs
+        return self.kind.value + (f"({', '.join(props)})" if props else "")
+
+
+@dataclass(frozen=True)
+class LevelExpr:
+    """A level coordinate as a function of one dimension: ``d``, ``d floordiv c`` or ``d mod c``."""
+
+    dim: int
+    op: str = ""
+    factor: int = 0
+
+    def __post_init__(self) -> None:
+        if self.op not in ("", "floordiv", "mod"):
+            raise FormatError(f"level expression op must be '', 'floordiv' or 'mod', got {self.op!r}")
+        if self.op and self.factor < 1:
+            raise FormatError(f"'{self.op}' needs a positive factor, got {self.factor}")
+
+    def size(self, shape: tuple[int, ...]) -> int:
+        extent = shape[self.dim]
+        if self.op == "floordiv":
+            return extent // self.factor
+        if self.op == "mod":
+            return self.factor
+        return extent
+
+    def mlir(self) -> str:
+        return f"d{self.dim}" + (f" {self.op} {self.factor}" if self.op else "")
+
+
+@dataclass(frozen=True)
+class Format:
+    """A storage format: levels, dimension-to-level map and index widths.
+
+    ``levels == ()`` is the rank-polymorphic dense format ``Dense`` used for
+    operands that carry no encoding.  Widths of 0 mean MLIR's ``index``.
+    """
+
+    levels: tuple[Level, ...]
+    dim_to_lvl: tuple[LevelExpr, ...]
+    pos_width: int = 32
+    crd_width: int = 32
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.levels) != len(self.dim_to_lvl):
+            raise FormatError(f"{len(self.levels)} levels but {len(self.dim_to_lvl)} level expressions")
+        for width, what in ((self.pos_width, "pos_width"), (self.crd_width, "crd_width")):
+            if width not in _WIDTHS:
+                raise FormatError(f"{what} must be one of {_WIDTHS}, got {width}")
+        dims = {e.dim for e in self.dim_to_lvl}
+        if dims != set(range(len(dims))):
+            raise FormatError(f"level expressions must cover dimensions 0..{len(dims) - 1}, got {sorted(dims)}")
+        for d in dims:
+            ops = sorted(e.op for e in self.dim_to_lvl if e.dim == d)
+            factors = {e.factor for e in self.dim_to_lvl if e.dim == d}
+            if ops not in ([""], ["floordiv", "mod"]) or len(factors) != 1:
+                raise FormatError(f"dimension {d} must map to one level, or to a floordiv/mod pair with one factor")
+        for i, lvl in enumerate(self.levels):
+            if lvl.kind is LevelKind.SINGLETON and (i == 0 or self.levels[i - 1].unique):
+                raise FormatError("a singleton level must follow a non-unique level (as in COO)")
+            if lvl.kind is LevelKind.STRUCTURED and (i != len(self.levels) - 1 or self.dim_to_lvl[i].op != "mod"
+                                                     or self.dim_to_lvl[i].factor != lvl.m):
+                raise FormatError("a structured[n, m] level must be last and map 'd mod m'")
+
+    # -- shape facts -------------------------------------------------------
+    @property
+    def ndim(self) -> int | None:
+        """Number of dimensions, or ``None`` for the rank-polymorphic ``Dense``."""
+        return len({e.dim for e in self.dim_to_lvl}) if self.levels else None
+
+    @property
+    def is_dense(self) -> bool:
+        return not self.levels
+
+    @property
+    def is_nm(self) -> bool:
+        return any(lvl.kind is LevelKind.STRUCTURED for lvl in self.levels)
+
+    @property
+    def block_factors(self) -> dict[int, int]:
+        """Dimensions tiled by ``floordiv``/``mod`` and their tile sizes."""
+        return {e.dim: e.factor for e in self.dim_to_lvl if e.op == "floordiv"}
+
+    def level_sizes(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(e.size(shape) for e in self.dim_to_lvl)
+
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Raise ``FormatError`` when ``shape`` cannot be stored in this format."""
+        if self.is_dense:
+            return
+        if len(shape) != self.ndim:
+            raise FormatError(f"format {self} stores {self.ndim}-d tensors, got shape {shape}")
+        for dim, factor in self.block_factors.items():
+            if shape[dim] % factor:
+                raise FormatError(
+                    f"format {self} tiles dimension {dim} by {factor}, but its size {shape[dim]} is not a multiple")
+
+    # -- buffers -------------------------------------------------------------
+    @property
+    def buffer_names(self) -> tuple[str, ...]:
+        """Level buffers in the order the sparse assembler passes them, then ``values``."""
+        names: list[str] = []
+        for i, lvl in enumerate(self.levels):
+            if lvl.has_positions:
+                names.append(f"pos{i}")
+            if lvl.has_coordinates:
+                names.append(f"crd{i}")
+        return (*names, "values")
+
+    @property
+    def codegen_format(self) -> Format:
+        """The format kernels are generated for.
+
+        Upstream's direct codegen of ``structured[n, m]`` is miscompiled (see
+        UPSTREAM-NOTES), so an N:M level is generated as a compressed level
+        whose positions are implicit (``n`` per group) and supplied by the
+        runtime.  Every other format is generated as itself.
+        """
+        if not self.is_nm:
+            return self
+        levels = tuple(Level(LevelKind.COMPRESSED) if lvl.kind is LevelKind.STRUCTURED else lvl
+                       for lvl in self.levels)
+        return replace(self, levels=levels, name=f"{self.name}-as-compressed")
+
+    def with_widths(self, pos_width: int | None = None, crd_width: int | None = None) -> Format:
+        return replace(self, pos_width=self.pos_width if pos_width is None else pos_width,
+                       crd_width=self.crd_width if crd_width is None else crd_width)
+
+    # -- printing --------------------------------------------------------------
+    def encoding_text(self) -> str:
+        """The ``#sparse_tensor.encoding<...>`` attribute text."""
+        if self.is_dense:
+            return ""
+        dims = ", ".join(f"d{d}" for d in range(self.ndim or 0))
+        lvls = ", ".join(f"{e.mlir()} : {lvl.mlir()}" for e, lvl in zip(self.dim_to_lvl, self.levels))
+        return (f"#sparse_tensor.encoding<{{ map = ({dims}) -> ({lvls}), "
+                f"posWidth = {self.pos_width}, crdWidth = {self.crd_width} }}>")
+
+    def __str__(self) -> str:
+        return self.name or self.encoding_text()
+
+    def __repr__(self) -> str:
+        return f"Format({self.name or self.encoding_text()!r})"
+
+
+def _levels(*kinds: str | Level) -> tuple[Level, ...]:
+    return tuple(k if isinstance(k, Level) else Level(LevelKind(k)) for k in kinds)
+
+
+def _ordered(*dims: int) -> tuple[LevelExpr, ...]:
+    return tuple(LevelExpr(d) for d in dims)
+
+
+def coo(order: int = 2) -> Format:
+    """COO of any order: a non-unique compressed level then singletons."""
+    levels = (Level(LevelKind.COMPRESSED, unique=order == 1),
+              *(Level(LevelKind.SINGLETON, unique=i == order - 1) for i in range(1, order)))
+    return Format(levels, _ordered(*range(order)), name="coo" if order == 2 else f"coo{order}")
+
+
+def csf(order: int = 3) -> Format:
+    """Compressed sparse fiber: every level compressed."""
+    return Format(_levels(*["compressed"] * order), _ordered(*range(order)),
+                  name="csf" if order == 3 else f"csf{order}")
+
+
+def sparse_vector() -> Format:
+    return Format(_levels("compressed"), _ordered(0), name="sparse_vector")
+
+
+def BSR(bm: int, bn: int) -> Format:  # noqa: N802 - a format constructor reads like a constant
+    """Block sparse rows with dense ``bm x bn`` blocks."""
+    if bm < 1 or bn < 1:
+        raise FormatError(f"BSR block sizes must be positive, got {bm}x{bn}")
+    exprs = (LevelExpr(0, "floordiv", bm), LevelExpr(1, "floordiv", bn), LevelExpr(0, "mod", bm),
+             LevelExpr(1, "mod", bn))
+    return Format(_levels("dense", "compressed", "dense", "dense"), exprs, name=f"bsr{bm}x{bn}")
+
+
+def NM(n: int, m: int) -> Format:  # noqa: N802
+    """N:M structured sparsity along rows: at most ``n`` nonzeros in each group of ``m`` columns."""
+    exprs = (LevelExpr(0), LevelExpr(1, "floordiv", m), LevelExpr(1, "mod", m))
+    crd_width = 8 if m <= 127 else 32  # in-group offsets are small
+    return Format(_levels("dense", "dense", Level(LevelKind.STRUCTURED, n=n, m=m)), exprs,
+                  crd_width=crd_width, name=f"{n}:{m}")
+
+
+CSR = Format(_levels("dense", "compressed"), _ordered(0, 1), name="csr")
+CSC = Format(_levels("dense", "compressed"), _ordered(1, 0), name="csc")
+DCSR = Format(_levels("compressed", "compressed"), _ordered(0, 1), name="dcsr")
+COO = coo(2)
+CSF = csf(3)
+Dense = Format((), (), name="dense")
+
+_LETTERS = {"d": Level(LevelKind.DENSE), "s": Level(LevelKind.COMPRESSED),
+            "u": Level(LevelKind.COMPRESSED, unique=False), "q": Level(LevelKind.SINGLETON),
+            "c": Level(LevelKind.SINGLETON, unique=False)}
+
+
+def parse_format(text: str, ndim: int | None = None) -> Format:
+    """Parse the short string form of a format.
+
+    Accepts ``dense``, ``csr``, ``csc``, ``coo``, ``dcsr``, ``csf``,
+    ``sparse_vector``, ``bsrRxC``, ``N:M`` and TACO's level letters with an
+    optional ordering (``ds:1,0`` is CSC; ``d`` dense, ``s`` compressed, ``u``
+    non-unique compressed, ``q`` singleton, ``c`` non-unique singleton).
+    ``ndim`` picks the order of ``coo``/``csf`` and is checked otherwise.
+    """
+    key = text.strip().lower()
+    fmt = _parse(key, ndim)
+    if fmt is None:
+        raise FormatError(f"unknown format {text!r}: expected dense, csr, csc, coo, dcsr, csf, "
+                          f"sparse_vector, bsrRxC (e.g. bsr2x2), N:M (e.g. 2:4) or level letters like 'ds:1,0'")
+    if ndim is not None and fmt.ndim is not None and fmt.ndim != ndim:
+        raise FormatError(f"format {text!r} stores {fmt.ndim}-d tensors, but the operand has {ndim} indices")
+    return fmt
+
+
+def _parse(key: str, ndim: int | None) -> Format | None:
+    named = {"csr": CSR, "csc": CSC, "dcsr": DCSR, "dense": Dense, "sparse_vector": sparse_vector()}
+    if key in named:
+        return named[key]
+    if match := re.fullmatch(r"(coo|csf)(\d*)", key):
+        order = int(match.group(2) or ndim or (2 if match.group(1) == "coo" else 3))
+        return coo(order) if match.group(1) == "coo" else csf(order)
+    if match := re.fullmatch(r"bsr(\d+)x(\d+)", key):
+        return BSR(int(match.group(1)), int(match.group(2)))
+    if match := re.fullmatch(r"(\d+):(\d+)", key):
+        return NM(int(match.group(1)), int(match.group(2)))
+    if match := re.fullmatch(r"([dsuqc]+)(?::(\d+(?:,\d+)*))?", key):
+        letters = match.group(1)
+        order = [int(x) for x in match.group(2).split(",")] if match.group(2) else list(range(len(letters)))
+        if sorted(order) != list(range(len(letters))):
+            raise FormatError(f"ordering {order} in {key!r} is not a permutation of 0..{len(letters) - 1}")
+        return Format(tuple(_LETTERS[c] for c in letters), _ordered(*order), name=key)
+    return None
+
+
+def as_format(value: Format | str, ndim: int | None = None) -> Format:
+    """Accept a ``Format`` or its string form; check the rank when known."""
+    if isinstance(value, Format):
+        if ndim is not None and value.ndim is not None and value.ndim != ndim:
+            raise FormatError(f"format {value} stores {value.ndim}-d tensors, but the operand has {ndim} indices")
+        return value
+    if isinstance(value, str):
+        return parse_format(value, ndim)
+    raise FormatError(f"a format must be a sparse_mlir Format or a string like 'csr', got {type(value).__name__}")

@@ -1,0 +1,219 @@
+"""``SparseTensor``: a format, a shape and validated level buffers on the host.
+
+A tensor validates its buffers once, when built, and holds them as read-only
+views, so kernels trust it afterwards: that is what makes passing a
+``SparseTensor`` the fast way to call a kernel.  Builders never modify what
+they are given; they share the caller's buffers when those already have the
+format's layout (documented zero-copy), and otherwise build new ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import storage
+from .errors import DTypeError, FormatError, ShapeError
+from .formats import BSR, COO, CSC, CSR, Format, as_format
+
+__all__ = ["SparseTensor", "SUPPORTED_DTYPES", "check_dtype"]
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+
+
+def check_dtype(dtype: Any, what: str) -> np.dtype:
+    """Return ``dtype`` as a numpy dtype, or raise ``DTypeError`` if kernels cannot use it."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise DTypeError(f"{what}: {dtype!r} is not a dtype") from exc
+    if dt not in SUPPORTED_DTYPES:
+        raise DTypeError(f"{what} has dtype {dt}; supported: {', '.join(map(str, SUPPORTED_DTYPES))}")
+    return dt
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _fit_widths(fmt: Format, shape: tuple[int, ...], nnz: int) -> Format:
+    """Widen index buffers to 64 bits when the shape or nnz does not fit the format's widths."""
+    limit = np.iinfo(np.int32).max
+    need_crd = fmt.crd_width not in (0, 64) and max(fmt.level_sizes(shape), default=0) > np.iinfo(
+        storage.index_dtype(fmt.crd_width)).max
+    need_pos = fmt.pos_width not in (0, 64) and nnz > min(limit, np.iinfo(storage.index_dtype(fmt.pos_width)).max)
+    if not (need_crd or need_pos):
+        return fmt
+    return fmt.with_widths(64 if need_pos else None, 64 if need_crd else None)
+
+
+class SparseTensor:
+    """A sparse tensor of order 1 to 3 in any :class:`~sparse_mlir.formats.Format`."""
+
+    __slots__ = ("format", "shape", "dtype", "buffers", "_kernel_buffers", "__weakref__")
+
+    def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...], *,
+                 validate: bool = True):
+        fmt = as_format(fmt, len(shape))
+        if fmt.is_dense:
+            raise FormatError("a SparseTensor needs a sparse format; use a numpy array for dense data")
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ShapeError(f"shape {shape} has a negative size")
+        fmt.check_shape(shape)
+        buffers = tuple(np.asarray(b) for b in buffers)
+        self.dtype = check_dtype(buffers[-1].dtype if buffers else None, "values")
+        if validate:
+            storage.validate(fmt, shape, buffers)
+            for name, buf in zip(fmt.buffer_names[:-1], buffers[:-1]):
+                want = storage.index_dtype(fmt.pos_width if name.startswith("pos") else fmt.crd_width)
+                if buf.dtype != want:
+                    raise DTypeError(f"{name} has dtype {buf.dtype}, but format {fmt} stores {want}")
+        self.format = fmt
+        self.shape = shape
+        self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
+        self._kernel_buffers: tuple[np.ndarray, ...] | None = None
+
+    # -- builders ---------------------------------------------------------------
+    @classmethod
+    def from_buffers(cls, fmt: Format | str, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
+        """Wrap level buffers (in ``fmt.buffer_names`` order) after validating them; no copy."""
+        return cls(as_format(fmt, len(shape)), shape, buffers)
+
+    @classmethod
+    def from_coo(cls, coords: Any, values: Any, shape: tuple[int, ...], format: Format | str = COO) -> SparseTensor:
+        """Build from coordinates (ndim x nnz) and values; unsorted input is sorted and duplicates summed."""
+        shape = tuple(int(s) for s in shape)
+        fmt = as_format(format, len(shape))
+        values = np.asarray(values)
+        check_dtype(values.dtype, "values")
+        if values.ndim != 1:
+            raise ShapeError(f"values must be 1-d, got shape {values.shape}")
+        fmt.check_shape(shape)
+        coords, values = storage.canonicalize(np.asarray(coords).reshape(len(shape), -1), values, shape, fmt)
+        fmt = _fit_widths(fmt, shape, values.size)
+        return cls(fmt, shape, storage.pack(fmt, shape, coords, values), validate=False)
+
+    @classmethod
+    def from_dense(cls, array: Any, format: Format | str) -> SparseTensor:
+        """Store the nonzeros of a dense array (NaN counts as a nonzero)."""
+        array = np.asarray(array)
+        if not 1 <= array.ndim <= 3:
+            raise ShapeError(f"sparse tensors have 1 to 3 dimensions, got {array.ndim}")
+        check_dtype(array.dtype, "dense array")
+        coords = np.array(np.nonzero(array), dtype=np.int64).reshape(array.ndim, -1)
+        return cls.from_coo(coords, array[tuple(coords)], array.shape, format)
+
+    @classmethod
+    def from_scipy(cls, matrix: Any, format: Format | str | None = None) -> SparseTensor:
+        """Build from a scipy.sparse matrix or array.
+
+        The format defaults to the matrix's own (csr, csc, coo, bsr; others go
+        through CSR).  When indices are canonical and already of the format's
+        width, the scipy buffers are shared read-only, not copied: mutating
+        them afterwards is undefined.  Otherwise a sorted, duplicate-summed
+        copy is built; int64 indices are narrowed when they fit and the format
+        is widened to 64 bits when they do not.
+        """
+        import scipy.sparse as sp
+
+        if not sp.issparse(matrix):
+            raise FormatError(f"from_scipy expects a scipy.sparse matrix, got {type(matrix).__name__}")
+        check_dtype(matrix.dtype, "scipy matrix values")
+        kind = matrix.format
+        fmt = as_format(format, 2) if format is not None else _SCIPY_FORMATS.get(kind, CSR)
+        if kind == "bsr" and format is None:
+            fmt = BSR(*matrix.blocksize)
+        shared = _share_scipy(matrix, fmt)
+        if shared is not None:
+            return shared
+        coo = matrix.tocoo()
+        return cls.from_coo(np.vstack([coo.row, coo.col]), coo.data, matrix.shape, fmt)
+
+    # -- views ------------------------------------------------------------------
+    @property
+    def nnz(self) -> int:
+        """Stored entries, explicit zeros included (as scipy counts them)."""
+        return int(self.buffers[-1].size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.buffers[-1]
+
+    def buffer(self, name: str) -> np.ndarray:
+        """A level buffer by name (``pos1``, ``crd1``, ``values``)."""
+        return self.buffers[self.format.buffer_names.index(name)]
+
+    @property
+    def kernel_buffers(self) -> tuple[np.ndarray, ...]:
+        """Buffers in the order kernels take them (``format.codegen_format``); computed once."""
+        if self._kernel_buffers is None:
+            if self.format.is_nm:
+                pos = _readonly(storage.implicit_positions(self.format, self.shape))
+                self._kernel_buffers = (pos, *self.buffers)
+            else:
+                self._kernel_buffers = self.buffers
+        return self._kernel_buffers
+
+    def to_coo(self) -> tuple[np.ndarray, np.ndarray]:
+        """Coordinates (ndim x nnz) and values of every stored entry, in storage order."""
+        return storage.unpack(self.format, self.shape, self.buffers)
+
+    def to_dense(self) -> np.ndarray:
+        out = np.zeros(self.shape, dtype=self.dtype)
+        coords, values = self.to_coo()
+        np.add.at(out, tuple(coords), values)
+        return out
+
+    def to_scipy(self) -> Any:
+        """A scipy matrix (2-d only): csr/csc/bsr/coo share buffers, other formats convert."""
+        import scipy.sparse as sp
+
+        if self.ndim != 2:
+            raise FormatError(f"to_scipy needs a 2-d tensor, got {self.ndim}-d")
+        fmt, b = self.format, self.buffers
+        if fmt == CSR.with_widths(fmt.pos_width, fmt.crd_width):
+            return sp.csr_matrix((b[2], b[1], b[0]), shape=self.shape)
+        if fmt == CSC.with_widths(fmt.pos_width, fmt.crd_width):
+            return sp.csc_matrix((b[2], b[1], b[0]), shape=self.shape)
+        bm_bn = fmt.block_factors
+        if not fmt.is_nm and bm_bn and fmt == BSR(bm_bn[0], bm_bn[1]).with_widths(fmt.pos_width, fmt.crd_width):
+            blocks = b[2].reshape(-1, bm_bn[0], bm_bn[1])
+            return sp.bsr_matrix((blocks, b[1], b[0]), shape=self.shape)
+        coords, values = self.to_coo()
+        coo = sp.coo_matrix((values, (coords[0], coords[1])), shape=self.shape)
+        return coo if fmt == COO.with_widths(fmt.pos_width, fmt.crd_width) else coo.tocsr()
+
+    def __repr__(self) -> str:
+        return f"SparseTensor(shape={self.shape}, format={self.format}, dtype={self.dtype}, nnz={self.nnz})"
+
+
+_SCIPY_FORMATS = {"csr": CSR, "csc": CSC, "coo": COO}
+
+
+def _share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
+    """Wrap a canonical csr/csc/bsr matrix whose buffers already match ``fmt``, without copying."""
+    kind = matrix.format
+    if kind == "bsr":
+        expected = BSR(*matrix.blocksize)
+    else:
+        expected = {"csr": CSR, "csc": CSC}.get(kind)
+    if expected is None or fmt.with_widths(32, 32) != expected:
+        return None
+    width = matrix.indices.dtype.itemsize * 8
+    if matrix.indptr.dtype != matrix.indices.dtype or width not in (32, 64) or fmt.pos_width != width \
+            or fmt.crd_width != width:
+        return None
+    data = matrix.data.reshape(-1)
+    try:
+        return SparseTensor(fmt, matrix.shape, (matrix.indptr, matrix.indices, data))
+    except (FormatError, ShapeError, ValueError):
+        return None  # unsorted or duplicate indices: the caller builds a canonical copy
+

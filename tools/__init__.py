@@ -1,0 +1,1 @@
+"""The sparse-mlir command line."""
