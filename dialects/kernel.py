@@ -2,9 +2,10 @@
 
 Only emission lives here: indices, reductions and checks were decided by
 ``sparse_mlir.dsl.plan``.  Operands carry their ``#sparse_tensor.encoding``;
-sizes given as ``None`` stay dynamic.  Dense results are written into the
-caller's (zeroed) output argument, so nothing is allocated or filled on the
-hot path; sparse results start from ``tensor.empty``.
+sizes given as ``None`` stay dynamic.  Dense results accumulate into the
+caller's zeroed output argument (every stage reads it, which keeps
+bufferization in place), so nothing is allocated on the hot path; sparse
+results start from ``tensor.empty``.
 
 Functions with a sparse operand use ``sparse_tensor.unary``/``binary`` for
 ``relu``, ``exp`` and ``max``, which tell the sparsifier exactly what happens
@@ -44,7 +45,8 @@ def build_kernel_module(spec: KernelSpec, shapes: dict[str, tuple[int | None, ..
 
 def _build(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], name: str) -> ir.Module:
     elt = element_type(spec.dtype)
-    types = {n: tensor_type(shapes[n], spec.dtype, spec.formats.get(n, Dense)) for n in (*spec.inputs, spec.output)}
+    types = {n: tensor_type(shapes[n], spec.dtype, spec.formats.get(n, Dense).codegen_format)
+             for n in (*spec.inputs, spec.output)}
     params = [*spec.inputs] + ([] if spec.sparse_output else [spec.output])
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
@@ -99,7 +101,8 @@ def _emit_stage(spec: KernelSpec, stage: Stage, values: dict[str, ir.Value], ini
     with ir.InsertionPoint(block):
         args = dict(zip(accesses, block.arguments))
         value = _ScalarEmitter(elt, args, sparse_stage).emit(stage.body)
-        if stage.reduce:
+        if stage.reduce or not (stage.result == spec.output and spec.sparse_output):
+            # accumulate into the zeroed result: reading it keeps bufferization in place
             value = _add(block.arguments[-1], value, elt)
         linalg.YieldOp([value])
     return op.result

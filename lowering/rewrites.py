@@ -29,16 +29,17 @@ def widen_bool_buffers(module: ir.Module) -> None:
     for alloc in allocs:
         buf = alloc.results[0]
         old = ir.MemRefType(buf.type)
-        buf.set_type(ir.MemRefType.get(old.shape, i8, old.layout, old.memory_space))
+        with alloc.location:
+            buf.set_type(ir.MemRefType.get(old.shape, i8, old.layout, old.memory_space))
         for use in list(buf.uses):
             user = use.owner
             name = user.name
             if name == "memref.load":
                 result = user.results[0]
                 result.set_type(i8)
-                with ir.InsertionPoint(user.block), user.location:
+                with ir.InsertionPoint(user), user.location:
                     trunc = arith.TruncIOp(ir.IntegerType.get_signless(1), result)
-                    trunc.operation.move_after(user)
+                trunc.operation.move_after(user.operation)
                 result.replace_all_uses_except(trunc.result, trunc.operation)
             elif name in ("memref.store", "linalg.fill"):
                 value_index = 0
