@@ -9,6 +9,7 @@ runs the native function (ctypes releases the GIL) and wraps the results.
 from __future__ import annotations
 
 import ctypes
+import difflib
 import hashlib
 import threading
 import weakref
@@ -26,7 +27,7 @@ from . import abi, cache
 __all__ = ["Kernel", "Specialization"]
 
 _ENTRY = "_mlir_ciface_kernel"
-_descriptor_cache: weakref.WeakKeyDictionary[SparseTensor, list[list[int]]] = weakref.WeakKeyDictionary()
+_descriptor_cache: weakref.WeakKeyDictionary[SparseTensor, list[int]] = weakref.WeakKeyDictionary()
 _compile_lock = threading.Lock()
 _key_locks: dict[str, threading.Lock] = {}
 _loaded: dict[str, Specialization] = {}  # by cache key, shared by every Kernel of the process
@@ -42,6 +43,16 @@ class Specialization:
     ir: dict[str, str]
     function: Any = field(repr=False)
     library: Any = field(repr=False)
+    sizes: tuple[int, ...] = field(repr=False, default=())  # words of each pointer argument, result first
+    _local: threading.local = field(repr=False, default_factory=threading.local)
+
+    def block(self) -> abi.DescriptorBlock:
+        """This thread's argument buffer (calls on several threads never share one)."""
+        block = getattr(self._local, "block", None)
+        if block is None:
+            offsets = tuple(8 * sum(self.sizes[:i]) for i in range(len(self.sizes)))
+            block = self._local.block = abi.DescriptorBlock(self.sizes[0], offsets, sum(self.sizes))
+        return block
 
 
 def _is_cupy(value: Any) -> bool:
@@ -61,6 +72,14 @@ class Kernel:
         self.cpu = cpu
         self._specializations: dict[tuple, Specialization] = {}
         self._mlir: str | None = None
+        # facts every call needs, computed once
+        self._input_set = set(spec.inputs)
+        self._sparse_inputs = tuple(n for n in spec.inputs if spec.is_sparse(n))
+        self._sources = tuple(spec.extent_sources().items())
+        self._static = tuple(sorted(spec.static_indices))
+        self._dense_out = not spec.sparse_output
+        self._result_words = abi.descriptor_size(len(spec.output_indices)) if self._dense_out else \
+            abi.descriptor_size(1) * len(spec.formats[spec.output].codegen_format.buffer_names)
 
     # -- introspection --------------------------------------------------------------
     @property
@@ -90,43 +109,54 @@ class Kernel:
     # -- calling ----------------------------------------------------------------------
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
         spec = self.spec
-        missing = [n for n in spec.inputs if n not in operands]
-        unknown = [n for n in operands if n not in spec.inputs]
-        if missing or unknown:
-            detail = []
-            if missing:
-                detail.append(f"missing {', '.join(missing)}")
-            if unknown:
-                detail.append(f"unknown {', '.join(unknown)}")
-            raise OperandError(f"kernel {spec.expression!r} takes operands {', '.join(spec.inputs)}: "
-                               f"{'; '.join(detail)}")
+        if operands.keys() != self._input_set:
+            self._raise_operand_names(operands)
         args = {n: self._operand(n, operands[n]) for n in spec.inputs}
         extents = self._extents(args)
         special = self._specialization(args, extents)
-        words: list[list[int]] = []
+        words: list[int] = []
         for name in spec.inputs:
             value = args[name]
-            words.extend(_tensor_descriptors(value) if isinstance(value, SparseTensor) else [abi.descriptor(value)])
+            if type(value) is SparseTensor:
+                words += _tensor_descriptors(value)
+            else:
+                words += abi.descriptor(value)
         result = None
-        if not spec.sparse_output:
-            result = self._dense_output(out, tuple(extents[i] for i in spec.output_indices))
-            words.append(abi.descriptor(result))
+        out_shape = tuple([extents[i] for i in spec.output_indices])
+        if self._dense_out:
+            result = self._dense_output(out, out_shape)
+            words += abi.descriptor(result)
         elif out is not None:
             raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
-        n_results = len(spec.formats[spec.output].codegen_format.buffer_names) if spec.sparse_output else 1
-        result_words = abi.descriptor_size(1) * n_results if spec.sparse_output else \
-            abi.descriptor_size(len(spec.output_indices))
-        block = abi.DescriptorBlock(words, result_words)
+        block = special.block()
+        block.fill(words)
         special.function(*block.pointers)
-        if spec.sparse_output:
-            return self._sparse_result(block, special, tuple(extents[i] for i in spec.output_indices))
-        returned = int(block.words[1])
-        assert returned == result.__array_interface__["data"][0] or result.size == 0, \
+        if not self._dense_out:
+            return self._sparse_result(block, out_shape)
+        assert block.words[1] == abi.data_pointer(result) or result.size == 0, \
             "dense result was not written in place"
         return result
 
+    def _raise_operand_names(self, operands: dict[str, Any]) -> None:
+        inputs = self.spec.inputs
+        detail = []
+        if missing := [n for n in inputs if n not in operands]:
+            detail.append(f"missing {', '.join(missing)}")
+        if unknown := [n for n in operands if n not in inputs]:
+            close = {n: difflib.get_close_matches(n, inputs, 1) for n in unknown}
+            detail.append("unknown " + ", ".join(n + (f" (did you mean {close[n][0]}?)" if close[n] else "")
+                                                 for n in unknown))
+        raise OperandError(f"kernel {self.spec.expression!r} takes operands {', '.join(inputs)}: "
+                           f"{'; '.join(detail)}")
+
     def _operand(self, name: str, value: Any) -> SparseTensor | np.ndarray:
         spec = self.spec
+        kind = type(value)
+        if kind is SparseTensor and value.format is spec.formats.get(name) and value.dtype == spec.dtype:
+            return value  # fast path: a tensor built in the declared format
+        if kind is np.ndarray and name not in spec.formats and value.dtype == spec.dtype \
+                and value.ndim == spec.ranks[name] and value.flags.c_contiguous and value.flags.aligned:
+            return value  # fast path: a ready dense operand
         if _is_cupy(value):
             raise DeviceError(f"operand {name} is a CuPy array, but this kernel runs on the {self.target}; "
                               f"use cupy.asnumpy or compile with target='cuda'")
@@ -163,7 +193,7 @@ class Kernel:
     def _extents(self, args: dict[str, SparseTensor | np.ndarray]) -> dict[str, int]:
         extents: dict[str, int] = {}
         first: dict[str, tuple[str, int]] = {}
-        for idx, sources in self.spec.extent_sources().items():
+        for idx, sources in self._sources:
             for name, dim in sources:
                 size = args[name].shape[dim]
                 if idx not in extents:
@@ -191,13 +221,15 @@ class Kernel:
 
     # -- specialization -------------------------------------------------------------
     def _specialization(self, args: dict[str, Any], extents: dict[str, int]) -> Specialization:
-        spec = self.spec
-        formats = {n: a.format for n, a in args.items() if isinstance(a, SparseTensor)}
-        static = spec.static_indices
-        local_key = (tuple(formats.items()), tuple(sorted((i, extents[i]) for i in static)))
+        # the declared formats fix everything but the index widths, so widths + static sizes identify it
+        local_key = (tuple([(args[n].format.pos_width, args[n].format.crd_width) for n in self._sparse_inputs]),
+                     tuple([extents[i] for i in self._static]))
         found = self._specializations.get(local_key)
         if found is not None:
             return found
+        spec = self.spec
+        formats = {n: args[n].format for n in self._sparse_inputs}
+        static = spec.static_indices
         shapes = {}
         for name in (*spec.inputs, spec.output):
             if name == spec.output:
@@ -210,8 +242,7 @@ class Kernel:
         self._specializations[local_key] = special
         return special
 
-    def _sparse_result(self, block: abi.DescriptorBlock, special: Specialization,
-                       shape: tuple[int, ...]) -> SparseTensor:
+    def _sparse_result(self, block: abi.DescriptorBlock, shape: tuple[int, ...]) -> SparseTensor:
         fmt = self.spec.formats[self.spec.output]
         sizes = fmt.level_sizes(shape)
         buffers: list[np.ndarray] = []
@@ -233,18 +264,27 @@ class Kernel:
         return SparseTensor(fmt, shape, tuple(buffers), validate=False)
 
 
-def _tensor_descriptors(tensor: SparseTensor) -> list[list[int]]:
+def _tensor_descriptors(tensor: SparseTensor) -> list[int]:
     words = _descriptor_cache.get(tensor)
     if words is None:
-        words = [abi.descriptor(b) for b in tensor.kernel_buffers]
+        words = [w for b in tensor.kernel_buffers for w in abi.descriptor(b)]
         _descriptor_cache[tensor] = words
     return words
 
 
-def _arity(spec: KernelSpec, formats: dict[str, Format]) -> int:
-    """Pointer arguments of the C interface: the result, then one descriptor per buffer or dense operand."""
-    buffers = sum(len(formats[n].codegen_format.buffer_names) if n in formats else 1 for n in spec.inputs)
-    return 1 + buffers + (0 if spec.sparse_output else 1)
+def _argument_words(spec: KernelSpec, formats: dict[str, Format]) -> list[int]:
+    """Words of each pointer argument of the C interface: the result, then one descriptor per buffer or array."""
+    out_rank = len(spec.output_indices)
+    sizes = [abi.descriptor_size(out_rank) if not spec.sparse_output else
+             abi.descriptor_size(1) * len(spec.formats[spec.output].codegen_format.buffer_names)]
+    for name in spec.inputs:
+        if name in formats:
+            sizes += [abi.descriptor_size(1)] * len(formats[name].codegen_format.buffer_names)
+        else:
+            sizes.append(abi.descriptor_size(spec.ranks[name]))
+    if not spec.sparse_output:
+        sizes.append(abi.descriptor_size(out_rank))
+    return sizes
 
 
 def _cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
@@ -282,7 +322,8 @@ def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[
         library = ctypes.CDLL(str(lib_path))
         function = getattr(library, _ENTRY)
         function.restype = None
-        function.argtypes = [ctypes.c_void_p] * _arity(spec, formats)
-        special = Specialization(key, shapes, formats, meta["ir"], function, library)
+        sizes = _argument_words(spec, formats)
+        function.argtypes = [ctypes.c_void_p] * len(sizes)
+        special = Specialization(key, shapes, formats, meta["ir"], function, library, tuple(sizes))
         _loaded[key] = special
         return special
