@@ -6,7 +6,8 @@ Stages (each one's IR is kept for ``kernel.ir``):
 * ``sparsified``: after ``sparse-assembler{direct-out}`` (level buffers become
   plain memref arguments and results) and the sparsifier with direct codegen
   (no runtime library on the hot path), bufferized.
-* ``llvm``: the LLVM dialect, with every symbol but the C interface internal.
+* ``llvm``: the LLVM dialect, with every symbol but the C interface internal
+  and float multiply/add marked ``contract`` (FMA).
 * then ``mlir-translate | opt | llc`` and the C compiler (``toolchain``).
 
 The sparsifier pipeline is spelled out rather than taken from ``--sparsifier``
@@ -77,6 +78,7 @@ def lower_to_llvm(module: ir.Module, entry: str) -> dict[str, str]:
     stages["sparsified"] = str(module)
     _run(module, TO_LLVM, "llvm")
     rewrites.export_only(module, {f"_mlir_ciface_{entry}"})
+    rewrites.allow_contraction(module)
     stages["llvm"] = str(module)
     return stages
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith
 
-__all__ = ["widen_bool_buffers", "export_only"]
+__all__ = ["widen_bool_buffers", "export_only", "allow_contraction"]
 
 
 def widen_bool_buffers(module: ir.Module) -> None:
@@ -71,3 +71,20 @@ def export_only(module: ir.Module, exported: set[str]) -> None:
         name = ir.StringAttr(op.operation.attributes["sym_name"]).value
         if name not in exported:
             op.operation.attributes["linkage"] = internal
+
+
+def allow_contraction(module: ir.Module) -> None:
+    """Mark float multiplies and adds ``contract`` so LLVM may fuse them into FMAs.
+
+    The sparsifier drops ``fastmath`` flags, so without this no FMA is ever
+    emitted.  Contraction changes rounding only within one ulp per fused pair
+    (as C compilers do by default with ``-ffp-contract=on``).
+    """
+    contract = ir.Attribute.parse("#llvm.fastmath<contract>")
+
+    def mark(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("llvm.fmul", "llvm.fadd", "llvm.fsub"):
+            op.attributes["fastmathFlags"] = contract
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(mark)

