@@ -143,7 +143,8 @@ class Kernel:
         if missing := [n for n in inputs if n not in operands]:
             detail.append(f"missing {', '.join(missing)}")
         if unknown := [n for n in operands if n not in inputs]:
-            close = {n: difflib.get_close_matches(n, inputs, 1) for n in unknown}
+            close = {n: [i for i in inputs if i.lower() == n.lower()] or difflib.get_close_matches(n, inputs, 1)
+                     for n in unknown}
             detail.append("unknown " + ", ".join(n + (f" (did you mean {close[n][0]}?)" if close[n] else "")
                                                  for n in unknown))
         raise OperandError(f"kernel {self.spec.expression!r} takes operands {', '.join(inputs)}: "

@@ -1,0 +1,213 @@
+"""Calling kernels: operand checks, outputs, specialization and caching, IR introspection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import random_sparse, random_values
+
+import sparse_mlir as sm
+from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
+
+SPMM = "C[i,j] = A[i,k] * B[k,j]"
+
+
+@pytest.fixture
+def spmm():
+    return sm.compile(SPMM, formats={"A": sm.CSR}, dtype="float64")
+
+
+@pytest.fixture
+def operands(rng):
+    a = random_sparse(rng, (6, 5), 0.4, "float64")
+    return sm.SparseTensor.from_dense(a, "csr"), a, random_values(rng, (5, 3), "float64")
+
+
+def test_compile_is_cached_per_process():
+    assert sm.compile(SPMM, formats={"A": "csr"}) is sm.compile(SPMM, formats={"A": sm.CSR})
+
+
+def test_one_specialization_per_sparse_shape(spmm, rng):
+    for rows in (4, 4, 5, 4):
+        a = random_sparse(rng, (rows, 3), 0.5, "float64")
+        b = random_values(rng, (3, rows + 1), "float64")  # dense sizes vary freely
+        np.testing.assert_array_equal(spmm(A=sm.SparseTensor.from_dense(a, "csr"), B=b), a @ b)
+    shapes = sorted(s.shapes["A"] for s in spmm.specializations)
+    assert shapes == [(4, 3), (5, 3)]
+
+
+def test_mlir_text_has_dynamic_sparse_sizes(spmm):
+    assert "tensor<?x?xf64, #sparse" in spmm.mlir and "linalg.generic" in spmm.mlir
+
+
+def test_ir_of_every_stage(spmm, operands):
+    A, _, B = operands
+    spmm(A=A, B=B)
+    ir = spmm.ir
+    assert list(ir) == ["input", "sparsified", "llvm"]
+    assert "tensor<6x5xf64, #sparse" in ir["input"]
+    assert "scf.for" in ir["sparsified"] and "sparse_tensor" not in ir["sparsified"].split("module", 1)[1]
+    assert "llvm.func @_mlir_ciface_kernel" in ir["llvm"]
+
+
+def test_scipy_operands_take_the_conversion_path(spmm, operands):
+    _, a, B = operands
+    m = sp.csr_matrix(a)
+    np.testing.assert_array_equal(spmm(A=m, B=B), a @ B)
+    np.testing.assert_array_equal(spmm(A=m.tocoo(), B=B), a @ B)  # converted to the declared CSR
+
+
+def test_out_is_overwritten(spmm, operands):
+    A, a, B = operands
+    out = np.full((6, 3), 7.0)
+    result = spmm(A=A, B=B, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, a @ B)
+
+
+@pytest.mark.parametrize("bad,error", [
+    (np.zeros((6, 3), np.float32), DTypeError),
+    (np.zeros((6, 4)), ShapeError),
+    (np.zeros((3, 6)).T, OperandError),
+    ([[0.0] * 3] * 6, OperandError),
+])
+def test_bad_out(spmm, operands, bad, error):
+    A, _, B = operands
+    with pytest.raises(error):
+        spmm(A=A, B=B, out=bad)
+
+
+def test_missing_and_misspelled_operands(spmm, operands):
+    A, _, B = operands
+    with pytest.raises(OperandError, match="missing B"):
+        spmm(A=A)
+    with pytest.raises(OperandError, match="did you mean B"):
+        spmm(A=A, b=B)
+    with pytest.raises(TypeError):
+        spmm(A, B)  # keyword operands only
+
+
+def test_dense_operand_dtype_is_never_cast(spmm, operands):
+    A, _, B = operands
+    with pytest.raises(DTypeError, match="no implicit casts"):
+        spmm(A=A, B=B.astype(np.float32))
+    with pytest.raises(DTypeError):
+        spmm(A=A, B=B.astype(object))
+    with pytest.raises(DTypeError):
+        spmm(A=A, B=np.array([["a"] * 3] * 5))
+
+
+def test_sparse_operand_dtype_and_format(spmm, operands):
+    A, a, B = operands
+    with pytest.raises(DTypeError):
+        spmm(A=sm.SparseTensor.from_dense(a.astype(np.float32), "csr"), B=B)
+    with pytest.raises(FormatError, match="declared csr"):
+        spmm(A=sm.SparseTensor.from_dense(a, "coo"), B=B)
+    with pytest.raises(OperandError, match="SparseTensor or a scipy.sparse"):
+        spmm(A=a, B=B)
+    with pytest.raises(FormatError, match="dense in this kernel"):
+        spmm(A=A, B=sp.csr_matrix(B))
+
+
+def test_shape_mismatch_names_both_operands(spmm, operands):
+    A, _, _ = operands
+    with pytest.raises(ShapeError, match="A dimension 1 has size 5 but B dimension 0 has size 4"):
+        spmm(A=A, B=np.zeros((4, 3)))
+    with pytest.raises(ShapeError, match="2 indices"):
+        spmm(A=A, B=np.zeros(5))
+
+
+class FakeCupyArray:
+    """Stands in for a cupy.ndarray: the runtime recognises device arrays by their module."""
+
+    __module__ = "cupy._core.core"
+
+
+def test_device_arrays_are_refused_on_cpu(spmm, operands):
+    A, _, _ = operands
+    with pytest.raises(DeviceError, match="CuPy"):
+        spmm(A=A, B=FakeCupyArray())
+
+
+def test_unknown_target():
+    with pytest.raises(DeviceError):
+        sm.compile(SPMM, formats={"A": "csr"}, target="tpu")
+
+
+@pytest.mark.parametrize("layout", ["fortran", "strided", "readonly", "misaligned"])
+def test_dense_layouts_are_handled_and_inputs_untouched(spmm, operands, layout):
+    A, a, B = operands
+    if layout == "fortran":
+        Bx = np.asfortranarray(B)
+    elif layout == "strided":
+        Bx = np.repeat(B, 2, axis=1)[:, ::2]
+    elif layout == "readonly":
+        Bx = B.copy()
+        Bx.flags.writeable = False
+    else:
+        raw = np.zeros(B.size * 8 + 1, dtype=np.uint8)[1:].view(np.float64).reshape(B.shape)
+        raw[...] = B
+        Bx = raw
+        assert not Bx.flags.aligned
+    before = Bx.copy()
+    np.testing.assert_array_equal(spmm(A=A, B=Bx), a @ B)
+    np.testing.assert_array_equal(Bx, before)
+
+
+def test_nan_and_inf_propagate(rng):
+    a = np.array([[1.0, 0.0], [0.0, np.nan], [np.inf, 2.0]])
+    x = np.array([1.0, 2.0])
+    y = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})(A=sm.SparseTensor.from_dense(a, "csr"), x=x)
+    np.testing.assert_array_equal(y, a @ x)
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0), (0, 0)])
+def test_zero_size_dimensions(shape):
+    a = np.zeros(shape)
+    x = np.ones(shape[1])
+    y = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})(A=sm.SparseTensor.from_dense(a, "csr"), x=x)
+    np.testing.assert_array_equal(y, a @ x)
+
+
+def test_empty_matrix_with_sparse_output():
+    z = sm.SparseTensor.from_dense(np.zeros((3, 4)), "csr")
+    C = sm.compile("C[i,j] = A[i,j] + B[i,j]", formats={"A": "csr", "B": "csr", "C": "csr"})(A=z, B=z)
+    assert C.nnz == 0 and C.to_dense().shape == (3, 4)
+
+
+def test_sparse_results_own_their_buffers(rng):
+    add = sm.compile("C[i,j] = A[i,j] + B[i,j]", formats={"A": "csr", "B": "csr", "C": "csr"})
+    a = random_sparse(rng, (50, 40), 0.2, "float64")
+    A = sm.SparseTensor.from_dense(a, "csr")
+    results = [add(A=A, B=A) for _ in range(50)]
+    del results[:-1]
+    np.testing.assert_array_equal(results[-1].to_dense(), 2 * a)
+    assert not results[-1].values.flags.writeable
+
+
+def test_threads_share_one_compile(rng):
+    import threading
+
+    from sparse_mlir.runtime import kernel as runtime_kernel
+
+    k = sm.compile("y[i] = A[i,j] * x[j] + 1", formats={"A": "csr"})
+    a = random_sparse(rng, (9, 9), 0.3, "float64")
+    A, x = sm.SparseTensor.from_dense(a, "csr"), random_values(rng, 9, "float64")
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(20):
+                np.testing.assert_array_equal(k(A=A, x=x), a @ x + 1)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(k.specializations) == 1
+    assert sum(1 for s in runtime_kernel._loaded.values() if s is k.specializations[0]) == 1

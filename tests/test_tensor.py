@@ -1,0 +1,180 @@
+"""SparseTensor: builders, zero-copy sharing, round trips, validation, and never modifying inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import prune_nm, random_sparse
+
+import sparse_mlir as sm
+from sparse_mlir.errors import DTypeError, FormatError, InvalidIndicesError, PatternError, ShapeError
+from sparse_mlir.formats import coo
+
+FORMATS_2D = ["csr", "csc", "coo", "dcsr", "ds:1,0", "bsr2x2", "sd", "uq"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS_2D)
+@pytest.mark.parametrize("shape", [(6, 8), (0, 4), (4, 0), (1, 1)])
+def test_dense_round_trip(rng, fmt, shape):
+    dense = random_sparse(rng, shape, 0.3, "float64")
+    if fmt.startswith("bsr") and any(s % 2 for s in shape):
+        with pytest.raises(FormatError, match="not a multiple"):
+            sm.SparseTensor.from_dense(dense, fmt)
+        return
+    t = sm.SparseTensor.from_dense(dense, fmt)
+    assert t.shape == shape and t.dtype == np.float64
+    np.testing.assert_array_equal(t.to_dense(), dense)
+    np.testing.assert_array_equal(t.to_scipy().toarray(), dense)
+
+
+@pytest.mark.parametrize("fmt", ["csf", "coo", "sss", "dss", "dds"])
+def test_order_3_round_trip(rng, fmt):
+    dense = random_sparse(rng, (3, 4, 5), 0.25, "int32")
+    t = sm.SparseTensor.from_dense(dense, fmt)
+    np.testing.assert_array_equal(t.to_dense(), dense)
+
+
+def test_order_1(rng):
+    dense = random_sparse(rng, 17, 0.3, "float32")
+    np.testing.assert_array_equal(sm.SparseTensor.from_dense(dense, "s").to_dense(), dense)
+
+
+def test_nm_round_trip_pads_groups(rng):
+    dense = prune_nm(random_sparse(rng, (4, 8), 0.9, "float32"), 2, 4)
+    dense[0, :4] = [0, 0, 0, 5]  # a group with one nonzero gets one explicit zero
+    t = sm.SparseTensor.from_dense(dense, "2:4")
+    assert t.nnz == 4 * 8 // 2
+    np.testing.assert_array_equal(t.to_dense(), dense)
+    offsets = t.buffer("crd2").reshape(-1, 2)
+    assert (np.diff(offsets, axis=1) > 0).all()
+
+
+def test_nm_pattern_violation_names_the_group():
+    dense = np.zeros((2, 8))
+    dense[1, 4:7] = 1.0
+    with pytest.raises(PatternError, match="row 1, columns 4..7"):
+        sm.SparseTensor.from_dense(dense, "2:4")
+
+
+def test_from_scipy_csr_is_zero_copy():
+    m = sp.random(20, 30, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    m.indices = m.indices.astype(np.int32)
+    m.indptr = m.indptr.astype(np.int32)
+    t = sm.SparseTensor.from_scipy(m)
+    assert t.format == sm.CSR
+    assert np.shares_memory(t.buffer("values"), m.data) and np.shares_memory(t.buffer("crd1"), m.indices)
+    assert m.data.flags.writeable, "the user's arrays keep their flags"
+    assert not t.values.flags.writeable
+
+
+@pytest.mark.parametrize("kind,expected", [("csr", sm.CSR), ("csc", sm.CSC), ("coo", sm.COO)])
+def test_from_scipy_infers_format(kind, expected):
+    m = sp.random(7, 9, density=0.3, format=kind, random_state=1)
+    t = sm.SparseTensor.from_scipy(m)
+    assert t.format == expected
+    np.testing.assert_array_equal(t.to_dense(), m.toarray())
+
+
+def test_from_scipy_bsr():
+    m = sp.random(8, 6, density=0.3, format="csr", random_state=2).tobsr(blocksize=(2, 3))
+    t = sm.SparseTensor.from_scipy(m)
+    assert t.format == sm.BSR(2, 3)
+    np.testing.assert_array_equal(t.to_dense(), m.toarray())
+    assert isinstance(t.to_scipy(), sp.bsr_matrix)
+
+
+def test_unsorted_duplicates_are_summed_in_a_copy():
+    indptr = np.array([0, 3, 4], dtype=np.int32)
+    indices = np.array([2, 0, 2, 1], dtype=np.int32)
+    data = np.array([1.0, 2.0, 3.0, 4.0])
+    m = sp.csr_matrix((data.copy(), indices.copy(), indptr.copy()), shape=(2, 3))
+    t = sm.SparseTensor.from_scipy(m)
+    np.testing.assert_array_equal(t.to_dense(), [[2.0, 0, 4.0], [0, 4.0, 0]])
+    np.testing.assert_array_equal(m.indices, indices)
+    np.testing.assert_array_equal(m.data, data)
+
+
+def test_int64_indices_are_narrowed_when_they_fit():
+    m = sp.random(10, 10, density=0.3, format="csr", random_state=3)
+    m.indices, m.indptr = m.indices.astype(np.int64), m.indptr.astype(np.int64)
+    t = sm.SparseTensor.from_scipy(m)
+    assert t.format == sm.CSR and t.buffer("crd1").dtype == np.int32
+
+
+def test_dimensions_beyond_32_bits_widen_the_format():
+    shape = (3, 2**33)
+    t = sm.SparseTensor.from_coo([[0, 2], [5, 2**33 - 1]], [1.0, 2.0], shape, "csr")
+    assert t.format.crd_width == 64
+    coords, values = t.to_coo()
+    assert coords[1].tolist() == [5, 2**33 - 1]
+
+
+def test_from_coo_does_not_modify_inputs():
+    coords = np.array([[1, 0, 1], [2, 1, 2]])
+    values = np.array([1.0, 2.0, 3.0])
+    before = (coords.copy(), values.copy())
+    t = sm.SparseTensor.from_coo(coords, values, (2, 3), "csr")
+    np.testing.assert_array_equal(coords, before[0])
+    np.testing.assert_array_equal(values, before[1])
+    np.testing.assert_array_equal(t.to_dense(), [[0, 2.0, 0], [0, 0, 4.0]])
+
+
+@pytest.mark.parametrize("coords,match", [
+    ([[0, 5], [0, 0]], "out of range"),
+    ([[0, -1], [0, 0]], "out of range"),
+    ([[0, 1], [0, 3]], "out of range"),
+])
+def test_from_coo_rejects_bad_coordinates(coords, match):
+    with pytest.raises(InvalidIndicesError, match=match):
+        sm.SparseTensor.from_coo(coords, [1.0, 2.0], (2, 3), "csr")
+
+
+def test_nnz_mismatch():
+    with pytest.raises(InvalidIndicesError, match="nnz mismatch"):
+        sm.SparseTensor.from_coo([[0, 1], [0, 1]], [1.0, 2.0, 3.0], (2, 2), "csr")
+
+
+@pytest.mark.parametrize("buffers,match", [
+    (([0, 2, 1], [0, 1], [1.0, 2.0]), "monotone"),
+    (([0, 1], [0], [1.0]), "entries"),
+    (([1, 1, 2], [0, 1], [1.0, 2.0]), "start at 0"),
+    (([0, 1, 3], [0, 1], [1.0, 2.0]), "nnz mismatch"),
+    (([0, 2, 2], [1, 0], [1.0, 2.0]), "sorted"),
+    (([0, 2, 2], [1, 1], [1.0, 2.0]), "sorted"),
+    (([0, 1, 2], [0, 7], [1.0, 2.0]), "out of range"),
+    (([0, 1, 2], [0, 1], [1.0]), "nnz mismatch"),
+])
+def test_from_buffers_validates(buffers, match):
+    pos, crd, vals = (np.asarray(buffers[0], np.int32), np.asarray(buffers[1], np.int32), np.asarray(buffers[2]))
+    with pytest.raises(InvalidIndicesError, match=match):
+        sm.SparseTensor.from_buffers("csr", (2, 3), (pos, crd, vals))
+
+
+def test_from_buffers_checks_index_dtype():
+    with pytest.raises(DTypeError, match="pos1"):
+        sm.SparseTensor.from_buffers("csr", (1, 2), (np.array([0, 1]), np.array([0], np.int32), np.ones(1)))
+
+
+@pytest.mark.parametrize("values", [np.array(["a"]), np.array([object()]), np.array([1 + 2j]),
+                                    np.array([True])])
+def test_unsupported_value_dtypes(values):
+    with pytest.raises(DTypeError):
+        sm.SparseTensor.from_coo([[0], [0]], values, (1, 1), "csr")
+
+
+def test_format_rank_and_shape_errors():
+    with pytest.raises(FormatError):
+        sm.SparseTensor.from_dense(np.ones((2, 2, 2)), "csr")
+    with pytest.raises(FormatError, match="multiple"):
+        sm.SparseTensor.from_dense(np.ones((3, 3)), "bsr2x2")
+    with pytest.raises(ShapeError):
+        sm.SparseTensor.from_dense(np.ones((2, 2, 2, 2)), coo(4))
+    with pytest.raises(FormatError):
+        sm.SparseTensor.from_scipy(np.ones((2, 2)))
+
+
+def test_repr_and_properties():
+    t = sm.SparseTensor.from_dense(np.eye(3), "csr")
+    assert t.nnz == 3 and t.ndim == 2 and t.format == sm.CSR
+    assert "csr" in repr(t) and "nnz=3" in repr(t)
