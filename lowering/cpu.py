@@ -6,8 +6,8 @@ Stages (each one's IR is kept for ``kernel.ir``):
 * ``sparsified``: after ``sparse-assembler{direct-out}`` (level buffers become
   plain memref arguments and results) and the sparsifier with direct codegen
   (no runtime library on the hot path), bufferized.
-* ``llvm``: the LLVM dialect, with every symbol but the C interface internal
-  and float multiply/add marked ``contract`` (FMA).
+* ``llvm``: the LLVM dialect plus the plain C entry point (``c_abi``), every
+  other symbol internal, float multiply/add marked ``contract`` (FMA).
 * then ``mlir-translate | opt | llc`` and the C compiler (``toolchain``).
 
 The sparsifier pipeline is spelled out rather than taken from ``--sparsifier``
@@ -22,9 +22,12 @@ from pathlib import Path
 from mlir import ir
 from mlir.passmanager import PassManager
 
+from sparse_mlir.dialects.kernel import KERNEL_NAME
 from sparse_mlir.errors import LoweringError
+from sparse_mlir.signature import Signature
 
 from . import rewrites, toolchain
+from .c_abi import add_c_entry_point
 
 __all__ = ["CpuOptions", "SPARSIFY", "TO_LLVM", "lower_to_llvm", "compile_module"]
 
@@ -70,21 +73,26 @@ def _run(module: ir.Module, pipeline: str, stage: str) -> None:
         raise LoweringError(str(exc).splitlines()[0], stage=stage, target="cpu", diagnostics=str(exc)) from exc
 
 
-def lower_to_llvm(module: ir.Module, entry: str) -> dict[str, str]:
-    """Lower ``module`` in place to the LLVM dialect; return the IR text of each stage."""
+def lower_to_llvm(module: ir.Module, sig: Signature) -> dict[str, str]:
+    """Lower ``module`` in place to the LLVM dialect with ``sig``'s C entry point; return each stage's IR."""
     stages = {"input": str(module)}
     _run(module, SPARSIFY, "sparsified")
     rewrites.widen_bool_buffers(module)
     stages["sparsified"] = str(module)
     _run(module, TO_LLVM, "llvm")
-    rewrites.export_only(module, {f"_mlir_ciface_{entry}"})
+    try:
+        add_c_entry_point(module, sig, f"_mlir_ciface_{KERNEL_NAME}")
+    except Exception as exc:  # a malformed wrapper is a bug here, reported with its diagnostics
+        raise LoweringError("the C entry point did not parse", stage="llvm", target="cpu",
+                            diagnostics=str(exc)) from exc
+    rewrites.export_only(module, {sig.name, f"{sig.name}_free"})
     rewrites.allow_contraction(module)
     stages["llvm"] = str(module)
     return stages
 
 
-def compile_module(module: ir.Module, entry: str, out_path: Path, options: CpuOptions) -> dict[str, str]:
-    """Lower and compile ``module`` to a shared library exporting ``_mlir_ciface_<entry>``."""
-    stages = lower_to_llvm(module, entry)
+def compile_module(module: ir.Module, sig: Signature, out_path: Path, options: CpuOptions) -> dict[str, str]:
+    """Lower and compile ``module`` to a shared library exporting ``sig.name`` (and ``sig.name + '_free'``)."""
+    stages = lower_to_llvm(module, sig)
     toolchain.compile_shared_library(stages["llvm"], out_path, cpu=options.cpu, opt_level=options.opt_level)
     return stages

@@ -17,6 +17,7 @@ from . import __version__
 from .dsl.plan import KernelSpec
 from .errors import DeviceError
 from .formats import Format
+from .signature import Signature
 
 __all__ = ["TARGETS", "specialize", "kernel_source", "build_library", "source_hash"]
 
@@ -39,19 +40,19 @@ def kernel_source(spec: KernelSpec) -> str:
         return str(build_kernel_module(spec, shapes))
 
 
-def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], out_path: Path,
+def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature, out_path: Path,
                   target: str, cpu: str) -> dict[str, str]:
-    """Compile one specialization to a shared library; return the IR of each stage."""
+    """Compile one specialization to a shared library exporting ``sig``; return the IR of each stage."""
     if target not in TARGETS:
         raise DeviceError(f"target {target!r} is not available; available: {', '.join(TARGETS)}")
     from mlir import ir
 
-    from .dialects.kernel import KERNEL_NAME, build_kernel_module
+    from .dialects.kernel import build_kernel_module
     from .lowering.cpu import CpuOptions, compile_module
 
     with ir.Context():
         module = build_kernel_module(spec, shapes)
-        return compile_module(module, KERNEL_NAME, out_path, CpuOptions(cpu=cpu))
+        return compile_module(module, sig, out_path, CpuOptions(cpu=cpu))
 
 
 @functools.cache

@@ -16,7 +16,7 @@ import numpy as np
 from .errors import FormatError, InvalidIndicesError, PatternError
 from .formats import Format, LevelExpr, LevelKind
 
-__all__ = ["index_dtype", "level_coordinates", "canonicalize", "pack", "unpack", "validate", "implicit_positions"]
+__all__ = ["index_dtype", "level_coordinates", "canonicalize", "pack", "unpack", "validate"]
 
 
 def index_dtype(width: int) -> np.dtype:
@@ -144,13 +144,6 @@ def _narrow(array: np.ndarray, width: int, what: str) -> np.ndarray:
     if array.size and array.max() > _max_index(width):
         raise FormatError(f"{what} {array.max()} does not fit the format's {width}-bit {what}s; use a wider format")
     return array.astype(index_dtype(width), copy=False)
-
-
-def implicit_positions(fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
-    """Positions of an N:M level as seen by its compressed codegen form: ``n`` per group."""
-    level = fmt.levels[-1]
-    groups = int(np.prod(fmt.level_sizes(shape)[:-1]))
-    return np.arange(0, groups * level.n + 1, level.n, dtype=index_dtype(fmt.pos_width))
 
 
 def unpack(fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:

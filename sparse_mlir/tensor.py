@@ -53,7 +53,7 @@ def _fit_widths(fmt: Format, shape: tuple[int, ...], nnz: int) -> Format:
 class SparseTensor:
     """A sparse tensor of order 1 to 3 in any :class:`~sparse_mlir.formats.Format`."""
 
-    __slots__ = ("format", "shape", "dtype", "buffers", "_kernel_buffers", "__weakref__")
+    __slots__ = ("format", "shape", "dtype", "buffers", "__weakref__")
 
     def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...], *,
                  validate: bool = True):
@@ -75,7 +75,6 @@ class SparseTensor:
         self.format = fmt
         self.shape = shape
         self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
-        self._kernel_buffers: tuple[np.ndarray, ...] | None = None
 
     # -- builders ---------------------------------------------------------------
     @classmethod
@@ -150,17 +149,6 @@ class SparseTensor:
     def buffer(self, name: str) -> np.ndarray:
         """A level buffer by name (``pos1``, ``crd1``, ``values``)."""
         return self.buffers[self.format.buffer_names.index(name)]
-
-    @property
-    def kernel_buffers(self) -> tuple[np.ndarray, ...]:
-        """Buffers in the order kernels take them (``format.codegen_format``); computed once."""
-        if self._kernel_buffers is None:
-            if self.format.is_nm:
-                pos = _readonly(storage.implicit_positions(self.format, self.shape))
-                self._kernel_buffers = (pos, *self.buffers)
-            else:
-                self._kernel_buffers = self.buffers
-        return self._kernel_buffers
 
     def to_coo(self) -> tuple[np.ndarray, np.ndarray]:
         """Coordinates (ndim x nnz) and values of every stored entry, in storage order."""

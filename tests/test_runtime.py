@@ -48,7 +48,8 @@ def test_ir_of_every_stage(spmm, operands):
     assert list(ir) == ["input", "sparsified", "llvm"]
     assert "tensor<6x5xf64, #sparse" in ir["input"]
     assert "scf.for" in ir["sparsified"] and "sparse_tensor" not in ir["sparsified"].split("module", 1)[1]
-    assert "llvm.func @_mlir_ciface_kernel" in ir["llvm"]
+    assert "llvm.func @sparse_mlir_kernel(" in ir["llvm"]  # the plain C entry point
+    assert "llvm.func internal @_mlir_ciface_kernel" in ir["llvm"]
 
 
 def test_scipy_operands_take_the_conversion_path(spmm, operands):

@@ -1,0 +1,91 @@
+"""A loaded kernel library and its plain C entry point, called through ctypes.
+
+The argument list follows ``Signature.params()``; ctypes releases the GIL
+for the duration of the native call.  Used for JIT-compiled, disk-cached and
+ahead-of-time exported kernels alike.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidIndicesError, LoweringError, OperandError, ShapeError
+from ..signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, STATUS_TEXT, Signature
+from ..tensor import SparseTensor
+from . import abi
+
+__all__ = ["NativeFunction"]
+
+_buffer_args: weakref.WeakKeyDictionary[SparseTensor, list[int]] = weakref.WeakKeyDictionary()
+_STATUS_ERRORS = {NULL_POINTER: OperandError, SIZE_MISMATCH: ShapeError, BAD_LEVELS: InvalidIndicesError}
+
+
+def _tensor_args(tensor: SparseTensor) -> list[int]:
+    """``(pointer, length)`` per buffer, computed once per tensor (its buffers never change)."""
+    args = _buffer_args.get(tensor)
+    if args is None:
+        args = []
+        for buf in tensor.buffers:
+            args += [abi.data_pointer(buf), buf.size]
+        _buffer_args[tensor] = args
+    return args
+
+
+class NativeFunction:
+    """``int32_t NAME(...)`` of one library, callable with prepared operands."""
+
+    def __init__(self, path: Path, sig: Signature):
+        self.path = Path(path)
+        self.signature = sig
+        self.library = ctypes.CDLL(str(path))
+        self.function = getattr(self.library, sig.name)
+        self.function.restype = ctypes.c_int32
+        self.function.argtypes = [ctypes.c_int64 if p.ctype == "int64_t" else ctypes.c_void_p
+                                  for p in sig.params()]
+        self._inputs = tuple((op.name, op.sparse) for op in sig.inputs)
+        self._result_buffers = sig.result_buffers()
+        self._local = threading.local()
+
+    def __call__(self, args: dict[str, Any], out: np.ndarray | None, out_shape: tuple[int, ...]) -> Any:
+        params: list[int] = []
+        for name, sparse in self._inputs:
+            value = args[name]
+            if sparse:
+                params += _tensor_args(value)
+            else:
+                params.append(abi.data_pointer(value))
+                params += value.shape
+        if out is not None:
+            params.append(abi.data_pointer(out))
+            params += out.shape
+        else:
+            words = self._result_words()
+            params.append(ctypes.addressof(words))
+        status = self.function(*params)
+        if status:
+            raise _STATUS_ERRORS.get(status, LoweringError)(
+                f"kernel {self.signature.name} refused its arguments: {STATUS_TEXT.get(status, 'internal error')} "
+                f"(status {status})", **({} if status in _STATUS_ERRORS else {"stage": "run", "target": "cpu"}))
+        if out is not None:
+            return out
+        return self._sparse_result(words, out_shape)
+
+    def _result_words(self) -> ctypes.Array:
+        words = getattr(self._local, "words", None)
+        if words is None:
+            words = self._local.words = (ctypes.c_int64 * (3 * len(self._result_buffers)))()
+        return words
+
+    def _sparse_result(self, words: ctypes.Array, shape: tuple[int, ...]) -> SparseTensor:
+        k = len(self._result_buffers)
+        buffers = tuple(abi.adopt_buffer(words[2 * k + i], words[2 * i], words[2 * i + 1], dtype)
+                        for i, (_, dtype) in enumerate(self._result_buffers))
+        fmt = self.signature.output.format
+        assert fmt is not None
+        return SparseTensor(fmt, shape, buffers, validate=False)

@@ -1,0 +1,113 @@
+"""Checking and converting what a caller passes for each operand, before any native code runs."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import numpy as np
+
+from ..errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
+from ..formats import Format
+from ..tensor import SparseTensor
+
+__all__ = ["check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
+
+
+def _is_cupy(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] in ("cupy", "cupyx")
+
+
+def _is_scipy_sparse(value: Any) -> bool:
+    return type(value).__module__.startswith("scipy.sparse")
+
+
+def check_names(expression: str, inputs: tuple[str, ...], operands: dict[str, Any]) -> None:
+    """Raise ``OperandError`` naming missing and unknown (maybe misspelled) operands."""
+    if operands.keys() == set(inputs):
+        return
+    detail = []
+    if missing := [n for n in inputs if n not in operands]:
+        detail.append(f"missing {', '.join(missing)}")
+    if unknown := [n for n in operands if n not in inputs]:
+        close = {n: [i for i in inputs if i.lower() == n.lower()] or difflib.get_close_matches(n, inputs, 1)
+                 for n in unknown}
+        detail.append("unknown " + ", ".join(n + (f" (did you mean {close[n][0]}?)" if close[n] else "")
+                                             for n in unknown))
+    raise OperandError(f"kernel {expression!r} takes operands {', '.join(inputs)}: {'; '.join(detail)}")
+
+
+def _refuse_device(name: str, value: Any, target: str) -> None:
+    if _is_cupy(value):
+        raise DeviceError(f"operand {name} is a CuPy array, but this kernel runs on the {target}; "
+                          f"use cupy.asnumpy or compile with target='cuda'")
+
+
+def sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype, target: str) -> SparseTensor:
+    """A ``SparseTensor`` in the declared format (index widths may differ); scipy input is converted."""
+    if type(value) is SparseTensor and value.format is declared and value.dtype == dtype:
+        return value  # fast path: built in the declared format
+    _refuse_device(name, value, target)
+    if _is_scipy_sparse(value):
+        value = SparseTensor.from_scipy(value, declared)  # validated and converted on every call
+    if not isinstance(value, SparseTensor):
+        raise OperandError(f"operand {name} is declared {declared}; pass a SparseTensor or a scipy.sparse "
+                           f"matrix, got {type(value).__name__}")
+    if value.format.with_widths(declared.pos_width, declared.crd_width) != declared:
+        raise FormatError(f"operand {name} is declared {declared}, but the SparseTensor is {value.format}; "
+                          f"convert it (e.g. SparseTensor.from_scipy(t.to_scipy(), '{declared}'))")
+    if value.dtype != dtype:
+        raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype}")
+    return value
+
+
+def dense_operand(name: str, value: Any, rank: int, dtype: np.dtype, target: str) -> np.ndarray:
+    """A C-contiguous, aligned array of exactly ``dtype`` (copied only when the layout requires it)."""
+    if type(value) is np.ndarray and value.dtype == dtype and value.ndim == rank \
+            and value.flags.c_contiguous and value.flags.aligned:
+        return value  # fast path
+    _refuse_device(name, value, target)
+    if isinstance(value, SparseTensor) or _is_scipy_sparse(value):
+        raise FormatError(f"operand {name} is dense in this kernel; pass a numpy array, or declare a sparse "
+                          f"format for it with formats={{'{name}': ...}}")
+    if not isinstance(value, np.ndarray):
+        if np.isscalar(value) and rank == 0:
+            value = np.asarray(value, dtype=dtype)
+        else:
+            raise OperandError(f"operand {name} must be a numpy array, got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype} "
+                         f"(no implicit casts: use .astype)")
+    if value.ndim != rank:
+        raise ShapeError(f"operand {name} is used with {rank} indices but has shape {value.shape}")
+    return np.array(value, order="C", copy=True)  # the kernel needs contiguous, aligned rows
+
+
+def dense_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The array a dense result is written to: ``out`` (checked) or a new one (the kernel zero-fills it)."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if not isinstance(out, np.ndarray):
+        raise OperandError(f"out= must be a numpy array, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise DTypeError(f"out= has dtype {out.dtype}, the kernel's dtype is {dtype}")
+    if out.shape != shape:
+        raise ShapeError(f"out= has shape {out.shape}, but {name} has shape {shape}")
+    if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
+        raise OperandError("out= must be a writeable, C-contiguous, aligned array")
+    return out
+
+
+def check_extents(sources: tuple[tuple[str, tuple[tuple[str, int], ...]], ...],
+                  args: dict[str, Any]) -> dict[str, int]:
+    """Each index's size, checked equal wherever the index appears (``ShapeError`` names both operands)."""
+    extents: dict[str, int] = {}
+    for idx, places in sources:
+        name, dim = places[0]
+        size = args[name].shape[dim]
+        for other, odim in places[1:]:
+            if args[other].shape[odim] != size:
+                raise ShapeError(f"index {idx!r}: {name} dimension {dim} has size {size} but {other} "
+                                 f"dimension {odim} has size {args[other].shape[odim]}")
+        extents[idx] = size
+    return extents
