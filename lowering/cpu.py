@@ -29,7 +29,7 @@ from sparse_mlir.signature import Signature
 from . import rewrites, toolchain
 from .c_abi import add_c_entry_point
 
-__all__ = ["CpuOptions", "SPARSIFY", "TO_LLVM", "lower_to_llvm", "compile_module"]
+__all__ = ["CpuOptions", "SPARSIFY", "TO_LLVM", "lower_to_llvm", "compile_module", "compile_object"]
 
 
 @dataclass(frozen=True)
@@ -95,4 +95,11 @@ def compile_module(module: ir.Module, sig: Signature, out_path: Path, options: C
     """Lower and compile ``module`` to a shared library exporting ``sig.name`` (and ``sig.name + '_free'``)."""
     stages = lower_to_llvm(module, sig)
     toolchain.compile_shared_library(stages["llvm"], out_path, cpu=options.cpu, opt_level=options.opt_level)
+    return stages
+
+
+def compile_object(module: ir.Module, sig: Signature, obj_path: Path, options: CpuOptions) -> dict[str, str]:
+    """Lower and compile ``module`` to an object file for embedding (ahead-of-time export)."""
+    stages = lower_to_llvm(module, sig)
+    toolchain.compile_object(stages["llvm"], obj_path, cpu=options.cpu, opt_level=options.opt_level)
     return stages

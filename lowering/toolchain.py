@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sparse_mlir.errors import LoweringError
 
-__all__ = ["tool", "tool_versions", "compile_shared_library"]
+__all__ = ["tool", "tool_versions", "compile_object", "link_shared", "compile_shared_library"]
 
 
 @functools.cache
@@ -65,7 +65,7 @@ def linker() -> str:
 
 @functools.cache
 def tool_versions() -> str:
-    """Versions of everything that shapes the machine code, for cache keys."""
+    """Versions of the tools that shape the machine code, for cache keys (no subprocess: called per process)."""
     from importlib import metadata
 
     parts = []
@@ -74,28 +74,42 @@ def tool_versions() -> str:
             parts.append(f"{dist}={metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             parts.append(f"{dist}=absent")
-    cc = subprocess.run([c_compiler(), "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    return ";".join(parts + cc)
+    return ";".join(parts)
+
+
+def compile_object(llvm_dialect: str, obj_path: Path, *, cpu: str = "native", opt_level: int = 3) -> None:
+    """LLVM-dialect text -> relocatable (PIC) object file for ``cpu``."""
+    # opt needs the target too: without it, its cost model sees no vector registers and never vectorizes
+    target = [f"-mtriple={host_triple()}", f"-mcpu={cpu}"]
+    cmds = [[tool("mlir-translate"), "--mlir-to-llvmir"],
+            [tool("opt"), f"-O{opt_level}", *target],
+            [tool("llc"), f"-O{opt_level}", *target, "-relocation-model=pic", "-filetype=obj", "-o", str(obj_path)]]
+    _run_pipe(cmds, llvm_dialect.encode())
+
+
+def link_shared(objects: list[Path], out_path: Path, *, standalone: bool) -> None:
+    """Link objects into a shared library at ``out_path``, atomically.
+
+    ``standalone`` links through the C compiler, recording libc and libm as
+    needed (what an application embeds); otherwise the linker runs directly
+    (10 ms less per JIT kernel) and libc symbols resolve against the loading
+    process.
+    """
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    driver = c_compiler() if standalone else linker()
+    link = subprocess.run([driver, "-shared", "-o", str(tmp), *map(str, objects), "-lm"], capture_output=True,
+                          text=True)
+    if link.returncode:
+        raise LoweringError("linking the kernel failed", stage="link", target="cpu", diagnostics=link.stderr)
+    os.replace(tmp, out_path)
 
 
 def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "native", opt_level: int = 3) -> None:
-    """LLVM-dialect text -> shared library at ``out_path`` (written atomically)."""
+    """LLVM-dialect text -> shared library at ``out_path`` for in-process use."""
     with tempfile.TemporaryDirectory(prefix="sparse_mlir_") as tmp:
         obj = Path(tmp) / "kernel.o"
-        # opt needs the target too: without it, its cost model sees no vector registers and never vectorizes
-        target = [f"-mtriple={host_triple()}", f"-mcpu={cpu}"]
-        cmds = [[tool("mlir-translate"), "--mlir-to-llvmir"],
-                [tool("opt"), f"-O{opt_level}", *target],
-                [tool("llc"), f"-O{opt_level}", *target, "-relocation-model=pic", "-filetype=obj", "-o", str(obj)]]
-        _run_pipe(cmds, llvm_dialect.encode())
-        tmp_so = out_path.with_name(f".{out_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        # the linker itself, not the compiler driver: 10 ms less per kernel; libc symbols (malloc, free)
-        # resolve against the loading process, libm is recorded as needed
-        link = subprocess.run([linker(), "-shared", "-o", str(tmp_so), str(obj), "-lm"], capture_output=True,
-                              text=True)
-        if link.returncode:
-            raise LoweringError("linking the kernel failed", stage="link", target="cpu", diagnostics=link.stderr)
-        os.replace(tmp_so, out_path)
+        compile_object(llvm_dialect, obj, cpu=cpu, opt_level=opt_level)
+        link_shared([obj], out_path, standalone=False)
 
 
 def _run_pipe(cmds: list[list[str]], data: bytes) -> None:

@@ -4,8 +4,10 @@ __version__ = "0.1.0"
 
 from . import errors, formats  # noqa: E402
 from .api import compile  # noqa: E402
+from .export import export  # noqa: E402
 from .formats import BSR, COO, CSC, CSF, CSR, DCSR, NM, Dense, Format, parse_format  # noqa: E402
+from .runtime.artifact import load_kernel  # noqa: E402
 from .tensor import SparseTensor  # noqa: E402
 
 __all__ = ["errors", "formats", "Format", "parse_format", "CSR", "CSC", "COO", "DCSR", "CSF", "Dense", "BSR",
-           "NM", "SparseTensor", "compile"]
+           "NM", "SparseTensor", "compile", "export", "load_kernel"]

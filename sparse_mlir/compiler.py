@@ -41,18 +41,22 @@ def kernel_source(spec: KernelSpec) -> str:
 
 
 def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature, out_path: Path,
-                  target: str, cpu: str) -> dict[str, str]:
-    """Compile one specialization to a shared library exporting ``sig``; return the IR of each stage."""
+                  target: str, cpu: str, *, object_file: bool = False) -> dict[str, str]:
+    """Compile one specialization exporting ``sig``: a shared library, or an object file to embed.
+
+    Returns the IR of each stage.
+    """
     if target not in TARGETS:
         raise DeviceError(f"target {target!r} is not available; available: {', '.join(TARGETS)}")
     from mlir import ir
 
     from .dialects.kernel import build_kernel_module
-    from .lowering.cpu import CpuOptions, compile_module
+    from .lowering import cpu as cpu_pipeline
 
+    build = cpu_pipeline.compile_object if object_file else cpu_pipeline.compile_module
     with ir.Context():
         module = build_kernel_module(spec, shapes)
-        return compile_module(module, sig, out_path, CpuOptions(cpu=cpu))
+        return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu))
 
 
 @functools.cache

@@ -111,13 +111,9 @@ class Signature:
     @classmethod
     def from_spec(cls, spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                   name: str) -> Signature:
-        operands = []
-        for tensor in (*spec.inputs, spec.output):
-            index = spec.output_indices if tensor == spec.output else next(
-                a.index for st in spec.stages for a in st.accesses() if a.tensor == tensor)
-            fmt = formats.get(tensor, spec.formats.get(tensor))
-            operands.append(OperandABI(tensor, tensor == spec.output, spec.dtype, tuple(shapes[tensor]), index, fmt))
-        return cls(name, spec.expression, tuple(operands))
+        operands = tuple(OperandABI(t, t == spec.output, spec.dtype, tuple(shapes[t]), spec.operand_index(t),
+                                    formats.get(t, spec.formats.get(t))) for t in (*spec.inputs, spec.output))
+        return cls(name, spec.expression, operands)
 
     @property
     def inputs(self) -> tuple[OperandABI, ...]:

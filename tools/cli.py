@@ -1,4 +1,4 @@
-"""``sparse-mlir``: compile, show IR, inspect the installation, manage the cache, run the demo."""
+"""``sparse-mlir``: export kernels, show IR, inspect the installation, manage the cache, run the demo."""
 
 from __future__ import annotations
 
@@ -52,13 +52,14 @@ def _specialize(args: argparse.Namespace) -> sm.runtime.Kernel:
     return kernel
 
 
-def cmd_compile(args: argparse.Namespace) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    kernel = _specialize(args)
-    elapsed = time.perf_counter() - start
-    for special in kernel.specializations:
-        print(f"{special.key}  {special.library._name}")
-    print(f"compiled in {elapsed * 1e3:.0f} ms", file=sys.stderr)
+    kernel = sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
+                        target=args.target)
+    paths = sm.export(kernel, args.output, args.name, shapes=_shapes(args.shape), cpu=args.cpu)
+    for kind, path in paths.items():
+        print(f"{kind:<9} {path}")
+    print(f"exported {args.name} in {(time.perf_counter() - start) * 1e3:.0f} ms", file=sys.stderr)
     return 0
 
 
@@ -124,10 +125,18 @@ def _kernel_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparse-mlir", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("compile", help="compile (and specialize with --shape) a kernel into the cache")
-    _kernel_args(p)
-    p.set_defaults(func=cmd_compile)
+    parser.add_argument("--cmake-dir", action="store_true",
+                        help="print the folder of SparseMLIRConfig.cmake (for find_package) and exit")
+    sub = parser.add_subparsers(dest="command")
+    for command in ("export", "compile"):
+        p = sub.add_parser(command, help="compile a kernel ahead of time: object, shared library, C header and "
+                                         "manifest" + (" (same as export)" if command == "compile" else ""))
+        _kernel_args(p)
+        p.add_argument("-o", "--output", default=".", help="output folder (default: current)")
+        p.add_argument("--name", default="kernel", help="C function name (default: kernel)")
+        p.add_argument("--cpu", default="x86-64-v2", help="instruction set: x86-64-v2 (default, portable), "
+                                                          "x86-64-v3, native, ...")
+        p.set_defaults(func=cmd_export)
     p = sub.add_parser("show", help="print the IR after each stage: input, sparsified, llvm")
     _kernel_args(p)
     p.add_argument("--stage", default="all", choices=["all", "input", "sparsified", "llvm"])
@@ -143,7 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmake_dir:
+        from importlib.resources import files
+
+        print(files("sparse_mlir") / "cmake")
+        return 0
+    if args.command is None:
+        parser.error("a command is required")
     try:
         return args.func(args)
     except SparseMLIRError as exc:

@@ -101,6 +101,18 @@ class KernelSpec:
             used.update(self.output_indices)
         return frozenset(used)
 
+    def operand_index(self, name: str) -> tuple[str, ...]:
+        """The index variables of each dimension of ``name`` (its first access)."""
+        if name == self.output:
+            return self.output_indices
+        return next(a.index for st in self.stages for a in st.accesses() if a.tensor == name)
+
+    def specialized_shapes(self, extents: dict[str, int]) -> dict[str, tuple[int | None, ...]]:
+        """Every operand's type sizes: static where a sparse operand fixes the index, else ``None``."""
+        static = self.static_indices
+        return {name: tuple(extents[i] if (self.is_sparse(name) or i in static) else None
+                            for i in self.operand_index(name)) for name in (*self.inputs, self.output)}
+
     def key(self) -> tuple:
         return (self.expression, tuple(sorted((n, f) for n, f in self.formats.items())), str(self.dtype))
 

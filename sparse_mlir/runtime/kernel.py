@@ -22,7 +22,7 @@ from ..signature import Signature
 from ..tensor import SparseTensor
 from . import cache
 from .library import NativeFunction
-from .operands import check_extents, check_names, dense_operand, dense_output, sparse_operand
+from .operands import check_extents, dense_output, prepare
 
 __all__ = ["Kernel", "Specialization", "ENTRY_NAME"]
 
@@ -53,6 +53,7 @@ class Kernel:
         self._specializations: dict[tuple, Specialization] = {}
         self._mlir: str | None = None
         # facts every call needs, computed once
+        self._inputs = tuple((n, spec.formats.get(n), spec.ranks[n]) for n in spec.inputs)
         self._sparse_inputs = tuple(n for n in spec.inputs if spec.is_sparse(n))
         self._sources = tuple((idx, tuple(places)) for idx, places in spec.extent_sources().items())
         self._static = tuple(sorted(spec.static_indices))
@@ -85,9 +86,7 @@ class Kernel:
     # -- calling ----------------------------------------------------------------------
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
         spec = self.spec
-        check_names(spec.expression, spec.inputs, operands)
-        args = {n: sparse_operand(n, operands[n], spec.formats[n], spec.dtype, self.target) if spec.is_sparse(n)
-                else dense_operand(n, operands[n], spec.ranks[n], spec.dtype, self.target) for n in spec.inputs}
+        args = prepare(spec.expression, self._inputs, operands, spec.dtype, self.target)
         extents = check_extents(self._sources, args)
         special = self._specialization(args, extents)
         out_shape = tuple([extents[i] for i in spec.output_indices])
@@ -104,15 +103,9 @@ class Kernel:
         found = self._specializations.get(local_key)
         if found is not None:
             return found
-        spec = self.spec
         formats = {n: args[n].format for n in self._sparse_inputs}
-        shapes = {}
-        for name in (*spec.inputs, spec.output):
-            index = spec.output_indices if name == spec.output else next(
-                a.index for st in spec.stages for a in st.accesses() if a.tensor == name)
-            sparse = spec.is_sparse(name)
-            shapes[name] = tuple(extents[i] if (sparse or i in self._static) else None for i in index)
-        special = _load_or_compile(spec, formats, shapes, self.target, self.cpu)
+        shapes = self.spec.specialized_shapes(extents)
+        special = _load_or_compile(self.spec, formats, shapes, self.target, self.cpu)
         self._specializations[local_key] = special
         return special
 

@@ -11,7 +11,7 @@ from ..errors import DeviceError, DTypeError, FormatError, OperandError, ShapeEr
 from ..formats import Format
 from ..tensor import SparseTensor
 
-__all__ = ["check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
+__all__ = ["prepare", "check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
 
 
 def _is_cupy(value: Any) -> bool:
@@ -35,6 +35,14 @@ def check_names(expression: str, inputs: tuple[str, ...], operands: dict[str, An
         detail.append("unknown " + ", ".join(n + (f" (did you mean {close[n][0]}?)" if close[n] else "")
                                              for n in unknown))
     raise OperandError(f"kernel {expression!r} takes operands {', '.join(inputs)}: {'; '.join(detail)}")
+
+
+def prepare(expression: str, inputs: tuple[tuple[str, Format | None, int], ...], operands: dict[str, Any],
+            dtype: np.dtype, target: str) -> dict[str, SparseTensor | np.ndarray]:
+    """Check names, then convert each ``(name, format or None, rank)`` input; inputs are never modified."""
+    check_names(expression, tuple(n for n, _, _ in inputs), operands)
+    return {n: sparse_operand(n, operands[n], fmt, dtype, target) if fmt is not None
+            else dense_operand(n, operands[n], rank, dtype, target) for n, fmt, rank in inputs}
 
 
 def _refuse_device(name: str, value: Any, target: str) -> None:

@@ -1,0 +1,62 @@
+# find_package(SparseMLIR) support, shipped inside the sparse_mlir wheel.
+# `sparse-mlir --cmake-dir` prints this folder: pass it as SparseMLIR_DIR.
+#
+#   sparse_mlir_add_kernel(<name>
+#       EXPR "C[i,j] = A[i,k] * B[k,j]"
+#       FORMATS A=csr [B=...]
+#       SHAPES A=4096x4096 [...]          # every sparse operand: the sparse ABI is shape-specialized
+#       [DTYPE float32] [TARGET cpu] [CPU x86-64-v2])
+#
+# generates the kernel at build time (like Halide's add_halide_library) and
+# makes <name> a static library target: link it, include "<name>.h", call
+# int32_t <name>(...).  Needs the sparse-mlir command at build time only.
+include_guard(GLOBAL)
+
+find_program(SPARSE_MLIR_EXECUTABLE NAMES sparse-mlir
+             HINTS "${CMAKE_CURRENT_LIST_DIR}/../../../../../bin" ENV PATH
+             DOC "the sparse-mlir command that generates kernels")
+if(NOT SPARSE_MLIR_EXECUTABLE)
+  set(SparseMLIR_FOUND FALSE)
+  set(SparseMLIR_NOT_FOUND_MESSAGE "the sparse-mlir command was not found; pip install sparse-mlir")
+  return()
+endif()
+find_library(SPARSE_MLIR_LIBM m)
+
+function(sparse_mlir_add_kernel name)
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "EXPR;DTYPE;TARGET;CPU" "FORMATS;SHAPES")
+  if(NOT ARG_EXPR)
+    message(FATAL_ERROR "sparse_mlir_add_kernel(${name}): EXPR is required")
+  endif()
+  if(NOT ARG_DTYPE)
+    set(ARG_DTYPE float64)
+  endif()
+  if(NOT ARG_TARGET)
+    set(ARG_TARGET cpu)
+  endif()
+  if(NOT ARG_CPU)
+    set(ARG_CPU x86-64-v2)
+  endif()
+  set(flags)
+  foreach(item IN LISTS ARG_FORMATS)
+    list(APPEND flags --format "${item}")
+  endforeach()
+  foreach(item IN LISTS ARG_SHAPES)
+    list(APPEND flags --shape "${item}")
+  endforeach()
+  set(out "${CMAKE_CURRENT_BINARY_DIR}/sparse_mlir/${name}")
+  add_custom_command(
+    OUTPUT "${out}/${name}.o" "${out}/${name}.h"
+    COMMAND "${SPARSE_MLIR_EXECUTABLE}" export "${ARG_EXPR}" ${flags} --dtype "${ARG_DTYPE}"
+            --target "${ARG_TARGET}" --cpu "${ARG_CPU}" --name "${name}" -o "${out}"
+    COMMENT "sparse-mlir: generating ${name} = ${ARG_EXPR}"
+    VERBATIM)
+  add_library(${name} STATIC "${out}/${name}.o" "${out}/${name}.h")
+  set_source_files_properties("${out}/${name}.o" PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
+  set_target_properties(${name} PROPERTIES LINKER_LANGUAGE C)
+  target_include_directories(${name} INTERFACE "${out}")
+  if(SPARSE_MLIR_LIBM)
+    target_link_libraries(${name} INTERFACE "${SPARSE_MLIR_LIBM}")
+  endif()
+endfunction()
+
+set(SparseMLIR_FOUND TRUE)
