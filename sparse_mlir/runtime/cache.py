@@ -1,25 +1,29 @@
 """Content-addressed kernel cache on disk, shared by processes.
 
-An entry is ``<dir>/<key[:2]>/<key>.so`` and ``<key>.json`` (metadata: the
-library's sha256 and the IR of every stage).  Both are written to temporary
+An entry is ``<dir>/<key[:2]>/<key>.so``, ``<key>.json`` (metadata with the
+library's sha256) and ``<key>.ir.json`` (the IR of every stage, read lazily).  Both are written to temporary
 names and moved into place with ``os.replace``; the JSON is written last, so
 an entry without readable JSON, or whose library does not match its
-checksum, is treated as absent and rebuilt.  The directory is created
-private to the user (mode 0700).
+checksum, is treated as absent and rebuilt.  A lock file per entry
+(``flock``) makes concurrent processes wait for one compile instead of each
+compiling.  The directory is created private to the user (mode 0700).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..knobs import knobs
 
-__all__ = ["cache_dir", "entry_paths", "load_entry", "store_metadata", "sha256_file"]
+__all__ = ["cache_dir", "entry_paths", "ir_path", "entry_lock", "load_entry", "store_metadata", "sha256_file"]
 
 
 def cache_dir() -> Path:
@@ -29,9 +33,27 @@ def cache_dir() -> Path:
 
 
 def entry_paths(key: str) -> tuple[Path, Path]:
+    """The library and the metadata of an entry (its IR lives beside them, see ``ir_path``)."""
     folder = cache_dir() / key[:2]
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder / f"{key}.so", folder / f"{key}.json"
+
+
+def ir_path(key: str) -> Path:
+    """The IR of every stage of an entry: read only when someone asks for it."""
+    return entry_paths(key)[0].with_suffix(".ir.json")
+
+
+@contextlib.contextmanager
+def entry_lock(key: str) -> Iterator[None]:
+    """Hold an exclusive lock on one entry across processes, so a kernel is compiled once, not once each."""
+    lib, _ = entry_paths(key)
+    fd = os.open(lib.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def sha256_file(path: Path) -> str:
@@ -50,10 +72,14 @@ def load_entry(key: str) -> tuple[Path, dict[str, Any]] | None:
     return lib, meta
 
 
-def store_metadata(key: str, meta: dict[str, Any]) -> None:
-    """Record a freshly written library (its checksum is added here); last step of a store."""
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def store_metadata(key: str, meta: dict[str, Any], ir: dict[str, str]) -> None:
+    """Record a freshly written library (its checksum is added here) and its IR; last step of a store."""
     lib, meta_path = entry_paths(key)
-    meta = {**meta, "sha256": sha256_file(lib)}
-    tmp = meta_path.with_name(f".{meta_path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, meta_path)
+    _write_atomically(ir_path(key), json.dumps(ir))
+    _write_atomically(meta_path, json.dumps({**meta, "sha256": sha256_file(lib)}))

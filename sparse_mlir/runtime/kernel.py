@@ -9,6 +9,7 @@ native entry point.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ ENTRY_NAME = "sparse_mlir_kernel"
 _compile_lock = threading.Lock()
 _key_locks: dict[str, threading.Lock] = {}
 _loaded: dict[str, Specialization] = {}  # by cache key, shared by every Kernel of the process
+stats = {"compiled": 0, "loaded": 0}  # per process: native compiles, and libraries loaded (compiled or cached)
 
 
 @dataclass
@@ -39,8 +41,12 @@ class Specialization:
     key: str
     shapes: dict[str, tuple[int | None, ...]]
     formats: dict[str, Format]
-    ir: dict[str, str] = field(repr=False)
     native: NativeFunction = field(repr=False)
+
+    @property
+    def ir(self) -> dict[str, str]:
+        """The IR of every stage (``input``, ``sparsified``, ``llvm``), read from the cache on demand."""
+        return json.loads(cache.ir_path(self.key).read_text())
 
 
 class Kernel:
@@ -120,6 +126,19 @@ def _cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+                   sig: Signature, target: str, cpu: str) -> tuple[Any, dict[str, Any]]:
+    from ..compiler import build_library, specialize
+
+    lib_path, _ = cache.entry_paths(key)
+    stages = build_library(specialize(spec, formats), shapes, sig, lib_path, target, cpu)
+    stats["compiled"] += 1
+    cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages)
+    entry = cache.load_entry(key)
+    assert entry is not None, "kernel cache entry vanished right after it was written"
+    return entry
+
+
 def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                      target: str, cpu: str) -> Specialization:
     key = _cache_key(spec, formats, shapes, target, cpu)
@@ -135,14 +154,10 @@ def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[
         sig = Signature.from_spec(spec, formats, shapes, ENTRY_NAME)
         entry = cache.load_entry(key)
         if entry is None:
-            from ..compiler import build_library, specialize
-
-            lib_path, _ = cache.entry_paths(key)
-            stages = build_library(specialize(spec, formats), shapes, sig, lib_path, target, cpu)
-            cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json(), "ir": stages})
-            entry = cache.load_entry(key)
-            assert entry is not None, "kernel cache entry vanished right after it was written"
-        lib_path, meta = entry
-        special = Specialization(key, shapes, formats, meta["ir"], NativeFunction(lib_path, sig))
+            with cache.entry_lock(key):  # another process may be compiling it: wait, then look again
+                entry = cache.load_entry(key) or _compile_entry(key, spec, formats, shapes, sig, target, cpu)
+        lib_path, _ = entry
+        special = Specialization(key, shapes, formats, NativeFunction(lib_path, sig))
         _loaded[key] = special
+        stats["loaded"] += 1
         return special

@@ -1,0 +1,89 @@
+"""The sparse-mlir command, through the installed console script, doing real work."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXE = shutil.which("sparse-mlir") or str(Path(sys.executable).parent / "sparse-mlir")
+
+
+def cli(*args: str, cache: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if cache is not None:
+        env["SPARSE_MLIR_CACHE_DIR"] = str(cache)
+    result = subprocess.run([EXE, *args], capture_output=True, text=True, env=env)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_info(tmp_path):
+    out = cli("info", cache=tmp_path).stdout
+    assert "sparse_mlir" in out and "targets: cpu" in out and str(tmp_path) in out
+
+
+def test_show_every_stage():
+    out = cli("show", "y[i] = A[i,j] * x[j]", "--format", "A=csr", "--shape", "A=8x6", "--shape", "x=6").stdout
+    for stage in ("input", "sparsified", "llvm"):
+        assert f"// ----- {stage} -----" in out
+    assert "tensor<8x6xf64, #sparse" in out and "llvm.func @sparse_mlir_kernel(" in out
+
+
+def test_show_without_shapes_prints_the_generic_module():
+    out = cli("show", "C[i,j] = A[i,k] * B[k,j]", "--format", "A=2:4", "--stage", "input").stdout
+    assert "tensor<?x?xf64, #sparse" in out
+
+
+def test_export_then_load(tmp_path):
+    out = cli("export", "C[i,j] = A[i,k] * B[k,j]", "--format", "A=ds:1,0", "--shape", "A=16x8", "--dtype",
+              "float32", "--name", "spmm_csc", "-o", str(tmp_path)).stdout
+    assert "library" in out
+    manifest = json.loads((tmp_path / "spmm_csc.json").read_text())
+    assert manifest["signature"]["operands"][0]["format"]["name"] == "ds:1,0"
+    assert (tmp_path / "libspmm_csc.so").exists() and (tmp_path / "spmm_csc.h").exists()
+
+
+def test_compile_is_export(tmp_path):
+    cli("compile", "y[i] = A[i,j] * x[j]", "--format", "A=coo", "--shape", "A=4x4", "-o", str(tmp_path))
+    assert (tmp_path / "kernel.o").exists()
+
+
+def test_cache_clear(tmp_path):
+    cli("show", "y[i] = A[i,j] * x[j] + 1", "--format", "A=csr", "--shape", "A=4x4", "--shape", "x=4",
+        cache=tmp_path / "c")
+    assert any((tmp_path / "c").rglob("*.so"))
+    cli("cache", "clear", cache=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_cmake_dir():
+    folder = Path(cli("--cmake-dir").stdout.strip())
+    assert (folder / "SparseMLIRConfig.cmake").exists()
+
+
+def test_demo_prints_a_result_table():
+    out = cli("demo").stdout
+    assert "max err" in out and "SpMM N=128" in out and "west0479" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["show", "y[i] = A[i,j] * x[j", "--format", "A=csr"], "expected"),
+    (["export", "y[i] = A[i,j] * x[j]", "--format", "A=nope"], "unknown format"),
+    (["export", "y[i] = A[i,j] * x[j]", "--format", "A=csr"], "give shapes for A"),
+    (["export", "y[i] = A[i,j] * x[j]", "--format", "Acsr", "--shape", "A=2x2"], "NAME=VALUE"),
+])
+def test_errors_go_to_stderr_with_nonzero_status(args, message):
+    result = cli(*args, check=False)
+    assert result.returncode != 0 and message in result.stderr and result.stdout == ""
+
+
+def test_every_subcommand_has_help():
+    for command in ("export", "compile", "show", "info", "cache", "demo"):
+        assert "usage:" in cli(command, "--help").stdout
