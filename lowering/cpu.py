@@ -5,7 +5,8 @@ Stages (each one's IR is kept for ``kernel.ir``):
 * ``input``: the module built from the DSL (sparse shapes static).
 * ``sparsified``: after ``sparse-assembler{direct-out}`` (level buffers become
   plain memref arguments and results) and the sparsifier with direct codegen
-  (no runtime library on the hot path), bufferized.
+  (no runtime library on the hot path), bufferized; for threaded kernels the
+  dense outer loops are OpenMP worksharing loops with a guided schedule.
 * ``llvm``: the LLVM dialect plus the plain C entry point (``c_abi``), every
   other symbol internal, float multiply/add marked ``contract`` (FMA).
 * then ``mlir-translate | opt | llc`` and the C compiler (``toolchain``).
@@ -29,27 +30,37 @@ from sparse_mlir.signature import Signature
 from . import rewrites, toolchain
 from .c_abi import add_c_entry_point
 
-__all__ = ["CpuOptions", "SPARSIFY", "TO_LLVM", "lower_to_llvm", "compile_module", "compile_object"]
+__all__ = ["CpuOptions", "SPARSIFY", "TO_LLVM", "sparsify_pipeline", "lower_to_llvm", "compile_module",
+           "compile_object"]
 
 
 @dataclass(frozen=True)
 class CpuOptions:
-    """Options that change generated code (all part of cache keys)."""
+    """Options that change generated code (all part of cache keys).
+
+    ``openmp`` is the OpenMP runtime to link for threaded kernels, ``None``
+    for serial ones.
+    """
 
     cpu: str = "native"
     opt_level: int = 3
-
-    def key(self) -> str:
-        return f"cpu={self.cpu};O{self.opt_level}"
+    openmp: Path | None = None
 
 
-SPARSIFY = ("builtin.module("
+def sparsify_pipeline(parallel: bool) -> str:
+    """Assembler + sparsifier with direct codegen; ``parallel`` makes dense outer loops ``scf.parallel``."""
+    strategy = "dense-outer-loop" if parallel else "none"
+    return ("builtin.module("
             "sparse-assembler{direct-out=true},"
             "func.func(linalg-generalize-named-ops),"
             "func.func(linalg-fuse-elementwise-ops),"
-            "sparsification-and-bufferization{enable-simd-index32=true parallelization-strategy=none vl=0},"
+            f"sparsification-and-bufferization{{enable-simd-index32=true parallelization-strategy={strategy} vl=0}},"
             "sparse-storage-specifier-to-llvm,"
             "func.func(canonicalize))")
+
+
+SPARSIFY = sparsify_pipeline(parallel=False)
+TO_OPENMP = "builtin.module(convert-scf-to-openmp)"
 
 TO_LLVM = ("builtin.module("
            "func.func(convert-linalg-to-loops),"
@@ -73,11 +84,16 @@ def _run(module: ir.Module, pipeline: str, stage: str) -> None:
         raise LoweringError(str(exc).splitlines()[0], stage=stage, target="cpu", diagnostics=str(exc)) from exc
 
 
-def lower_to_llvm(module: ir.Module, sig: Signature) -> dict[str, str]:
+def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dict[str, str]:
     """Lower ``module`` in place to the LLVM dialect with ``sig``'s C entry point; return each stage's IR."""
     stages = {"input": str(module)}
-    _run(module, SPARSIFY, "sparsified")
+    parallel = options.openmp is not None
+    _run(module, sparsify_pipeline(parallel), "sparsified")
     rewrites.widen_bool_buffers(module)
+    if parallel:
+        _run(module, TO_OPENMP, "sparsified")
+        rewrites.inline_alloca_scopes(module)
+        rewrites.balance_parallel_loops(module)
     stages["sparsified"] = str(module)
     _run(module, TO_LLVM, "llvm")
     try:
@@ -93,13 +109,14 @@ def lower_to_llvm(module: ir.Module, sig: Signature) -> dict[str, str]:
 
 def compile_module(module: ir.Module, sig: Signature, out_path: Path, options: CpuOptions) -> dict[str, str]:
     """Lower and compile ``module`` to a shared library exporting ``sig.name`` (and ``sig.name + '_free'``)."""
-    stages = lower_to_llvm(module, sig)
-    toolchain.compile_shared_library(stages["llvm"], out_path, cpu=options.cpu, opt_level=options.opt_level)
+    stages = lower_to_llvm(module, sig, options)
+    toolchain.compile_shared_library(stages["llvm"], out_path, cpu=options.cpu, opt_level=options.opt_level,
+                                     openmp=options.openmp)
     return stages
 
 
 def compile_object(module: ir.Module, sig: Signature, obj_path: Path, options: CpuOptions) -> dict[str, str]:
     """Lower and compile ``module`` to an object file for embedding (ahead-of-time export)."""
-    stages = lower_to_llvm(module, sig)
+    stages = lower_to_llvm(module, sig, options)
     toolchain.compile_object(stages["llvm"], obj_path, cpu=options.cpu, opt_level=options.opt_level)
     return stages

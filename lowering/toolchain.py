@@ -87,29 +87,36 @@ def compile_object(llvm_dialect: str, obj_path: Path, *, cpu: str = "native", op
     _run_pipe(cmds, llvm_dialect.encode())
 
 
-def link_shared(objects: list[Path], out_path: Path, *, standalone: bool) -> None:
+def link_shared(objects: list[Path], out_path: Path, *, standalone: bool, openmp: Path | None = None) -> None:
     """Link objects into a shared library at ``out_path``, atomically.
 
     ``standalone`` links through the C compiler, recording libc and libm as
     needed (what an application embeds); otherwise the linker runs directly
     (10 ms less per JIT kernel) and libc symbols resolve against the loading
-    process.
+    process.  ``openmp`` links a threaded kernel against that runtime
+    (recorded with its folder as run path when not ``standalone``).
     """
     tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     driver = c_compiler() if standalone else linker()
-    link = subprocess.run([driver, "-shared", "-o", str(tmp), *map(str, objects), "-lm"], capture_output=True,
+    omp: list[str] = []
+    if openmp is not None:
+        omp = [f"-L{openmp.parent}", f"-l:{openmp.name}"]
+        if not standalone:
+            omp.append(f"-rpath={openmp.parent}")
+    link = subprocess.run([driver, "-shared", "-o", str(tmp), *map(str, objects), *omp, "-lm"], capture_output=True,
                           text=True)
     if link.returncode:
         raise LoweringError("linking the kernel failed", stage="link", target="cpu", diagnostics=link.stderr)
     os.replace(tmp, out_path)
 
 
-def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "native", opt_level: int = 3) -> None:
+def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "native", opt_level: int = 3,
+                           openmp: Path | None = None) -> None:
     """LLVM-dialect text -> shared library at ``out_path`` for in-process use."""
     with tempfile.TemporaryDirectory(prefix="sparse_mlir_") as tmp:
         obj = Path(tmp) / "kernel.o"
         compile_object(llvm_dialect, obj, cpu=cpu, opt_level=opt_level)
-        link_shared([obj], out_path, standalone=False)
+        link_shared([obj], out_path, standalone=False, openmp=openmp)
 
 
 def _run_pipe(cmds: list[list[str]], data: bytes) -> None:

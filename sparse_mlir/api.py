@@ -10,7 +10,8 @@ from .dsl.plan import plan
 from .errors import DeviceError, DSLError
 from .formats import Format
 from .knobs import knobs
-from .runtime.kernel import Kernel
+from .runtime.kernel import BuildOptions, Kernel
+from .runtime.threads import openmp_library
 
 __all__ = ["compile"]
 
@@ -33,9 +34,10 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     if formats is not None and not isinstance(formats, dict):
         raise DSLError(f"formats must be a dict of tensor name to format, got {type(formats).__name__}")
     spec = plan(expression, formats, dtype)
-    key = (spec.key(), target, knobs.cpu())
+    options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
+    key = (spec.key(), options)
     with _lock:
         kernel = _kernels.get(key)
         if kernel is None:
-            kernel = _kernels[key] = Kernel(spec, target, knobs.cpu())
+            kernel = _kernels[key] = Kernel(spec, options)
     return kernel

@@ -41,7 +41,7 @@ def kernel_source(spec: KernelSpec) -> str:
 
 
 def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature, out_path: Path,
-                  target: str, cpu: str, *, object_file: bool = False) -> dict[str, str]:
+                  target: str, cpu: str, *, openmp: Path | None = None, object_file: bool = False) -> dict[str, str]:
     """Compile one specialization exporting ``sig``: a shared library, or an object file to embed.
 
     Returns the IR of each stage.
@@ -56,7 +56,7 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
     build = cpu_pipeline.compile_object if object_file else cpu_pipeline.compile_module
     with ir.Context():
         module = build_kernel_module(spec, shapes)
-        return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu))
+        return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
 
 
 @functools.cache

@@ -29,4 +29,19 @@ class _Knobs:
         return os.environ.get("SPARSE_MLIR_CPU", "native")
 
 
+    @staticmethod
+    def num_threads() -> int:
+        """``SPARSE_MLIR_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the cores this process may use."""
+        for name in ("SPARSE_MLIR_NUM_THREADS", "OMP_NUM_THREADS"):
+            value = os.environ.get(name, "").split(",")[0].strip()
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+    @staticmethod
+    def parallel() -> bool:
+        """``SPARSE_MLIR_PARALLEL=0`` compiles serial kernels (no OpenMP runtime needed)."""
+        return os.environ.get("SPARSE_MLIR_PARALLEL", "1") not in ("0", "false", "no")
+
+
 knobs = _Knobs()

@@ -101,6 +101,16 @@ class KernelSpec:
             used.update(self.output_indices)
         return frozenset(used)
 
+    @property
+    def parallelizable(self) -> bool:
+        """Whether threads may split the outer loops: a dense result and an output index in every stage.
+
+        The sparsifier's ``dense-outer-loop`` strategy asserts (aborting the
+        process) on a stage with no parallel loop, e.g. a total reduction,
+        and never threads insertion into sparse outputs.
+        """
+        return not self.sparse_output and all(stage.indices for stage in self.stages)
+
     def operand_index(self, name: str) -> tuple[str, ...]:
         """The index variables of each dimension of ``name`` (its first access)."""
         if name == self.output:

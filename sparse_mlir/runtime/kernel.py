@@ -12,6 +12,7 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,13 +26,25 @@ from . import cache
 from .library import NativeFunction
 from .operands import check_extents, dense_output, prepare
 
-__all__ = ["Kernel", "Specialization", "ENTRY_NAME"]
+__all__ = ["Kernel", "Specialization", "BuildOptions", "ENTRY_NAME"]
 
 ENTRY_NAME = "sparse_mlir_kernel"
 _compile_lock = threading.Lock()
 _key_locks: dict[str, threading.Lock] = {}
 _loaded: dict[str, Specialization] = {}  # by cache key, shared by every Kernel of the process
 stats = {"compiled": 0, "loaded": 0}  # per process: native compiles, and libraries loaded (compiled or cached)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What besides the spec and shapes decides the machine code: all of it is in the cache key."""
+
+    target: str
+    cpu: str
+    openmp: Path | None  # the OpenMP runtime of threaded kernels; None: serial
+
+    def key(self) -> str:
+        return f"{self.target};{self.cpu};{self.openmp}"
 
 
 @dataclass
@@ -52,10 +65,10 @@ class Specialization:
 class Kernel:
     """A compiled tensor-index-notation kernel; call it with keyword operands."""
 
-    def __init__(self, spec: KernelSpec, target: str, cpu: str):
+    def __init__(self, spec: KernelSpec, options: BuildOptions):
         self.spec = spec
-        self.target = target
-        self.cpu = cpu
+        self.options = options
+        self.target = options.target
         self._specializations: dict[tuple, Specialization] = {}
         self._mlir: str | None = None
         # facts every call needs, computed once
@@ -111,27 +124,28 @@ class Kernel:
             return found
         formats = {n: args[n].format for n in self._sparse_inputs}
         shapes = self.spec.specialized_shapes(extents)
-        special = _load_or_compile(self.spec, formats, shapes, self.target, self.cpu)
+        special = _load_or_compile(self.spec, formats, shapes, self.options)
         self._specializations[local_key] = special
         return special
 
 
 def _cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-               target: str, cpu: str) -> str:
+               options: BuildOptions) -> str:
     from ..compiler import source_hash
     from ..lowering.toolchain import tool_versions
 
     text = repr((spec.key(), sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
-                 sorted(shapes.items()), target, cpu, source_hash(), tool_versions()))
+                 sorted(shapes.items()), options.key(), source_hash(), tool_versions()))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                   sig: Signature, target: str, cpu: str) -> tuple[Any, dict[str, Any]]:
+                   sig: Signature, options: BuildOptions) -> tuple[Any, dict[str, Any]]:
     from ..compiler import build_library, specialize
 
     lib_path, _ = cache.entry_paths(key)
-    stages = build_library(specialize(spec, formats), shapes, sig, lib_path, target, cpu)
+    stages = build_library(specialize(spec, formats), shapes, sig, lib_path, options.target, options.cpu,
+                           openmp=options.openmp)
     stats["compiled"] += 1
     cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages)
     entry = cache.load_entry(key)
@@ -140,8 +154,8 @@ def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shape
 
 
 def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                     target: str, cpu: str) -> Specialization:
-    key = _cache_key(spec, formats, shapes, target, cpu)
+                     options: BuildOptions) -> Specialization:
+    key = _cache_key(spec, formats, shapes, options)
     with _compile_lock:
         special = _loaded.get(key)
         if special is not None:
@@ -155,9 +169,9 @@ def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[
         entry = cache.load_entry(key)
         if entry is None:
             with cache.entry_lock(key):  # another process may be compiling it: wait, then look again
-                entry = cache.load_entry(key) or _compile_entry(key, spec, formats, shapes, sig, target, cpu)
+                entry = cache.load_entry(key) or _compile_entry(key, spec, formats, shapes, sig, options)
         lib_path, _ = entry
-        special = Specialization(key, shapes, formats, NativeFunction(lib_path, sig))
+        special = Specialization(key, shapes, formats, NativeFunction(lib_path, sig, threaded=bool(options.openmp)))
         _loaded[key] = special
         stats["loaded"] += 1
         return special

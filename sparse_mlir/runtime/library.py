@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import InvalidIndicesError, LoweringError, OperandError, ShapeError
 from ..signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, STATUS_TEXT, Signature
 from ..tensor import SparseTensor
-from . import abi
+from . import abi, threads
 
 __all__ = ["NativeFunction"]
 
@@ -40,9 +40,12 @@ def _tensor_args(tensor: SparseTensor) -> list[int]:
 class NativeFunction:
     """``int32_t NAME(...)`` of one library, callable with prepared operands."""
 
-    def __init__(self, path: Path, sig: Signature):
+    def __init__(self, path: Path, sig: Signature, *, threaded: bool = False):
         self.path = Path(path)
         self.signature = sig
+        self.threaded = threaded
+        if threaded:
+            threads.load_runtime()  # before the library, whose __kmpc_* symbols it provides
         self.library = ctypes.CDLL(str(path))
         self.function = getattr(self.library, sig.name)
         self.function.restype = ctypes.c_int32
@@ -67,6 +70,9 @@ class NativeFunction:
         else:
             words = self._result_words()
             params.append(ctypes.addressof(words))
+        if self.threaded:
+            threads.set_threads(threads.for_work(sum(a.nnz if type(a) is SparseTensor else a.size
+                                                     for a in args.values())))
         status = self.function(*params)
         if status:
             raise _STATUS_ERRORS.get(status, LoweringError)(

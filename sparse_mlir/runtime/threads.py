@@ -1,0 +1,72 @@
+"""The OpenMP runtime that threaded kernels use, and their thread count.
+
+Kernels are lowered through MLIR's OpenMP dialect, which emits calls to the
+``__kmpc_*`` ABI of LLVM's and Intel's OpenMP runtimes.  We use
+``libiomp5.so`` from PyPI's ``intel-openmp`` (or an LLVM ``libomp.so``
+found on the usual paths).  The thread count is read at call time
+(``SPARSE_MLIR_NUM_THREADS``, ``OMP_NUM_THREADS``, the usable cores) and set
+with ``omp_set_num_threads`` only when it changes for the calling thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import site
+import sys
+import threading
+from pathlib import Path
+
+from ..knobs import knobs
+
+__all__ = ["openmp_library", "load_runtime", "set_threads", "for_work"]
+
+_NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
+_local = threading.local()
+
+
+def _search_dirs() -> list[Path]:
+    dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib"]
+    dirs += [Path(p).parents[2] / "lib" for p in site.getsitepackages() if len(Path(p).parents) > 2]
+    dirs += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    dirs += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/llvm-14/lib"), Path("/usr/local/lib")]
+    return dirs
+
+
+@functools.cache
+def openmp_library() -> Path | None:
+    """Path of the OpenMP runtime threaded kernels link against, or ``None`` (then kernels are serial)."""
+    if not knobs.parallel():
+        return None
+    for folder in _search_dirs():
+        for name in _NAMES:
+            if (folder / name).is_file():
+                return (folder / name).resolve()
+    return None
+
+
+# below this many stored operand entries a fork costs more than it saves
+SERIAL_BELOW = 16384
+
+
+@functools.cache
+def load_runtime() -> ctypes.CDLL:
+    """Load the OpenMP runtime globally (once), so threaded kernel libraries resolve against it."""
+    path = openmp_library()
+    assert path is not None, "threaded kernel without an OpenMP runtime"
+    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+    return lib
+
+
+def set_threads(count: int) -> None:
+    """Make the next kernel call on this Python thread use ``count`` threads."""
+    if getattr(_local, "count", None) != count:
+        load_runtime().omp_set_num_threads(count)
+        _local.count = count
+
+
+def for_work(entries: int) -> int:
+    """Threads for a call touching ``entries`` operand entries: the configured count, or 1 when tiny."""
+    return 1 if entries < SERIAL_BELOW else knobs.num_threads()
