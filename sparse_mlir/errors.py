@@ -22,9 +22,13 @@ class DSLError(SparseMLIRError, ValueError):
     def __init__(self, message: str, expression: str | None = None, column: int | None = None):
         self.expression = expression
         self.column = column
+        self.message = message
         if expression is not None and column is not None:
             message = f"{message} (column {column})\n  {expression}\n  {' ' * (column - 1)}^"
         super().__init__(message)
+
+    def __reduce__(self):  # keeps the column when pickled (errors cross the compiler process)
+        return type(self), (self.message, self.expression, self.column)
 
 
 class FormatError(SparseMLIRError, ValueError):
@@ -59,6 +63,7 @@ class LoweringError(SparseMLIRError, RuntimeError):
     """The MLIR pipeline or the native toolchain failed; carries stage and target."""
 
     def __init__(self, message: str, *, stage: str, target: str, diagnostics: str = ""):
+        self.message = message
         self.stage = stage
         self.target = target
         self.diagnostics = diagnostics
@@ -66,3 +71,10 @@ class LoweringError(SparseMLIRError, RuntimeError):
         if diagnostics:
             text += f"\n{diagnostics}"
         super().__init__(text)
+
+    def __reduce__(self):
+        return _lowering_error, (self.message, self.stage, self.target, self.diagnostics)
+
+
+def _lowering_error(message: str, stage: str, target: str, diagnostics: str) -> LoweringError:
+    return LoweringError(message, stage=stage, target=target, diagnostics=diagnostics)

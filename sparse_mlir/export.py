@@ -34,7 +34,7 @@ def export(kernel: Kernel, out_dir: str | Path, name: str, shapes: dict[str, tup
     that fixes a sparse output's size).  ``cpu`` is the ``-mcpu`` of the
     code: portable ``x86-64-v2`` by default, ``native`` for this machine.
     """
-    from .compiler import build_library
+    from . import worker
     from .lowering.toolchain import link_shared, tool_versions
 
     if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", name):
@@ -48,7 +48,7 @@ def export(kernel: Kernel, out_dir: str | Path, name: str, shapes: dict[str, tup
     folder.mkdir(parents=True, exist_ok=True)
     obj, lib, header, manifest = (folder / f"{name}.o", folder / f"lib{name}.so", folder / f"{name}.h",
                                   folder / f"{name}.json")
-    stages = build_library(spec, sizes, sig, obj, kernel.target, cpu, object_file=True)
+    stages = worker.call("build_library", spec, sizes, sig, obj, kernel.target, cpu, object_file=True)
     link_shared([obj], lib, standalone=True)
     header.write_text(c_header(sig))
     (folder / f"{name}.mlir").write_text(stages["input"])

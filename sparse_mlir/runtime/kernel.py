@@ -82,9 +82,9 @@ class Kernel:
     def mlir(self) -> str:
         """The module before lowering, sparse sizes still ``?`` (each call specializes them)."""
         if self._mlir is None:
-            from ..compiler import kernel_source
+            from .. import worker
 
-            self._mlir = kernel_source(self.spec)
+            self._mlir = worker.call("kernel_source", self.spec)
         return self._mlir
 
     @property
@@ -141,11 +141,12 @@ def _cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
 
 def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                    sig: Signature, options: BuildOptions) -> tuple[Any, dict[str, Any]]:
-    from ..compiler import build_library, specialize
+    from .. import worker
+    from ..compiler import specialize
 
     lib_path, _ = cache.entry_paths(key)
-    stages = build_library(specialize(spec, formats), shapes, sig, lib_path, options.target, options.cpu,
-                           openmp=options.openmp)
+    stages = worker.call("build_library", specialize(spec, formats), shapes, sig, lib_path, options.target,
+                         options.cpu, openmp=options.openmp)
     stats["compiled"] += 1
     cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages)
     entry = cache.load_entry(key)
