@@ -7,9 +7,9 @@ caller's zeroed output argument (every stage reads it, which keeps
 bufferization in place), so nothing is allocated on the hot path; sparse
 results start from ``tensor.empty``.
 
-Functions with a sparse operand use ``sparse_tensor.unary``/``binary`` for
-``relu``, ``exp`` and ``max``, which tell the sparsifier exactly what happens
-where an operand is absent; all-dense stages use plain ``arith``/``math``.
+``relu``, ``exp`` and ``max`` of an argument that reads a sparse tensor use
+``sparse_tensor.unary``/``binary``, which tell the sparsifier exactly what
+happens where an operand is absent; other arguments use plain ``arith``/``math``.
 """
 
 from __future__ import annotations
@@ -96,11 +96,10 @@ def _emit_stage(spec: KernelSpec, stage: Stage, values: dict[str, ir.Value], ini
                           ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
                           ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{t}>") for t in iterators]))
     block = op.region.blocks.append(*([elt] * (len(accesses) + 1)))
-    sparse_stage = any(spec.is_sparse(a.tensor) for a in accesses) or (
-        stage.result == spec.output and spec.sparse_output)
+    sparse = {a.tensor for a in accesses if spec.is_sparse(a.tensor)}
     with ir.InsertionPoint(block):
         args = dict(zip(accesses, block.arguments))
-        value = _ScalarEmitter(elt, args, sparse_stage).emit(stage.body)
+        value = _ScalarEmitter(elt, args, sparse).emit(stage.body)
         if stage.reduce or not (stage.result == spec.output and spec.sparse_output):
             # accumulate into the zeroed result: reading it keeps bufferization in place
             value = _add(block.arguments[-1], value, elt)
@@ -127,10 +126,10 @@ def _max(a: ir.Value, b: ir.Value, t: ir.Type) -> ir.Value:
 class _ScalarEmitter:
     """Emits the scalar body of one ``linalg.generic``."""
 
-    def __init__(self, elt: ir.Type, args: dict[Access, ir.Value], sparse: bool):
+    def __init__(self, elt: ir.Type, args: dict[Access, ir.Value], sparse: set[str]):
         self.elt = elt
         self.args = args
-        self.sparse = sparse
+        self.sparse = sparse  # tensors whose absent entries sparse_tensor.unary/binary must describe
         self.float = _is_float(elt)
 
     def emit(self, node: Expr) -> ir.Value:
@@ -150,16 +149,22 @@ class _ScalarEmitter:
             return self.call(node)
         raise AssertionError(f"unexpected node {node!r}")
 
+    def _reads_sparse(self, node: Expr) -> bool:
+        if isinstance(node, Access):
+            return node.tensor in self.sparse
+        return any(self._reads_sparse(c) for c in node.children())
+
     def call(self, node: Call) -> ir.Value:
         args = [self.emit(a) for a in node.args]
         elt = self.elt
+        sparse = any(self._reads_sparse(a) for a in node.args)
         if node.func == "abs":
             return math.AbsFOp(args[0]).result if self.float else math.AbsIOp(args[0]).result
         if node.func == "sqrt":
             return math.SqrtOp(args[0]).result
         relu: Callable[[ir.Value], ir.Value] = lambda x: _max(x, _zero(elt), elt)  # noqa: E731
         if node.func == "max":
-            if not self.sparse:
+            if not sparse:
                 return _max(args[0], args[1], elt)
             op = st.BinaryOp(elt, args[0], args[1])
             self._region(op.overlapRegion, 2, lambda x, y: _max(x, y, elt))
@@ -167,7 +172,7 @@ class _ScalarEmitter:
             self._region(op.rightRegion, 1, relu)
             return op.result
         present = relu if node.func == "relu" else (lambda x: math.ExpOp(x).result)
-        if not self.sparse:
+        if not sparse:
             return present(args[0])
         op = st.UnaryOp(elt, args[0])
         self._region(op.presentRegion, 1, present)

@@ -48,12 +48,16 @@ class CpuOptions:
 
 
 def sparsify_pipeline(parallel: bool) -> str:
-    """Assembler + sparsifier with direct codegen; ``parallel`` makes dense outer loops ``scf.parallel``."""
+    """Assembler + sparsifier with direct codegen; ``parallel`` makes dense outer loops ``scf.parallel``.
+
+    Unlike ``--sparsifier`` there is no ``linalg-fuse-elementwise-ops``: the
+    planner already fused what can be fused, and the stages it keeps apart
+    (dense copies of sparse inputs in ``KernelSpec.densified``) must stay apart.
+    """
     strategy = "dense-outer-loop" if parallel else "none"
     return ("builtin.module("
             "sparse-assembler{direct-out=true},"
             "func.func(linalg-generalize-named-ops),"
-            "func.func(linalg-fuse-elementwise-ops),"
             f"sparsification-and-bufferization{{enable-simd-index32=true parallelization-strategy={strategy} vl=0}},"
             "sparse-storage-specifier-to-llvm,"
             "func.func(canonicalize))")
@@ -61,6 +65,7 @@ def sparsify_pipeline(parallel: bool) -> str:
 
 SPARSIFY = sparsify_pipeline(parallel=False)
 TO_OPENMP = "builtin.module(convert-scf-to-openmp)"
+CANONICALIZE = "builtin.module(func.func(canonicalize))"
 
 TO_LLVM = ("builtin.module("
            "func.func(convert-linalg-to-loops),"
@@ -88,6 +93,8 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
     """Lower ``module`` in place to the LLVM dialect with ``sig``'s C entry point; return each stage's IR."""
     stages = {"input": str(module)}
     parallel = options.openmp is not None
+    _run(module, CANONICALIZE, "sparsified")
+    rewrites.drop_identity_generics(module)
     _run(module, sparsify_pipeline(parallel), "sparsified")
     rewrites.widen_bool_buffers(module)
     if parallel:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith
 
-__all__ = ["widen_bool_buffers", "export_only", "allow_contraction", "inline_alloca_scopes", "balance_parallel_loops"]
+__all__ = ["drop_identity_generics", "widen_bool_buffers", "export_only", "allow_contraction", "inline_alloca_scopes", "balance_parallel_loops"]
 
 
 def widen_bool_buffers(module: ir.Module) -> None:
@@ -128,3 +128,30 @@ def balance_parallel_loops(module: ir.Module) -> None:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(mark)
+
+
+def drop_identity_generics(module: ir.Module) -> None:
+    """Replace a ``linalg.generic`` whose body just yields its output value by that output.
+
+    Folding can reduce a body to that (``x - x`` on integers), and the
+    sparsifier then crashes on the reduction (found by the fuzzer); the
+    result of such a generic is its initial value anyway.
+    """
+    found: list[ir.Operation] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "linalg.generic":
+            block = op.regions[0].blocks[0]
+            yielded = list(block.operations)[-1].operands
+            n_in = len(block.arguments) - len(op.results)
+            if len(yielded) == len(op.results) and all(
+                    v == block.arguments[n_in + i] for i, v in enumerate(yielded)):
+                found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    for op in found:
+        n_out = len(op.results)
+        for result, init in zip(op.results, list(op.operands)[-n_out:]):
+            result.replace_all_uses_with(init)
+        op.erase()

@@ -44,4 +44,11 @@ class _Knobs:
         return os.environ.get("SPARSE_MLIR_PARALLEL", "1") not in ("0", "false", "no")
 
 
+    @staticmethod
+    def max_loaded_kernels() -> int:
+        """``SPARSE_MLIR_MAX_LOADED_KERNELS``: compiled libraries kept loaded per process (LRU), default 256."""
+        value = os.environ.get("SPARSE_MLIR_MAX_LOADED_KERNELS", "")
+        return max(1, int(value)) if value.isdigit() else 256
+
+
 knobs = _Knobs()

@@ -155,3 +155,25 @@ def test_real_suitesparse_matrix(rng):
     x = rng.standard_normal(m.shape[1])
     y = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})(A=m, x=x)
     np.testing.assert_allclose(y, m @ x, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("lhs", ["y[i]", "s[]", "C[i,j]"])
+def test_body_that_folds_away(lhs):
+    """Found by the fuzzer: integer x - x folds to the output, and the sparsifier crashed on it."""
+    a = np.arange(6, dtype=np.int64).reshape(2, 3)
+    got = sm.compile(f"{lhs} = A[i,j] - A[i,j]", formats={"A": "csr"}, dtype="int64")(
+        A=sm.SparseTensor.from_dense(a, "csr"))
+    assert not np.any(got)
+
+
+def test_sparsifier_crash_falls_back_to_dense_copies():
+    """Found by the fuzzer: the sparsifier segfaults co-iterating CSC A twice with a dense x; the compile
+    retries with A copied to a dense temporary, and the answer is right."""
+    from sparse_mlir.runtime.kernel import stats
+
+    a = np.array([[1.0, 0, 2], [0, 3, 0]])
+    x = np.array([1.0, 2, 3])
+    before = stats["densified"]
+    k = sm.compile("z[j] = -(A[i,j] + (A[i,j] + x[j]))", formats={"A": "csc"})
+    np.testing.assert_array_equal(k(A=sm.SparseTensor.from_dense(a, "csc"), x=x), -(2 * a.sum(0) + 2 * x))
+    assert stats["densified"] == before + 1 or stats["compiled"] == 0  # 0: reused from the disk cache

@@ -12,7 +12,7 @@ output.  Each stage becomes one ``linalg.generic``.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -122,6 +122,33 @@ class KernelSpec:
         static = self.static_indices
         return {name: tuple(extents[i] if (self.is_sparse(name) or i in static) else None
                             for i in self.operand_index(name)) for name in (*self.inputs, self.output)}
+
+    def densified(self) -> KernelSpec:
+        """The same kernel with every sparse input first copied into a dense temporary.
+
+        A fallback for stages the sparsifier cannot compile (it crashes on
+        some co-iterations, e.g. ``A[i,j] + (A[i,j] + x[j])`` over CSC): the
+        copies are the simplest sparse loops there are, and the rest is dense.
+        Only for dense outputs.
+        """
+        assert not self.sparse_output, "densifying inputs would store every zero of a sparse output"
+        renamed = {n: f"_d{n}" for n in self.inputs if self.is_sparse(n)}
+
+        def rename(node: Expr) -> Expr:
+            if isinstance(node, Access):
+                return Access(renamed.get(node.tensor, node.tensor), node.index, node.column)
+            if isinstance(node, Unary):
+                return Unary(node.op, rename(node.operand))
+            if isinstance(node, Binary):
+                return Binary(node.op, rename(node.lhs), rename(node.rhs))
+            if isinstance(node, Call):
+                return Call(node.func, tuple(rename(a) for a in node.args), node.column)
+            return node
+
+        copies = [Stage(t, self.operand_index(n), (), Access(n, self.operand_index(n))) for n, t in renamed.items()]
+        stages = tuple(copies) + tuple(Stage(st.result, st.indices, st.reduce, rename(st.body)) for st in self.stages)
+        temps = {**self.temporaries, **{t: self.operand_index(n) for n, t in renamed.items()}}
+        return replace(self, stages=stages, temporaries=temps)
 
     def key(self) -> tuple:
         return (self.expression, tuple(sorted((n, f) for n, f in self.formats.items())), str(self.dtype))

@@ -8,9 +8,11 @@ native entry point.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..dsl.plan import KernelSpec
-from ..errors import OperandError, ShapeError
+from ..errors import LoweringError, OperandError, ShapeError
 from ..formats import Format
+from ..knobs import knobs
 from ..signature import Signature
 from ..tensor import SparseTensor
 from . import cache
@@ -31,8 +34,10 @@ __all__ = ["Kernel", "Specialization", "BuildOptions", "ENTRY_NAME"]
 ENTRY_NAME = "sparse_mlir_kernel"
 _compile_lock = threading.Lock()
 _key_locks: dict[str, threading.Lock] = {}
-_loaded: dict[str, Specialization] = {}  # by cache key, shared by every Kernel of the process
-stats = {"compiled": 0, "loaded": 0}  # per process: native compiles, and libraries loaded (compiled or cached)
+# loaded libraries by cache key, least recently used first, shared by every Kernel of the process
+_loaded: OrderedDict[str, Specialization] = OrderedDict()
+# per process: native compiles, libraries loaded (compiled or cached), compiles that fell back to densified inputs
+stats = {"compiled": 0, "loaded": 0, "densified": 0}
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ class Kernel:
         self.spec = spec
         self.options = options
         self.target = options.target
-        self._specializations: dict[tuple, Specialization] = {}
+        self._keys: dict[tuple, str] = {}  # call-site key -> cache key (the library itself may be evicted)
         self._mlir: str | None = None
         # facts every call needs, computed once
         self._inputs = tuple((n, spec.formats.get(n), spec.ranks[n]) for n in spec.inputs)
@@ -89,14 +94,15 @@ class Kernel:
 
     @property
     def specializations(self) -> list[Specialization]:
-        return list(self._specializations.values())
+        """The variants compiled for this kernel that are loaded now."""
+        return [_loaded[k] for k in self._keys.values() if k in _loaded]
 
     @property
     def ir(self) -> dict[str, str]:
         """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``llvm``)."""
-        if not self._specializations:
+        if not self._keys:
             raise ShapeError("the kernel has not been specialized yet: call it (or use .specializations) first")
-        return next(reversed(self._specializations.values())).ir
+        return json.loads(cache.ir_path(next(reversed(self._keys.values()))).read_text())
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{k}={v}" for k, v in self.spec.formats.items())
@@ -119,13 +125,16 @@ class Kernel:
         # the declared formats fix everything but the index widths, so widths + static sizes identify it
         local_key = (tuple([(args[n].format.pos_width, args[n].format.crd_width) for n in self._sparse_inputs]),
                      tuple([extents[i] for i in self._static]))
-        found = self._specializations.get(local_key)
-        if found is not None:
-            return found
+        key = self._keys.get(local_key)
+        special = _loaded.get(key) if key is not None else None
+        if special is not None:
+            with contextlib.suppress(KeyError):  # another thread may have just evicted it
+                _loaded.move_to_end(key)
+            return special
         formats = {n: args[n].format for n in self._sparse_inputs}
         shapes = self.spec.specialized_shapes(extents)
         special = _load_or_compile(self.spec, formats, shapes, self.options)
-        self._specializations[local_key] = special
+        self._keys[local_key] = special.key
         return special
 
 
@@ -145,8 +154,17 @@ def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shape
     from ..compiler import specialize
 
     lib_path, _ = cache.entry_paths(key)
-    stages = worker.call("build_library", specialize(spec, formats), shapes, sig, lib_path, options.target,
-                         options.cpu, openmp=options.openmp)
+    special = specialize(spec, formats)
+    try:
+        stages = worker.call("build_library", special, shapes, sig, lib_path, options.target, options.cpu,
+                             openmp=options.openmp)
+    except LoweringError:
+        if spec.sparse_output or not spec.formats:
+            raise
+        # the sparsifier failed on this co-iteration: copy the sparse inputs to dense and compute densely
+        stages = worker.call("build_library", special.densified(), shapes, sig, lib_path, options.target,
+                             options.cpu, openmp=options.openmp)
+        stats["densified"] += 1
     stats["compiled"] += 1
     cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages)
     entry = cache.load_entry(key)
@@ -174,5 +192,7 @@ def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[
         lib_path, _ = entry
         special = Specialization(key, shapes, formats, NativeFunction(lib_path, sig, threaded=bool(options.openmp)))
         _loaded[key] = special
+        while len(_loaded) > knobs.max_loaded_kernels():
+            _loaded.popitem(last=False)  # unloaded once no call still runs it (NativeFunction.__del__)
         stats["loaded"] += 1
         return special

@@ -23,6 +23,8 @@ from . import abi, threads
 __all__ = ["NativeFunction"]
 
 _buffer_args: weakref.WeakKeyDictionary[SparseTensor, list[int]] = weakref.WeakKeyDictionary()
+_dlclose = ctypes.CDLL(None).dlclose
+_dlclose.argtypes = [ctypes.c_void_p]
 _STATUS_ERRORS = {NULL_POINTER: OperandError, SIZE_MISMATCH: ShapeError, BAD_LEVELS: InvalidIndicesError}
 
 
@@ -81,6 +83,12 @@ class NativeFunction:
         if out is not None:
             return out
         return self._sparse_result(words, out_shape)
+
+    def __del__(self) -> None:
+        # nothing can call the library any more (a running call holds a reference to self): unmap it
+        handle = getattr(getattr(self, "library", None), "_handle", None)
+        if handle:
+            _dlclose(handle)
 
     def _result_words(self) -> ctypes.Array:
         words = getattr(self._local, "words", None)
