@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import storage
-from .errors import DTypeError, FormatError, ShapeError
+from .errors import DTypeError, FormatError, InvalidIndicesError, ShapeError
 from .formats import BSR, COO, CSC, CSR, Format, as_format
 
 __all__ = ["SparseTensor", "SUPPORTED_DTYPES", "check_dtype"]
@@ -129,6 +129,7 @@ class SparseTensor:
         shared = _share_scipy(matrix, fmt)
         if shared is not None:
             return shared
+        _check_scipy_structure(matrix)
         coo = matrix.tocoo()
         return cls.from_coo(np.vstack([coo.row, coo.col]), coo.data, matrix.shape, fmt)
 
@@ -184,6 +185,30 @@ class SparseTensor:
 
 
 _SCIPY_FORMATS = {"csr": CSR, "csc": CSC, "coo": COO}
+
+
+def _check_scipy_structure(matrix: Any) -> None:
+    """Raise ``InvalidIndicesError`` for compressed scipy arrays scipy itself would mis-read or reject."""
+    kind = matrix.format
+    if kind not in ("csr", "csc", "bsr"):
+        return
+    rows, cols = matrix.shape
+    if kind == "bsr":
+        bm, bn = matrix.blocksize
+        outer, inner = rows // bm, cols // bn
+    else:
+        outer, inner = (rows, cols) if kind == "csr" else (cols, rows)
+    indptr, indices = np.asarray(matrix.indptr), np.asarray(matrix.indices)
+    if indptr.size != outer + 1:
+        raise InvalidIndicesError(f"{kind} indptr must have {outer + 1} entries, got {indptr.size}")
+    if indptr[0] != 0 or (np.diff(indptr) < 0).any():
+        raise InvalidIndicesError(f"{kind} indptr must start at 0 and be monotone non-decreasing")
+    if indptr[-1] != indices.size or matrix.data.shape[0] != indices.size:
+        raise InvalidIndicesError(f"{kind} indptr ends at {indptr[-1]} with {indices.size} indices and "
+                                  f"{matrix.data.shape[0]} values (nnz mismatch)")
+    if indices.size and (indices.min() < 0 or indices.max() >= inner):
+        bad = indices[(indices < 0) | (indices >= inner)][0]
+        raise InvalidIndicesError(f"{kind} index {bad} is out of range [0, {inner})")
 
 
 def _share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:

@@ -1,0 +1,232 @@
+"""The bad-input corpus: every kind either raises a precise error or computes the right answer.
+
+``CORPUS`` is the table (also rendered in docs/bad-inputs.md, checked below):
+each entry names the kind, what must happen, and a function that builds the
+input and runs it.  The kinds that could touch memory out of bounds if a
+check were missing also run together in a subprocess, so a segfault fails
+the suite instead of killing it.  Inputs are checked unchanged afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparse_mlir as sm
+from sparse_mlir.errors import (DeviceError, DSLError, DTypeError, FormatError, InvalidIndicesError, OperandError,
+                                PatternError, ShapeError)
+
+SPMV = "y[i] = A[i,j] * x[j]"
+
+
+def spmv(dtype="float64"):
+    return sm.compile(SPMV, formats={"A": "csr"}, dtype=dtype)
+
+
+def raw_csr(indptr, indices, data, shape):
+    """A scipy CSR matrix built without scipy's own checks (as a careless caller might)."""
+    m = sp.csr_matrix(shape, dtype=np.float64)
+    m.indptr, m.indices, m.data = (np.asarray(indptr, np.int32), np.asarray(indices, np.int32),
+                                   np.asarray(data, np.float64))
+    return m
+
+
+class FakeCupy:
+    __module__ = "cupy._core.core"
+    shape = (3,)
+
+
+def _nm_violation():
+    sm.SparseTensor.from_dense(np.ones((1, 4)), "2:4")
+
+
+def _unsorted():
+    m = raw_csr([0, 3, 3], [2, 0, 1], [1.0, 2.0, 3.0], (2, 3))
+    before = m.indices.copy()
+    y = spmv()(A=m, x=np.array([1.0, 10.0, 100.0]))
+    assert np.array_equal(m.indices, before)
+    return y, [132.0, 0.0]  # 1*100 + 2*1 + 3*10
+
+
+def _duplicates():
+    m = raw_csr([0, 2, 2], [1, 1], [1.0, 2.0], (2, 3))
+    return spmv()(A=m, x=np.array([1.0, 10.0, 100.0])), [30.0, 0.0]
+
+
+def _nan_inf():
+    a = np.array([[np.nan, 0.0], [np.inf, 1.0], [0.0, 2.0]])
+    return spmv()(A=sm.SparseTensor.from_dense(a, "csr"), x=np.array([1.0, 1.0])), a @ np.ones(2)
+
+
+def _huge_dimension():
+    t = sm.SparseTensor.from_coo([[0, 1], [2**33, 7]], [2.0, 3.0], (2, 2**33 + 1), "csr")
+    assert t.format.crd_width == 64
+    return sm.compile("r[i] = A[i,j]", formats={"A": "csr"})(A=t), [2.0, 3.0]
+
+
+def _layout(make):
+    def run():
+        a = np.arange(12.0).reshape(3, 4) % 3
+        x = make(np.arange(4.0))
+        before = x.copy()
+        y = spmv()(A=sm.SparseTensor.from_dense(a, "csr"), x=x)
+        assert np.array_equal(x, before)
+        return y, a @ np.arange(4.0)
+    return run
+
+
+def _strided(v):
+    return np.repeat(v, 2)[::2]
+
+
+def _readonly(v):
+    v = v.copy()
+    v.flags.writeable = False
+    return v
+
+
+def _misaligned(v):
+    raw = np.zeros(v.size * 8 + 1, np.uint8)[1:].view(np.float64)
+    raw[:] = v
+    return raw
+
+
+def _fortran():
+    a = np.arange(6.0).reshape(2, 3)
+    b = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    k = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"})
+    return k(A=sm.SparseTensor.from_dense(a, "csr"), B=b), a @ b
+
+
+def _empty():
+    return spmv()(A=sp.csr_matrix((3, 4)), x=np.ones(4)), np.zeros(3)
+
+
+def _zero_size():
+    return spmv()(A=sp.csr_matrix((0, 4)), x=np.ones(4)), np.zeros(0)
+
+
+def _int64_indices():
+    m = sp.random(5, 4, density=0.5, format="csr", random_state=0)
+    m.indptr, m.indices = m.indptr.astype(np.int64), m.indices.astype(np.int64)
+    return spmv()(A=m, x=np.ones(4)), m @ np.ones(4)
+
+
+def _explicit_zeros():
+    m = raw_csr([0, 2, 3], [0, 2, 1], [0.0, 5.0, 0.0], (2, 3))
+    return spmv()(A=m, x=np.ones(3)), [5.0, 0.0]
+
+
+# (kind, outcome, expected exception or None for "right answer", action)
+CORPUS = [
+    ("out-of-range column index", "raise", InvalidIndicesError,
+     lambda: spmv()(A=raw_csr([0, 1, 1], [7], [1.0], (2, 3)), x=np.ones(3))),
+    ("negative index", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_coo([[0], [-1]], [1.0], (2, 3), "csr")),
+    ("out-of-range row index", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_coo([[5], [0]], [1.0], (2, 3), "csr")),
+    ("non-monotone index pointer", "raise", InvalidIndicesError,
+     lambda: spmv()(A=raw_csr([0, 2, 1, 3], [0, 1, 2], [1.0, 2.0, 3.0], (3, 3)), x=np.ones(3))),
+    ("index pointer of the wrong length", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_buffers("csr", (3, 3), (np.array([0, 1], np.int32), np.array([0], np.int32),
+                                                          np.ones(1)))),
+    ("index pointer not starting at 0", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_buffers("csr", (1, 3), (np.array([1, 1], np.int32), np.zeros(0, np.int32),
+                                                          np.ones(0)))),
+    ("nnz mismatch: pointer end vs indices", "raise", InvalidIndicesError,
+     lambda: spmv()(A=raw_csr([0, 1, 3], [0, 1], [1.0, 2.0], (2, 3)), x=np.ones(3))),
+    ("nnz mismatch: coordinates vs values", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_coo([[0, 1], [0, 1]], [1.0], (2, 2), "csr")),
+    ("nnz mismatch: values vs coordinates buffers", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_buffers("csr", (1, 3), (np.array([0, 2], np.int32), np.array([0, 1], np.int32),
+                                                          np.ones(3)))),
+    ("unsorted buffers given directly", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_buffers("csr", (1, 3), (np.array([0, 2], np.int32), np.array([2, 0], np.int32),
+                                                          np.ones(2)))),
+    ("object array operand", "raise", DTypeError, lambda: spmv()(A=sp.eye(3, format="csr"), x=np.ones(3, object))),
+    ("string array operand", "raise", DTypeError, lambda: spmv()(A=sp.eye(3, format="csr"), x=np.array(["a"] * 3))),
+    ("object values of a sparse tensor", "raise", DTypeError,
+     lambda: sm.SparseTensor.from_coo([[0], [0]], np.array([object()]), (1, 1), "csr")),
+    ("complex values", "raise", DTypeError, lambda: sm.SparseTensor.from_dense(np.eye(2) * 1j, "csr")),
+    ("dense operand of another dtype", "raise", DTypeError,
+     lambda: spmv()(A=sp.eye(3, format="csr"), x=np.ones(3, np.float32))),
+    ("sparse operand of another dtype", "raise", DTypeError,
+     lambda: spmv()(A=sp.eye(3, format="csr", dtype=np.float32), x=np.ones(3))),
+    ("CuPy array given to a CPU kernel", "raise", DeviceError, lambda: spmv()(A=sp.eye(3, format="csr"), x=FakeCupy())),
+    ("GPU target without a GPU backend", "raise", DeviceError,
+     lambda: sm.compile(SPMV, formats={"A": "csr"}, target="cuda")),
+    ("missing operand", "raise", OperandError, lambda: spmv()(A=sp.eye(3, format="csr"))),
+    ("unknown operand", "raise", OperandError, lambda: spmv()(A=sp.eye(3, format="csr"), x=np.ones(3), z=1)),
+    ("misspelled operand", "raise", OperandError, lambda: spmv()(a=sp.eye(3, format="csr"), x=np.ones(3))),
+    ("list instead of an array", "raise", OperandError, lambda: spmv()(A=sp.eye(3, format="csr"), x=[1.0] * 3)),
+    ("dense array for a sparse operand", "raise", OperandError, lambda: spmv()(A=np.eye(3), x=np.ones(3))),
+    ("expression outside the grammar", "raise", DSLError, lambda: sm.compile("y[i] = A[i,j] / x[j]")),
+    ("unknown function", "raise", DSLError, lambda: sm.compile("y[i] = tanh(A[i,j])")),
+    ("sparse output of a non-zero-preserving expression", "raise", DSLError,
+     lambda: sm.compile("C[i,j] = exp(A[i,j])", formats={"A": "csr", "C": "csr"})),
+    ("exp of an integer kernel", "raise", DSLError,
+     lambda: sm.compile("C[i,j] = exp(A[i,j])", formats={"A": "csr"}, dtype="int32")),
+    ("operand shapes that disagree", "raise", ShapeError, lambda: spmv()(A=sp.eye(3, format="csr"), x=np.ones(4))),
+    ("operand of the wrong rank", "raise", ShapeError,
+     lambda: spmv()(A=sp.eye(3, format="csr"), x=np.ones((3, 1)))),
+    ("out= of the wrong shape", "raise", ShapeError,
+     lambda: spmv()(A=sp.eye(3, format="csr"), x=np.ones(3), out=np.ones(4))),
+    ("unknown format", "raise", FormatError, lambda: sm.compile(SPMV, formats={"A": "csx"})),
+    ("shape not a multiple of the block", "raise", FormatError, lambda: sm.SparseTensor.from_dense(np.eye(3), "bsr2x2")),
+    ("N:M pattern violation", "raise", PatternError, _nm_violation),
+    ("unsorted indices", "compute", None, _unsorted),
+    ("duplicate indices", "compute", None, _duplicates),
+    ("explicit zeros", "compute", None, _explicit_zeros),
+    ("NaN and Inf values", "compute", None, _nan_inf),
+    ("empty matrix", "compute", None, _empty),
+    ("zero-size dimension", "compute", None, _zero_size),
+    ("dimension beyond 32-bit coordinates", "compute", None, _huge_dimension),
+    ("int64 scipy indices", "compute", None, _int64_indices),
+    ("non-contiguous dense operand", "compute", None, _layout(_strided)),
+    ("read-only dense operand", "compute", None, _layout(_readonly)),
+    ("misaligned dense operand", "compute", None, _layout(_misaligned)),
+    ("Fortran-order dense operand", "compute", None, _fortran),
+]
+DANGEROUS = [0, 3, 6, 8]  # would read out of bounds if the checks before native code were missing
+
+
+@pytest.mark.parametrize("kind,outcome,error,action", CORPUS, ids=[c[0] for c in CORPUS])
+def test_bad_input(kind, outcome, error, action):
+    if outcome == "raise":
+        with pytest.raises(error):
+            action()
+    else:
+        got, want = action()
+        got = got.to_dense() if isinstance(got, sm.SparseTensor) else got
+        np.testing.assert_array_equal(got, np.asarray(want))
+
+
+def test_dangerous_kinds_do_not_crash_a_process():
+    names = [CORPUS[i][0] for i in DANGEROUS]
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_bad_inputs import CORPUS
+        for kind, _, error, action in CORPUS:
+            if kind in {names!r}:
+                try:
+                    action()
+                except error:
+                    print("refused:", kind)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("refused:") == len(DANGEROUS)
+
+
+def test_corpus_is_documented():
+    doc = (Path(__file__).parents[1] / "docs" / "bad-inputs.md").read_text()
+    for kind, outcome, error, _ in CORPUS:
+        assert f"| {kind} |" in doc, kind
+    assert len(CORPUS) >= 30
