@@ -1,0 +1,1 @@
+"""Reference models that exercise sparse kernels end to end."""
