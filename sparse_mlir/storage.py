@@ -67,6 +67,8 @@ def canonicalize(coords: np.ndarray, values: np.ndarray, shape: tuple[int, ...],
             bad = coords[d][(coords[d] < 0) | (coords[d] >= extent)][0]
             raise InvalidIndicesError(f"coordinate {bad} of dimension {d} is out of range [0, {extent})")
     lvl = level_coordinates(fmt, coords) if fmt.levels else coords
+    if _strictly_sorted(lvl):
+        return coords, values.copy()  # already canonical (np.nonzero order, for one): skip the sort
     order = np.lexsort(lvl[::-1])
     coords, lvl, values = coords[:, order], lvl[:, order], values[order]
     if coords.shape[1] > 1:
@@ -78,6 +80,16 @@ def canonicalize(coords: np.ndarray, values: np.ndarray, shape: tuple[int, ...],
             values = np.add.reduceat(values, starts)
             coords = coords[:, starts]
     return coords, values
+
+
+def _strictly_sorted(lvl: np.ndarray) -> bool:
+    """Whether the columns of ``lvl`` are in strictly increasing lexicographic order (so unique too)."""
+    if lvl.shape[1] < 2:
+        return True
+    diff = np.diff(lvl, axis=1)
+    changed = diff != 0
+    first = changed.argmax(axis=0)
+    return bool(changed.any(axis=0).all() and (diff[first, np.arange(diff.shape[1])] > 0).all())
 
 
 def pack(fmt: Format, shape: tuple[int, ...], coords: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, ...]:

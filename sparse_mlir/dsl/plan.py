@@ -185,8 +185,73 @@ def plan(expression: str, formats: dict[str, Format | str] | None = None, dtype:
                        f"zero where the sparse inputs are zero; give {out.tensor} a dense format",
                        expression, out.column)
     stages, temps = _stages(body, out)
+    if out.tensor not in spec_formats:
+        stages, temps = _contiguous_layouts(stages, temps, set(spec_formats), out.tensor)
     return KernelSpec(expression=" ".join(expression.split()), output=out.tensor, output_indices=out.index,
                       inputs=inputs, ranks=ranks, formats=spec_formats, dtype=dt, stages=stages, temporaries=temps)
+
+
+def _rename(node: Expr, mapping: dict[Access, Access]) -> Expr:
+    """``node`` with the accesses in ``mapping`` replaced (columns ignored)."""
+    if isinstance(node, Access):
+        return mapping.get(Access(node.tensor, node.index), node)
+    if isinstance(node, Unary):
+        return Unary(node.op, _rename(node.operand, mapping))
+    if isinstance(node, Binary):
+        return Binary(node.op, _rename(node.lhs, mapping), _rename(node.rhs, mapping))
+    if isinstance(node, Call):
+        return Call(node.func, tuple(_rename(a, mapping) for a in node.args), node.column)
+    return node
+
+
+def _contiguous_layouts(stages: tuple[Stage, ...], temps: dict[str, tuple[str, ...]], sparse: set[str],
+                        output: str) -> tuple[tuple[Stage, ...], dict[str, tuple[str, ...]]]:
+    """Lay dense operands out so the loops a sparse operand does not drive are innermost and contiguous.
+
+    The sparsifier must iterate a sparse operand's indices in storage order,
+    so the remaining ("free") indices end up innermost.  A dense operand or
+    result indexed with a free index first (the Linear orientation
+    ``Y[b,o] = X[b,i] * W[o,i]``) would then be walked with a stride:
+    transposing it once (``_lX[i,b] = X[b,i]``, and the result back at the
+    end) turns every inner loop into contiguous, vectorizable rows, as in
+    sparse-times-dense SpMM.  Temporaries simply get the better layout.
+    """
+    new_stages: list[Stage] = []
+    temps = dict(temps)
+    relaid: dict[Access, Access] = {}  # temporaries whose layout changed, as later stages see them
+    for stage in stages:
+        body = _rename(stage.body, relaid)
+        stage = Stage(stage.result, stage.indices, stage.reduce, body)
+        bound = {i for a in stage.accesses() if a.tensor in sparse for i in a.index}
+        free = [i for i in stage.loops if i not in bound]
+        if not bound or not free:
+            new_stages.append(stage)
+            continue
+
+        def better(index: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(i for i in index if i not in free) + tuple(i for i in index if i in free)
+
+        copies: dict[Access, Access] = {}
+        for acc in stage.accesses():
+            if acc.tensor not in sparse and acc.tensor not in temps and better(acc.index) != acc.index:
+                name = f"_l{acc.tensor}"
+                copies[acc] = Access(name, better(acc.index))
+                temps[name] = better(acc.index)
+                new_stages.append(Stage(name, better(acc.index), (), acc))
+        indices = better(stage.indices)
+        body = _rename(stage.body, copies)
+        if indices == stage.indices:
+            new_stages.append(Stage(stage.result, indices, stage.reduce, body))
+        elif stage.result != output:
+            relaid[Access(stage.result, stage.indices)] = Access(stage.result, indices)
+            temps[stage.result] = indices
+            new_stages.append(Stage(stage.result, indices, stage.reduce, body))
+        else:
+            name = f"_l{output}"
+            temps[name] = indices
+            new_stages += [Stage(name, indices, stage.reduce, body),
+                           Stage(output, stage.indices, (), Access(name, indices))]
+    return tuple(new_stages), temps
 
 
 def _accesses(node: Expr) -> list[Access]:
