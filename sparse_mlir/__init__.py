@@ -8,6 +8,7 @@ from .export import export  # noqa: E402
 from .formats import BSR, COO, CSC, CSF, CSR, DCSR, NM, Dense, Format, parse_format  # noqa: E402
 from .runtime.artifact import load_kernel  # noqa: E402
 from .tensor import SparseTensor  # noqa: E402
+from .tensor_file import load_tensor, save_tensor  # noqa: E402
 
 __all__ = ["errors", "formats", "Format", "parse_format", "CSR", "CSC", "COO", "DCSR", "CSF", "Dense", "BSR",
-           "NM", "SparseTensor", "compile", "export", "load_kernel"]
+           "NM", "SparseTensor", "compile", "export", "load_kernel", "save_tensor", "load_tensor"]

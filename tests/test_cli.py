@@ -85,5 +85,41 @@ def test_errors_go_to_stderr_with_nonzero_status(args, message):
 
 
 def test_every_subcommand_has_help():
-    for command in ("export", "compile", "show", "info", "cache", "demo"):
+    for command in ("export", "compile", "show", "info", "cache", "demo", "convert", "prune"):
         assert "usage:" in cli(command, "--help").stdout
+
+
+def test_convert_between_files(tmp_path):
+    import numpy as np
+
+    import sparse_mlir as sm
+
+    src = str(Path(sm.__file__).parent / "data" / "west0479.mtx.gz")
+    out = cli("convert", src, str(tmp_path / "w.smt"), "--format", "dcsr").stdout
+    assert "dcsr" in out
+    back = tmp_path / "w.mtx"
+    cli("convert", str(tmp_path / "w.smt"), str(back))
+    t = sm.load_tensor(tmp_path / "w.smt")
+    assert t.format == sm.DCSR and t.shape == (479, 479)
+    from sparse_mlir.io import load_any
+
+    np.testing.assert_allclose(load_any(back).to_dense(), t.to_dense())
+
+
+def test_prune_weights(tmp_path):
+    import numpy as np
+
+    import sparse_mlir as sm
+    from sparse_mlir.prune import satisfies_n_m
+
+    weights = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    np.save(tmp_path / "w.npy", weights)
+    cli("prune", str(tmp_path / "w.npy"), str(tmp_path / "w24.smt"), "--pattern", "2:4", "--mask",
+        str(tmp_path / "mask.npy"))
+    t = sm.load_tensor(tmp_path / "w24.smt")
+    assert t.format == sm.NM(2, 4) and satisfies_n_m(t, 2, 4)
+    assert np.load(tmp_path / "mask.npy").sum() == t.nnz
+    cli("prune", str(tmp_path / "w.npy"), str(tmp_path / "w90.npz"), "--sparsity", "0.9", "--scope", "row")
+    assert "kept" in cli("prune", str(tmp_path / "w.npy"), str(tmp_path / "b.smt"), "--sparsity", "0.5",
+                         "--block", "4x4").stdout
+    assert cli("prune", str(tmp_path / "w.npy"), str(tmp_path / "x.smt"), check=False).returncode == 2

@@ -107,6 +107,60 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def _save(tensor: sm.SparseTensor, path: str, args: argparse.Namespace) -> None:
+    from sparse_mlir.io import save_any
+
+    if path.endswith(".smt"):
+        sm.save_tensor(tensor, path, compression=args.compression, index_encoding=args.index_encoding)
+    else:
+        save_any(tensor, path)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sparse_mlir.io import load_any
+
+    start = time.perf_counter()
+    tensor = load_any(args.input, args.format)
+    loaded = time.perf_counter()
+    _save(tensor, args.output, args)
+    done = time.perf_counter()
+    print(f"{args.input} -> {args.output}: {tensor}, load {1e3 * (loaded - start):.1f} ms, "
+          f"write {1e3 * (done - loaded):.1f} ms, {Path(args.input).stat().st_size} -> "
+          f"{Path(args.output).stat().st_size} bytes")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from sparse_mlir import prune
+    from sparse_mlir.io import load_any
+
+    weights = np.load(args.input) if args.input.endswith(".npy") else load_any(args.input).to_dense()
+    if args.pattern:
+        n, _, m = args.pattern.partition(":")
+        if not (n.isdigit() and m.isdigit()):
+            raise SparseMLIRError(f"--pattern is written N:M, e.g. 2:4; got {args.pattern!r}")
+        tensor, mask = prune.n_m(weights, int(n), int(m), format=args.format)
+    elif args.sparsity is None:
+        raise SparseMLIRError("give --pattern N:M, or --sparsity S (with --block RxC for block pruning)")
+    elif args.block:
+        rows, _, cols = args.block.partition("x")
+        tensor, mask = prune.block(weights, args.sparsity, (int(rows), int(cols)), format=args.format)
+    else:
+        tensor, mask = prune.magnitude(weights, args.sparsity, scope=args.scope, format=args.format or "csr")
+    _save(tensor, args.output, args)
+    if args.mask:
+        np.save(args.mask, mask)
+    print(f"{args.input} -> {args.output}: {tensor} ({tensor.nnz / max(weights.size, 1):.1%} kept)")
+    return 0
+
+
+def _storage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compression", default="zlib", choices=["zlib", "lzma", "none"], help="for .smt output")
+    p.add_argument("--index-encoding", default="delta", choices=["delta", "raw"], help="for .smt output")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -146,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="manage the kernel cache")
     cache_sub = p.add_subparsers(dest="action", required=True)
     cache_sub.add_parser("clear", help="delete every cached kernel").set_defaults(func=cmd_cache_clear)
+    p = sub.add_parser("convert", help="convert a sparse tensor file: .smt, .mtx[.gz], .smtx[.gz], .npz")
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--format", help="storage format of the output tensor (default: the input's)")
+    _storage_args(p)
+    p.set_defaults(func=cmd_convert)
+    p = sub.add_parser("prune", help="magnitude-prune dense weights (.npy or a matrix file) into a sparse file")
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--sparsity", type=float, help="fraction of weights to remove, e.g. 0.9")
+    p.add_argument("--scope", default="global", choices=["global", "row"], help="unstructured pruning scope")
+    p.add_argument("--pattern", help="N:M structured pruning, e.g. 2:4")
+    p.add_argument("--block", help="block pruning with RxC blocks (with --sparsity), e.g. 4x4")
+    p.add_argument("--format", help="output format (default: csr, N:M or BSR to match the pruning)")
+    p.add_argument("--mask", help="also save the boolean mask (.npy)")
+    _storage_args(p)
+    p.set_defaults(func=cmd_prune)
     p = sub.add_parser("demo", help="run kernels on built-in real matrices and compare with scipy and numpy")
     p.set_defaults(func=cmd_demo)
     return parser
