@@ -123,3 +123,10 @@ def test_prune_weights(tmp_path):
     assert "kept" in cli("prune", str(tmp_path / "w.npy"), str(tmp_path / "b.smt"), "--sparsity", "0.5",
                          "--block", "4x4").stdout
     assert cli("prune", str(tmp_path / "w.npy"), str(tmp_path / "x.smt"), check=False).returncode == 2
+
+
+def test_bench_quick_does_real_work(tmp_path):
+    out = cli("bench", "--quick", "--rounds", "1", "--out", str(tmp_path)).stdout
+    assert "STREAM add bandwidth" in out and "| random768/0.9 | SpMM N=128 |" in out
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["bandwidth"] > 0 and all(r["times"]["sparse_mlir"] > 0 for r in results["results"])

@@ -231,3 +231,10 @@ def test_a_compiler_crash_becomes_a_lowering_error(tmp_path):
         worker.call("build_library", spec, shapes, sig, tmp_path / "k.so", "cpu", "native", openmp=openmp_library())
     k = sm.compile("s[] = A[i,j] * 2", formats={"A": "csr"})  # the next compile gets a fresh process
     assert k(A=sm.SparseTensor.from_dense(np.eye(3), "csr")) == 6.0
+
+
+def test_out_must_not_overlap_an_operand(spmm, rng):
+    a = random_sparse(rng, (5, 5), 0.5, "float64")
+    B = random_values(rng, (5, 5), "float64")
+    with pytest.raises(OperandError, match="overlaps operand B"):
+        spmm(A=sm.SparseTensor.from_dense(a, "csr"), B=B, out=B)

@@ -161,6 +161,13 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index-encoding", default="delta", choices=["delta", "raw"], help="for .smt output")
 
 
+def run_bench(bench_args: list[str]) -> int:
+    import subprocess
+
+    # a fresh process: thread-pool settings must be in the environment before numpy and torch load
+    return subprocess.call([sys.executable, "-m", "sparse_mlir.tools.bench", *bench_args])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -217,12 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask", help="also save the boolean mask (.npy)")
     _storage_args(p)
     p.set_defaults(func=cmd_prune)
+    sub.add_parser("bench", add_help=False,
+                   help="the efficiency-gap benchmark (--quick, --check, --out DIR; bench --help for more)")
     p = sub.add_parser("demo", help="run kernels on built-in real matrices and compare with scipy and numpy")
     p.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its options belong to the benchmark module
+        return run_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmake_dir:

@@ -48,7 +48,7 @@ class LoadedKernel:
             if out is not None:
                 raise OperandError(f"out= is only for dense results; {out_op.name} is sparse")
             return self.native(args, None, out_shape)
-        return self.native(args, dense_output(out_op.name, out, out_shape, out_op.dtype), out_shape)
+        return self.native(args, dense_output(out_op.name, out, out_shape, out_op.dtype, args), out_shape)
 
     def __repr__(self) -> str:
         return f"LoadedKernel({self.signature.name!r}: {self.signature.expression!r})"

@@ -119,7 +119,7 @@ class Kernel:
             if out is not None:
                 raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
             return special.native(args, None, out_shape)
-        return special.native(args, dense_output(spec.output, out, out_shape, spec.dtype), out_shape)
+        return special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
 
     def _specialization(self, args: dict[str, Any], extents: dict[str, int]) -> Specialization:
         # the declared formats fix everything but the index widths, so widths + static sizes identify it

@@ -91,8 +91,12 @@ def dense_operand(name: str, value: Any, rank: int, dtype: np.dtype, target: str
     return np.array(value, order="C", copy=True)  # the kernel needs contiguous, aligned rows
 
 
-def dense_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """The array a dense result is written to: ``out`` (checked) or a new one (the kernel zero-fills it)."""
+def dense_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype,
+                 args: dict[str, Any] | None = None) -> np.ndarray:
+    """The array a dense result is written to: ``out`` (checked) or a new one (the kernel zero-fills it).
+
+    ``out`` must not overlap an operand: kernels are compiled assuming it does not (``noalias``).
+    """
     if out is None:
         return np.empty(shape, dtype=dtype)
     if not isinstance(out, np.ndarray):
@@ -103,6 +107,10 @@ def dense_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -
         raise ShapeError(f"out= has shape {out.shape}, but {name} has shape {shape}")
     if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
         raise OperandError("out= must be a writeable, C-contiguous, aligned array")
+    for operand, value in (args or {}).items():
+        buffers = value.buffers if isinstance(value, SparseTensor) else (value,)
+        if any(np.may_share_memory(out, b) for b in buffers):
+            raise OperandError(f"out= overlaps operand {operand}; pass a separate array")
     return out
 
 
