@@ -116,3 +116,21 @@ def test_cmake_builds_and_tests_the_embedding_examples(tmp_path):
         result = subprocess.run(cmd, capture_output=True, text=True, env=env)
         assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert "100% tests passed" in result.stdout
+
+
+def test_threaded_export_names_its_runtime(tmp_path, rng):
+    from sparse_mlir.runtime.threads import openmp_library
+
+    if openmp_library() is None:
+        pytest.skip("no OpenMP runtime installed")
+    k = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype="float32")
+    paths = sm.export(k, tmp_path, "spmm_omp", shapes={"A": (64, 32)}, threads=True)
+    manifest = json.loads(paths["manifest"].read_text())
+    assert manifest["threads"] and manifest["openmp_runtime"] == openmp_library().name
+    assert "OpenMP" in paths["header"].read_text()
+    needed = subprocess.run(["readelf", "-d", str(paths["library"])], capture_output=True, text=True).stdout
+    assert openmp_library().name in needed
+    a = random_sparse(rng, (64, 32), 0.2, "float32")
+    b = rng.standard_normal((32, 300)).astype(np.float32)
+    got = sm.load_kernel(paths["manifest"])(A=sm.SparseTensor.from_dense(a, "csr"), B=b)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-4)

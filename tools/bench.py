@@ -26,6 +26,7 @@ import resource  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from importlib.resources import files  # noqa: E402
@@ -125,9 +126,11 @@ def _comparators(A: sp.csr_matrix, dense_rhs: np.ndarray) -> dict[str, Callable[
     try:
         import torch
 
-        t = torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int32)),
-                                    torch.from_numpy(A.indices.astype(np.int32)), torch.from_numpy(A.data),
-                                    size=A.shape)
+        with warnings.catch_warnings():  # "beta" and "invariant checks disabled" notices
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int32)),
+                                        torch.from_numpy(A.indices.astype(np.int32)), torch.from_numpy(A.data),
+                                        size=A.shape)
         rhs = torch.from_numpy(dense_rhs)
         out["torch_csr"] = lambda: t @ rhs if rhs.ndim == 2 else torch.mv(t, rhs)
     except ImportError:
@@ -310,7 +313,7 @@ def environment() -> dict[str, object]:
     try:
         from threadpoolctl import threadpool_info
 
-        env["threadpools"] = [{k: i.get(k) for k in ("internal_api", "num_threads", "version", "architecture")}
+        env["threadpools"] = [{k: str(i.get(k)) for k in ("internal_api", "num_threads", "version", "architecture")}
                               for i in threadpool_info()]
     except ImportError:
         env["threadpools"] = "threadpoolctl not installed"

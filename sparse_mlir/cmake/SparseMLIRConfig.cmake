@@ -5,7 +5,7 @@
 #       EXPR "C[i,j] = A[i,k] * B[k,j]"
 #       FORMATS A=csr [B=...]
 #       SHAPES A=4096x4096 [...]          # every sparse operand: the sparse ABI is shape-specialized
-#       [DTYPE float32] [TARGET cpu] [CPU x86-64-v2])
+#       [DTYPE float32] [TARGET cpu] [CPU x86-64-v2] [THREADS])
 #
 # generates the kernel at build time (like Halide's add_halide_library) and
 # makes <name> a static library target: link it, include "<name>.h", call
@@ -21,9 +21,12 @@ if(NOT SPARSE_MLIR_EXECUTABLE)
   return()
 endif()
 find_library(SPARSE_MLIR_LIBM m)
+# the OpenMP runtime THREADS kernels link (libiomp5 from pip intel-openmp, or LLVM's libomp)
+execute_process(COMMAND "${SPARSE_MLIR_EXECUTABLE}" info --openmp-library
+                OUTPUT_VARIABLE SPARSE_MLIR_OPENMP_LIBRARY OUTPUT_STRIP_TRAILING_WHITESPACE)
 
 function(sparse_mlir_add_kernel name)
-  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "EXPR;DTYPE;TARGET;CPU" "FORMATS;SHAPES")
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "THREADS" "EXPR;DTYPE;TARGET;CPU" "FORMATS;SHAPES")
   if(NOT ARG_EXPR)
     message(FATAL_ERROR "sparse_mlir_add_kernel(${name}): EXPR is required")
   endif()
@@ -43,6 +46,12 @@ function(sparse_mlir_add_kernel name)
   foreach(item IN LISTS ARG_SHAPES)
     list(APPEND flags --shape "${item}")
   endforeach()
+  if(ARG_THREADS)
+    if(NOT SPARSE_MLIR_OPENMP_LIBRARY)
+      message(FATAL_ERROR "sparse_mlir_add_kernel(${name} THREADS): no OpenMP runtime (pip install intel-openmp)")
+    endif()
+    list(APPEND flags --threads)
+  endif()
   set(out "${CMAKE_CURRENT_BINARY_DIR}/sparse_mlir/${name}")
   add_custom_command(
     OUTPUT "${out}/${name}.o" "${out}/${name}.h"
@@ -56,6 +65,9 @@ function(sparse_mlir_add_kernel name)
   target_include_directories(${name} INTERFACE "${out}")
   if(SPARSE_MLIR_LIBM)
     target_link_libraries(${name} INTERFACE "${SPARSE_MLIR_LIBM}")
+  endif()
+  if(ARG_THREADS)
+    target_link_libraries(${name} INTERFACE "${SPARSE_MLIR_OPENMP_LIBRARY}")
   endif()
 endfunction()
 

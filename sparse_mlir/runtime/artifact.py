@@ -25,7 +25,7 @@ class LoadedKernel:
     def __init__(self, manifest: dict[str, Any], folder: Path):
         self.manifest = manifest
         self.signature = sig = Signature.from_json(manifest["signature"])
-        self.native = NativeFunction(folder / manifest["library"], sig)
+        self.native = NativeFunction(folder / manifest["library"], sig, threaded=bool(manifest.get("threads")))
         self._inputs = tuple((op.name, op.format, len(op.shape)) for op in sig.inputs)
         places: dict[str, list[tuple[str, int]]] = {}
         for op in sig.inputs:
