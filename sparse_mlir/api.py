@@ -11,6 +11,7 @@ from .errors import DeviceError, DSLError
 from .formats import Format
 from .knobs import knobs
 from .runtime.kernel import BuildOptions, Kernel
+from .runtime.schedule import AutoKernel
 from .runtime.threads import openmp_library
 
 __all__ = ["compile"]
@@ -20,13 +21,18 @@ _lock = threading.Lock()
 
 
 def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",
-            target: str = "cpu") -> Kernel:  # noqa: A001 - the natural name, as in re.compile
+            target: str = "cpu", schedule: str = "default") -> Kernel:  # noqa: A001 - as in re.compile
     """Compile tensor index notation to a native kernel.
 
     ``formats`` maps tensor names to formats (``sm.CSR`` or ``"csr"``);
     tensors without one are dense.  Sparse operand shapes are specialized on
     the first call with each shape; later calls reuse the compiled code.
+    ``schedule="auto"`` times the variants (threads, serial, dense BLAS) on
+    the first call with each sparse operand and keeps the fastest; the
+    choice is in ``kernel.schedule``.
     """
+    if schedule not in ("default", "auto"):
+        raise DSLError(f"schedule must be 'default' or 'auto', got {schedule!r}")
     if not isinstance(target, str) or target not in (*TARGETS, "cuda"):
         raise DeviceError(f"unknown target {target!r}; targets: cpu, cuda")
     if target == "cuda":
@@ -35,9 +41,9 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
         raise DSLError(f"formats must be a dict of tensor name to format, got {type(formats).__name__}")
     spec = plan(expression, formats, dtype)
     options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
-    key = (spec.key(), options)
+    key = (spec.key(), options, schedule)
     with _lock:
         kernel = _kernels.get(key)
         if kernel is None:
-            kernel = _kernels[key] = Kernel(spec, options)
+            kernel = _kernels[key] = (AutoKernel if schedule == "auto" else Kernel)(spec, options)
     return kernel

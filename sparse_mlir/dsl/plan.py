@@ -289,7 +289,12 @@ def _check_types(node: Expr, dtype: np.dtype, expression: str) -> None:
 
 
 def _place_reductions(node: Expr, summed: set[str], uses: Counter) -> Expr:
-    """Wrap each summed index around the smallest subtree holding all its uses."""
+    """Wrap each summed index around the smallest subtree holding all its uses.
+
+    A sum is then pulled out through negation and through products with a
+    factor free of sums (``sum_k(A*B) * 2`` is ``sum_k(A*B*2)``), which is the
+    same value and saves a stage and its temporary.
+    """
     children = tuple(_place_reductions(c, summed, uses) for c in node.children())
     if isinstance(node, Unary):
         node = Unary(node.op, children[0])
@@ -300,7 +305,23 @@ def _place_reductions(node: Expr, summed: set[str], uses: Counter) -> Expr:
     here = Counter(i for acc in _accesses(node) for i in acc.index)
     wrapped_below = {i for c in children for i in _reduced(c)}
     over = tuple(i for i in node.indices() if i in summed and here[i] == uses[i] and i not in wrapped_below)
+    node = _hoist_sum(node)
+    if isinstance(node, Reduce) and over:
+        return Reduce(node.over + over, node.body)
     return Reduce(over, node) if over else node
+
+
+def _hoist_sum(node: Expr) -> Expr:
+    """``-sum(x)`` -> ``sum(-x)``; ``sum(x) * y`` -> ``sum(x * y)`` when ``y`` holds no sum."""
+    if isinstance(node, Unary) and isinstance(node.operand, Reduce):
+        return Reduce(node.operand.over, Unary(node.op, node.operand.body))
+    if isinstance(node, Binary) and node.op == "*":
+        lhs, rhs = node.lhs, node.rhs
+        if isinstance(lhs, Reduce) and not _reduced(rhs):
+            return Reduce(lhs.over, Binary("*", lhs.body, rhs))
+        if isinstance(rhs, Reduce) and not _reduced(lhs):
+            return Reduce(rhs.over, Binary("*", lhs, rhs.body))
+    return node
 
 
 def _reduced(node: Expr) -> set[str]:

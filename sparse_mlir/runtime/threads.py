@@ -10,17 +10,19 @@ with ``omp_set_num_threads`` only when it changes for the calling thread.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import site
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..knobs import knobs
 
-__all__ = ["openmp_library", "load_runtime", "set_threads", "for_work"]
+__all__ = ["openmp_library", "load_runtime", "set_threads", "for_work", "fixed"]
 
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 _local = threading.local()
@@ -69,4 +71,18 @@ def set_threads(count: int) -> None:
 
 def for_work(entries: int) -> int:
     """Threads for a call touching ``entries`` operand entries: the configured count, or 1 when tiny."""
+    fixed_count = getattr(_local, "fixed", None)
+    if fixed_count is not None:
+        return fixed_count
     return 1 if entries < SERIAL_BELOW else knobs.num_threads()
+
+
+@contextlib.contextmanager
+def fixed(count: int) -> Iterator[None]:
+    """Run the kernel calls of this block, on this Python thread, with ``count`` threads."""
+    previous = getattr(_local, "fixed", None)
+    _local.fixed = count
+    try:
+        yield
+    finally:
+        _local.fixed = previous

@@ -1,0 +1,131 @@
+"""``schedule="auto"``: time the candidate variants on the caller's data, keep the winner, inspectably.
+
+Candidates are the generated sparse kernel with all threads, the same kernel
+on one thread (small problems lose to fork/join), and dense BLAS on a dense
+copy of the sparse operands (numpy ``einsum``, for kernels that are a sum of
+products) so that a user never pays for sparsity that does not pay off.  The
+dense copy is the one conversion ``auto`` may make; it is cached with the
+tensor and its cost is reported.  Decisions are cached per sparse tensor
+(weakly) and dense sizes; ``kernel.schedule`` shows the last one.
+"""
+
+from __future__ import annotations
+
+import string
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..dsl.ast import Access, Binary, Expr, Literal
+from ..dsl.plan import KernelSpec
+from ..knobs import knobs
+from ..tensor import SparseTensor
+from . import threads
+from .kernel import BuildOptions, Kernel
+from .operands import prepare
+
+__all__ = ["AutoKernel", "einsum_plan"]
+
+_dense_copies: weakref.WeakKeyDictionary[SparseTensor, np.ndarray] = weakref.WeakKeyDictionary()
+
+
+def einsum_plan(spec: KernelSpec) -> tuple[str, tuple[str, ...], float] | None:
+    """``(subscripts, operand names, scale)`` when the kernel is one product summed, else ``None``."""
+    if spec.sparse_output or len(spec.stages) != 1:
+        return None
+    factors: list[Access] = []
+    scale = 1.0
+
+    def walk(node: Expr) -> bool:
+        nonlocal scale
+        if isinstance(node, Access):
+            factors.append(node)
+            return True
+        if isinstance(node, Literal):
+            scale *= float(node.value)
+            return True
+        return isinstance(node, Binary) and node.op == "*" and walk(node.lhs) and walk(node.rhs)
+
+    if not walk(spec.stages[0].body) or not factors:
+        return None
+    letters = {idx: string.ascii_letters[i] for i, idx in enumerate(spec.stages[0].loops)}
+    terms = ",".join("".join(letters[i] for i in a.index) for a in factors)
+    return f"{terms}->{''.join(letters[i] for i in spec.output_indices)}", tuple(a.tensor for a in factors), scale
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+class AutoKernel(Kernel):
+    """A ``Kernel`` that picks, per sparse operand, the fastest of its variants on first use."""
+
+    def __init__(self, spec: KernelSpec, options: BuildOptions):
+        super().__init__(spec, options)
+        self._einsum = einsum_plan(spec)
+        self._decisions: weakref.WeakKeyDictionary[SparseTensor, dict[tuple, dict[str, Any]]] = \
+            weakref.WeakKeyDictionary()
+        self.schedule: dict[str, Any] | None = None
+
+    def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
+        spec = self.spec
+        args = prepare(spec.expression, self._inputs, operands, spec.dtype, self.target)
+        anchor = args[self._sparse_inputs[0]] if self._sparse_inputs else None
+        key = tuple((n, getattr(v, "shape", ())) for n, v in args.items())
+        cache = self._decisions.setdefault(anchor, {}) if anchor is not None else {}
+        decision = cache.get(key)
+        if decision is None:
+            decision = cache[key] = self._decide(args)
+        self.schedule = decision
+        return self._run(decision["choice"], args, out)
+
+    def _run(self, choice: str, args: dict[str, Any], out: np.ndarray | None) -> Any:
+        if choice == "dense":
+            return self._dense(args, out)
+        if choice == "sparse, 1 thread":
+            with threads.fixed(1):
+                return super().__call__(out=out, **args)
+        return super().__call__(out=out, **args)
+
+    def _dense(self, args: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        assert self._einsum is not None
+        subscripts, names, scale = self._einsum
+        operands = [_dense_copy(args[n]) if isinstance(args[n], SparseTensor) else args[n] for n in names]
+        result = np.einsum(subscripts, *operands, optimize=True)
+        result = (result * self.spec.dtype.type(scale) if scale != 1.0 else result).astype(self.spec.dtype)
+        if out is None:
+            return np.asarray(result)
+        out[...] = result
+        return out
+
+    def _decide(self, args: dict[str, Any]) -> dict[str, Any]:
+        candidates: dict[str, Callable[[], object]] = {"sparse": lambda: super(AutoKernel, self).__call__(**args)}
+        if self.options.openmp is not None and knobs.num_threads() > 1:
+            candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
+        conversion = 0.0
+        if self._einsum is not None:
+            start = time.perf_counter()
+            for value in args.values():
+                if isinstance(value, SparseTensor):
+                    _dense_copy(value)
+            conversion = time.perf_counter() - start
+            candidates["dense"] = lambda: self._dense(args, None)
+        times = {name: _median_seconds(fn) for name, fn in candidates.items()}
+        choice = min(times, key=times.__getitem__)
+        return {"choice": choice, "seconds": times, "dense_conversion_seconds": conversion}
+
+
+def _dense_copy(tensor: SparseTensor) -> np.ndarray:
+    dense = _dense_copies.get(tensor)
+    if dense is None:
+        dense = _dense_copies[tensor] = tensor.to_dense()
+    return dense
