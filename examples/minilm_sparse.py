@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from sparse_mlir.models import minilm
+from sparse_mlir.timing import median_seconds
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
              "A man is riding a horse.", "A woman is playing violin.", "Two men pushed carts through the woods.",
@@ -22,13 +23,7 @@ SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The 
 
 
 def median_ms(fn, repeats: int = 7) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples)) * 1e3
+    return median_seconds(fn, repeats) * 1e3
 
 
 def main() -> None:

@@ -171,7 +171,7 @@ def wrapper_text(sig: Signature, kernel: str) -> str:
                 is_null = t(f"llvm.and {is_null}, {t.ne(args[p.name + '_len'], zero)} : i1")
             t.fail_if(is_null, NULL_POINTER)
     # 2. dense sizes: the static ones fixed at compile time, the others equal wherever an index repeats
-    for idx, (static, dense) in sig.extents().items():
+    for static, dense in sig.extents().values():
         dims = [args[f"{name}_d{d}"] for name, d in dense]
         reference = t.i64(static) if static is not None else (dims[0] if dims else None)
         for dim in dims:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith
 
-__all__ = ["drop_identity_generics", "widen_bool_buffers", "export_only", "allow_contraction", "inline_alloca_scopes", "balance_parallel_loops"]
+__all__ = ["drop_identity_generics", "widen_bool_buffers", "export_only", "allow_contraction",
+           "inline_alloca_scopes", "balance_parallel_loops"]
 
 
 def widen_bool_buffers(module: ir.Module) -> None:

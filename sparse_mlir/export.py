@@ -124,8 +124,9 @@ def c_header(sig: Signature, openmp: Path | None = None) -> str:
               " * within each segment (what sparse_mlir.SparseTensor holds). Lengths are checked, coordinates",
               " * are not. A dense output is zero-filled, then written; it must not overlap an input."]
     if openmp is not None:
-        lines += [f" * Threaded with OpenMP: link {openmp.name} (pip install intel-openmp puts it in <prefix>/lib; LLVM's",
-                  " * libomp.so also works) and find it at run time (run path or LD_LIBRARY_PATH);",
+        lines += [f" * Threaded with OpenMP: link {openmp.name} (pip install intel-openmp puts it in",
+                  " * <prefix>/lib; LLVM's libomp.so also works) and find it at run time (run path or",
+                  " * LD_LIBRARY_PATH);",
                   " * OMP_NUM_THREADS or omp_set_num_threads() sets the thread count."]
     else:
         lines.append(" * Serial: needs libc and libm only.")

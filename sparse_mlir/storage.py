@@ -114,9 +114,10 @@ def pack(fmt: Format, shape: tuple[int, ...], coords: np.ndarray, values: np.nda
             counts = np.bincount(parent, minlength=n_parent)
             if counts.size and counts.max() > level.n:
                 group = int(np.argmax(counts))
+                first = (group % sizes[i - 1]) * level.m
                 raise PatternError(f"group {group} (row {group // sizes[i - 1]}, columns "
-                                   f"{(group % sizes[i - 1]) * level.m}..{(group % sizes[i - 1]) * level.m + level.m - 1})"
-                                   f" has {counts[group]} nonzeros, more than {level.n} of every {level.m} allowed")
+                                   f"{first}..{first + level.m - 1}) has {counts[group]} nonzeros, more than "
+                                   f"{level.n} of every {level.m} allowed")
             offsets, slot = _fill_groups(parent, c, counts, n_parent, level.n, level.m)
             buffers.append(offsets.astype(index_dtype(fmt.crd_width)))
             parent, n_parent = slot, n_parent * level.n

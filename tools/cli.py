@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -170,8 +171,11 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
 def run_bench(bench_args: list[str]) -> int:
     import subprocess
 
-    # a fresh process: thread-pool settings must be in the environment before numpy and torch load
-    return subprocess.call([sys.executable, "-m", "sparse_mlir.tools.bench", *bench_args])
+    # a fresh process: thread-pool settings must be in the environment before numpy and torch load; the
+    # OpenBLAS core-type override some machines set (for old OpenBLAS builds) slows current numpy, so the
+    # dense baseline runs without it (bench records the kernels it then uses)
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    return subprocess.call([sys.executable, "-m", "sparse_mlir.tools.bench", *bench_args], env=env)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -15,16 +15,7 @@ import numpy as np
 
 import sparse_mlir as sm
 from sparse_mlir.io import read_matrix
-
-
-def _median_seconds(fn: Callable[[], object], repeats: int = 15) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
+from sparse_mlir.timing import median_seconds
 
 
 def _workloads() -> list[tuple[str, str, str, dict, Callable]]:
@@ -63,11 +54,11 @@ def run_demo() -> int:
         compile_s = time.perf_counter() - start
         got = result.to_dense() if isinstance(result, sm.SparseTensor) else result
         err = float(np.max(np.abs(got - reference()))) if got.size else 0.0
-        ours = _median_seconds(lambda: kernel(**tensors))
-        scipy_s = _median_seconds(reference)
+        ours = median_seconds(lambda: kernel(**tensors), 15)
+        scipy_s = median_seconds(reference, 15)
         dense_ops = {n: (v.toarray() if n in formats else v) for n, v in operands.items()}
         dense = _dense_reference(kind, dense_ops)
-        dense_s = _median_seconds(dense) if dense else float("nan")
+        dense_s = median_seconds(dense, 15) if dense else float("nan")
         shape = "x".join(map(str, A.shape))
         print(f"{kind:<12} {name:<22} {shape:>10} {A.nnz:>7} {err:>9.1e} {compile_s * 1e3:>7.0f}ms "
               f"{ours * 1e6:>7.1f}us {scipy_s * 1e6:>7.1f}us {dense_s * 1e6:>7.1f}us")

@@ -133,20 +133,11 @@ class KernelSpec:
         """
         assert not self.sparse_output, "densifying inputs would store every zero of a sparse output"
         renamed = {n: f"_d{n}" for n in self.inputs if self.is_sparse(n)}
-
-        def rename(node: Expr) -> Expr:
-            if isinstance(node, Access):
-                return Access(renamed.get(node.tensor, node.tensor), node.index, node.column)
-            if isinstance(node, Unary):
-                return Unary(node.op, rename(node.operand))
-            if isinstance(node, Binary):
-                return Binary(node.op, rename(node.lhs), rename(node.rhs))
-            if isinstance(node, Call):
-                return Call(node.func, tuple(rename(a) for a in node.args), node.column)
-            return node
-
+        mapping = {a: Access(renamed[a.tensor], a.index) for st in self.stages for a in st.accesses()
+                   if a.tensor in renamed}
         copies = [Stage(t, self.operand_index(n), (), Access(n, self.operand_index(n))) for n, t in renamed.items()]
-        stages = tuple(copies) + tuple(Stage(st.result, st.indices, st.reduce, rename(st.body)) for st in self.stages)
+        stages = tuple(copies) + tuple(Stage(st.result, st.indices, st.reduce, _rename(st.body, mapping))
+                                       for st in self.stages)
         temps = {**self.temporaries, **{t: self.operand_index(n) for n, t in renamed.items()}}
         return replace(self, stages=stages, temporaries=temps)
 

@@ -24,7 +24,6 @@ from ..errors import LoweringError, OperandError, ShapeError
 from ..formats import Format
 from ..knobs import knobs
 from ..signature import Signature
-from ..tensor import SparseTensor
 from . import cache
 from .library import NativeFunction
 from .operands import check_extents, dense_output, prepare

@@ -23,6 +23,7 @@ from ..dsl.ast import Access, Binary, Expr, Literal
 from ..dsl.plan import KernelSpec
 from ..knobs import knobs
 from ..tensor import SparseTensor
+from ..timing import median_seconds
 from . import threads
 from .kernel import BuildOptions, Kernel
 from .operands import prepare
@@ -54,16 +55,6 @@ def einsum_plan(spec: KernelSpec) -> tuple[str, tuple[str, ...], float] | None:
     letters = {idx: string.ascii_letters[i] for i, idx in enumerate(spec.stages[0].loops)}
     terms = ",".join("".join(letters[i] for i in a.index) for a in factors)
     return f"{terms}->{''.join(letters[i] for i in spec.output_indices)}", tuple(a.tensor for a in factors), scale
-
-
-def _median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
 
 
 class AutoKernel(Kernel):
@@ -119,7 +110,7 @@ class AutoKernel(Kernel):
                     _dense_copy(value)
             conversion = time.perf_counter() - start
             candidates["dense"] = lambda: self._dense(args, None)
-        times = {name: _median_seconds(fn) for name, fn in candidates.items()}
+        times = {name: median_seconds(fn) for name, fn in candidates.items()}
         choice = min(times, key=times.__getitem__)
         return {"choice": choice, "seconds": times, "dense_conversion_seconds": conversion}
 
