@@ -213,12 +213,13 @@ def wrapper_text(sig: Signature, kernel: str) -> str:
         slots.append(_descriptor(t, args[out.name], dims, one, zero))
     t.stmt(f"llvm.call @{kernel}({', '.join([result, *slots])}) : ({', '.join(['!llvm.ptr'] * (1 + len(slots)))}) "
            f"-> ()")
-    for ptr in temporaries:
-        t.stmt(f"llvm.call @free({ptr}) : (!llvm.ptr) -> ()")
     # 5. results
     if out.sparse:
-        _copy_sparse_result(t, sig, result, args[out.name])
-    else:
+        inputs = [args[p.name] for p in params if p.kind == "data"] + temporaries
+        _copy_sparse_result(t, sig, result, args[out.name], inputs)
+    for ptr in temporaries:
+        t.stmt(f"llvm.call @free({ptr}) : (!llvm.ptr) -> ()")
+    if not out.sparse:
         returned = t(f"llvm.load {t(f'llvm.getelementptr {result}[1] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr')} "
                      f": !llvm.ptr -> !llvm.ptr")
         t.fail_if(t(f'llvm.icmp "ne" {returned}, {args[out.name]} : !llvm.ptr'), INTERNAL_ERROR)
@@ -230,8 +231,13 @@ def wrapper_text(sig: Signature, kernel: str) -> str:
     return text
 
 
-def _copy_sparse_result(t: _Text, sig: Signature, result: str, target: str) -> None:
-    """Result struct: (data, len) per buffer, then the malloc-ed pointers ``NAME_free`` releases."""
+def _copy_sparse_result(t: _Text, sig: Signature, result: str, target: str, inputs: list[str]) -> None:
+    """Result struct: (data, len) per buffer, then the malloc-ed pointers ``NAME_free`` releases.
+
+    The sparsifier may hand back an input buffer as a result buffer (a copy
+    ``C = A``, or a COO output's positions): such a buffer is copied, so every
+    result is the caller's to keep and to free.
+    """
     buffers = sig.result_buffers()
     k = len(buffers)
     for i, (_, dtype) in enumerate(buffers):
@@ -241,6 +247,21 @@ def _copy_sparse_result(t: _Text, sig: Signature, result: str, target: str) -> N
         offset = t(f"llvm.load {word(2)} : !llvm.ptr -> i64")
         size = t(f"llvm.load {word(3)} : !llvm.ptr -> i64")
         data = t(f"llvm.getelementptr {aligned}[{offset}] : (!llvm.ptr, i64) -> !llvm.ptr, {_llvm_type(dtype)}")
+        aliased = t("llvm.mlir.constant(false) : i1")
+        for ptr in inputs:
+            same = t(f'llvm.icmp "eq" {allocated}, {ptr} : !llvm.ptr')
+            aliased = t(f"llvm.or {aliased}, {same} : i1")
+        t.blocks += 1
+        copy, keep = f"^copy{t.blocks}", f"^keep{t.blocks}"
+        t.stmt(f"llvm.cond_br {aliased}, {copy}, {keep}({allocated}, {data} : !llvm.ptr, !llvm.ptr)")
+        t.lines.append(f"{copy}:")
+        nbytes = t(f"llvm.mul {size}, {t.i64(dtype.itemsize)} : i64")
+        fresh = t(f"llvm.call @malloc({t(f'llvm.add {nbytes}, {t.i64(1)} : i64')}) : (i64) -> !llvm.ptr")
+        t.stmt(f'"llvm.intr.memcpy"({fresh}, {data}, {nbytes}) <{{isVolatile = false}}> '
+               f": (!llvm.ptr, !llvm.ptr, i64) -> ()")
+        t.stmt(f"llvm.br {keep}({fresh}, {fresh} : !llvm.ptr, !llvm.ptr)")
+        allocated, data = f"%kept_alloc{t.blocks}", f"%kept_data{t.blocks}"
+        t.lines.append(f"{keep}({allocated}: !llvm.ptr, {data}: !llvm.ptr):")
         for slot, value, vtype in ((2 * i, data, "!llvm.ptr"), (2 * i + 1, size, "i64"),
                                    (2 * k + i, allocated, "!llvm.ptr")):
             addr = t(f"llvm.getelementptr {target}[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")

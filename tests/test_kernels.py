@@ -177,3 +177,27 @@ def test_sparsifier_crash_falls_back_to_dense_copies():
     k = sm.compile("z[j] = -(A[i,j] + (A[i,j] + x[j]))", formats={"A": "csc"})
     np.testing.assert_array_equal(k(A=sm.SparseTensor.from_dense(a, "csc"), x=x), -(2 * a.sum(0) + 2 * x))
     assert stats["densified"] == before + 1 or stats["compiled"] == 0  # 0: reused from the disk cache
+
+
+def test_results_that_alias_inputs_are_copied():
+    """Found by the fuzzer: the sparsifier returns input buffers as output buffers (C = A, a COO output's
+    positions); freeing them with the result aborted the process.  Run where an abort cannot take pytest down."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import gc, numpy as np, sparse_mlir as sm
+        a = np.array([[1.0, 0, 2], [0, 0, 3]])
+        for fmt, expr in (("csr", "C[i,j] = A[i,j]"), ("coo", "C[i,j] = A[i,j] * 2"), ("dcsr", "C[i,j] = A[i,j]")):
+            A = sm.SparseTensor.from_dense(a, fmt)
+            for _ in range(3):
+                C = sm.compile(expr, formats={"A": fmt, "C": fmt})(A=A)
+                assert not any(np.shares_memory(c, b) for c in C.buffers for b in A.buffers)
+                del C
+                gc.collect()
+            assert np.array_equal(A.to_dense(), a)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
