@@ -80,6 +80,7 @@ class Kernel:
         self._sparse_inputs = tuple(n for n in spec.inputs if spec.is_sparse(n))
         self._sources = tuple((idx, tuple(places)) for idx, places in spec.extent_sources().items())
         self._static = tuple(sorted(spec.static_indices))
+        self._sparse_output = spec.sparse_output
 
     # -- introspection --------------------------------------------------------------
     @property
@@ -114,7 +115,7 @@ class Kernel:
         extents = check_extents(self._sources, args)
         special = self._specialization(args, extents)
         out_shape = tuple([extents[i] for i in spec.output_indices])
-        if spec.sparse_output:
+        if self._sparse_output:
             if out is not None:
                 raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
             return special.native(args, None, out_shape)

@@ -59,13 +59,16 @@ class NativeFunction:
 
     def __call__(self, args: dict[str, Any], out: np.ndarray | None, out_shape: tuple[int, ...]) -> Any:
         params: list[int] = []
+        entries = 0  # how much data the call touches, to decide whether threads pay off
         for name, sparse in self._inputs:
             value = args[name]
             if sparse:
                 params += _tensor_args(value)
+                entries += value.buffers[-1].size
             else:
                 params.append(abi.data_pointer(value))
                 params += value.shape
+                entries += value.size
         if out is not None:
             params.append(abi.data_pointer(out))
             params += out.shape
@@ -73,8 +76,7 @@ class NativeFunction:
             words = self._result_words()
             params.append(ctypes.addressof(words))
         if self.threaded:
-            threads.set_threads(threads.for_work(sum(a.nnz if type(a) is SparseTensor else a.size
-                                                     for a in args.values())))
+            threads.set_threads(threads.for_work(entries))
         status = self.function(*params)
         if status:
             raise _STATUS_ERRORS.get(status, LoweringError)(
