@@ -41,15 +41,22 @@ def test_mlir_text_has_dynamic_sparse_sizes(spmm):
     assert "tensor<?x?xf64, #sparse" in spmm.mlir and "linalg.generic" in spmm.mlir
 
 
-def test_ir_of_every_stage(spmm, operands):
-    A, _, B = operands
-    spmm(A=A, B=B)
-    ir = spmm.ir
+def test_ir_of_every_stage(operands):
+    A, a, _ = operands
+    spmv = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})
+    spmv(A=A, x=np.ones(5))
+    ir = spmv.ir
     assert list(ir) == ["input", "sparsified", "llvm"]
     assert "tensor<6x5xf64, #sparse" in ir["input"]
     assert "scf.for" in ir["sparsified"] and "sparse_tensor" not in ir["sparsified"].split("module", 1)[1]
     assert "llvm.func @sparse_mlir_kernel(" in ir["llvm"]  # the plain C entry point
     assert "llvm.func internal @_mlir_ciface_kernel" in ir["llvm"]
+
+
+def test_csr_spmm_uses_the_register_tiled_emitter(spmm, operands):
+    A, a, B = operands
+    np.testing.assert_array_equal(spmm(A=A, B=B), a @ B)
+    assert "vector.fma" in spmm.ir["input"] and "scf.parallel" in spmm.ir["input"]
 
 
 def test_scipy_operands_take_the_conversion_path(spmm, operands):
