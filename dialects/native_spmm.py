@@ -1,10 +1,12 @@
-"""A register-tiled CSR SpMM, ``C[i,j] = A[i,k] * B[k,j]``, emitted directly instead of sparsified.
+"""A register-tiled SpMM, ``C[i,j] = A[i,k] * B[k,j]`` with CSR or N:M ``A``, emitted instead of sparsified.
 
 The sparsifier's SpMM loads and stores the whole C row once per nonzero
 (the loop over B's columns is innermost).  Here each row's C is computed in
 column tiles of ``4 x VL`` elements kept in vector registers while the row's
 nonzeros stream by: per nonzero, four vector loads of B and four FMAs, and C
-is stored once.  Columns past the last whole tile take a scalar loop.  Rows
+is stored once.  N:M rows walk their groups with the ``n`` entries unrolled
+and no position loads (positions are implicit).  Columns past the last whole
+tile take a scalar loop.  Rows
 run as an ``scf.parallel`` loop, which the CPU pipeline threads like any
 other.  The function has exactly the signature the sparse assembler would
 have given (level buffers, then dense memrefs, returning C), so the C entry
@@ -27,7 +29,7 @@ _UNROLL = 4  # vector accumulators per tile
 
 
 def _operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
-    """``(sparse A, dense B)`` when the kernel is exactly a CSR SpMM with a dense result."""
+    """``(sparse A, dense B)`` when the kernel is exactly a CSR or N:M SpMM with a dense result."""
     if spec.sparse_output or len(spec.stages) != 1:
         return None
     stage = spec.stages[0]
@@ -39,10 +41,61 @@ def _operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] |
     (k,), (i, j) = stage.reduce, stage.indices
     for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
         fmt = formats.get(a.tensor)
-        if fmt is not None and fmt.with_widths(32, 32) == CSR and b.tensor not in formats \
+        if fmt is not None and (fmt.with_widths(32, 32) == CSR or fmt.is_nm) and b.tensor not in formats \
                 and a.index == (i, k) and b.index == (k, j) and spec.output_indices == (i, j):
             return a.tensor, b.tensor
     return None
+
+
+class _Stream:
+    """Text for walking one row's nonzeros: CSR segments, or N:M groups with implicit positions."""
+
+    def __init__(self, fmt: Format, cols: int):
+        self.nm = fmt.levels[-1] if fmt.is_nm else None
+        self.crd_t = f"i{fmt.crd_width or 64}"
+        self.pos_t = f"i{fmt.pos_width or 64}"
+        self.groups = cols // self.nm.m if self.nm else 0
+
+    def setup(self) -> list[str]:
+        """Row bounds (CSR) or the row's first entry (N:M), from ``%i``."""
+        if self.nm:
+            return [f"%row_len = arith.constant {self.groups * self.nm.n} : index",
+                    "%base = arith.muli %i, %row_len : index", f"%groups = arith.constant {self.groups} : index"]
+        return ["%i1 = arith.addi %i, %c1 : index",
+                f"%lo_raw = memref.load %pos[%i] : memref<?x{self.pos_t}>",
+                f"%hi_raw = memref.load %pos[%i1] : memref<?x{self.pos_t}>",
+                f"%lo = arith.index_castui %lo_raw : {self.pos_t} to index",
+                f"%hi = arith.index_castui %hi_raw : {self.pos_t} to index"]
+
+    def loop(self, tag: str, iter_args: str, result_types: str, results: str, update, final: list[str]) -> list[str]:
+        """``results = for nonzero (k, v) of the row: update(...)``; ``update(k, v, step)`` gives body lines."""
+        elt_load = "memref.load %val[{p}] : memref<?x{elt}>"
+        if not self.nm:
+            head = f"{results} = scf.for %p{tag} = %lo to %hi step %c1 iter_args({iter_args}) -> ({result_types}) {{"
+            body = [f"%kr{tag} = memref.load %crd[%p{tag}] : memref<?x{self.crd_t}>",
+                    f"%k{tag} = arith.index_castui %kr{tag} : {self.crd_t} to index",
+                    f"%v{tag} = {elt_load.format(p=f'%p{tag}', elt='{elt}')}"]
+            body += update(f"%k{tag}", f"%v{tag}", 0)
+            return [head, *body, *final, "}"]
+        n, m = self.nm.n, self.nm.m
+        head = f"{results} = scf.for %g{tag} = %c0 to %groups step %c1 iter_args({iter_args}) -> ({result_types}) {{"
+        body = [f"%gn{tag} = arith.muli %g{tag}, %c{n}n : index", f"%gp{tag} = arith.addi %base, %gn{tag} : index",
+                f"%gm{tag} = arith.muli %g{tag}, %c{m}m : index"]
+        for e in range(n):  # the group's n entries, unrolled: no position loads, no branches
+            body += [f"%p{tag}e{e} = arith.addi %gp{tag}, %c{e} : index",
+                     f"%or{tag}e{e} = memref.load %crd[%p{tag}e{e}] : memref<?x{self.crd_t}>",
+                     f"%o{tag}e{e} = arith.index_castui %or{tag}e{e} : {self.crd_t} to index",
+                     f"%k{tag}e{e} = arith.addi %gm{tag}, %o{tag}e{e} : index",
+                     f"%v{tag}e{e} = {elt_load.format(p=f'%p{tag}e{e}', elt='{elt}')}"]
+            body += update(f"%k{tag}e{e}", f"%v{tag}e{e}", e)
+        return [head, *body, *final, "}"]
+
+    def constants(self) -> set[str]:
+        if not self.nm:
+            return set()
+        return {f"%c{self.nm.n}n = arith.constant {self.nm.n} : index",
+                f"%c{self.nm.m}m = arith.constant {self.nm.m} : index",
+                *(f"%c{e} = arith.constant {e} : index" for e in range(self.nm.n))}
 
 
 def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
@@ -51,92 +104,81 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     found = _operands(spec, formats)
     if found is None:
         return None
-    a_name, b_name = found
-    fmt = formats[a_name]
+    a_name, _ = found
+    fmt = formats[a_name].codegen_format if formats[a_name].is_nm else formats[a_name]
+    rows, cols = shapes[a_name]
+    stream = _Stream(formats[a_name], cols)
     elt = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}[spec.dtype.name]
     lanes = 32 // spec.dtype.itemsize  # one 256-bit register
     tile = _UNROLL * lanes
     vec = f"vector<{lanes}x{elt}>"
-    pos_t, crd_t = (f"i{w or 64}" for w in (fmt.pos_width, fmt.crd_width))
-    rows = shapes[a_name][0]
     is_float = elt.startswith("f")
     zero = "0.0" if is_float else "0"
-    buffers = {"pos1": f"memref<?x{pos_t}>", "crd1": f"memref<?x{crd_t}>", "values": f"memref<?x{elt}>"}
+    level = len(fmt.levels) - 1
     params, types = [], []
     for name in spec.inputs:
         if name == a_name:
             params += ["%pos", "%crd", "%val"]
-            types += [buffers["pos1"], buffers["crd1"], buffers["values"]]
+            types += [f"memref<?x{stream.pos_t}>", f"memref<?x{stream.crd_t}>", f"memref<?x{elt}>"]
         else:
             params.append("%B")
             types.append(f"memref<?x?x{elt}>")
+    assert fmt.buffer_names == (f"pos{level}", f"crd{level}", "values"), "one compressed level expected"
     params.append("%C")
     types.append(f"memref<?x?x{elt}>")
     signature = ", ".join(f"{p}: {t}" for p, t in zip(params, types))
 
-    def fma(acc: str, b: str, n: int) -> list[str]:
+    def madd(acc: str, b: str, v: str, out: str, shape: str) -> list[str]:
         if is_float:
-            return [f"%n{n} = vector.fma %vb, {b}, {acc} : {vec}"]
-        return [f"%m{n} = arith.muli %vb, {b} : {vec}", f"%n{n} = arith.addi {acc}, %m{n} : {vec}"]
+            return [f"{out} = vector.fma {v}, {b}, {acc} : {shape}" if shape.startswith("vector") else
+                    f"{out} = math.fma {v}, {b}, {acc} : {shape}"]
+        return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
 
-    scalar_madd = ([f"%m = arith.mulf %v, %b : {elt}", f"%t = arith.addf %acc, %m : {elt}"] if is_float else
-                   [f"%m = arith.muli %v, %b : {elt}", f"%t = arith.addi %acc, %m : {elt}"])
-    tile_body = []
-    for u in range(_UNROLL):
-        tile_body.append(f"%j{u} = arith.addi %jj, %c{u * lanes} : index")
-    loads = [f"%b{u} = vector.load %B[%k, %j{u}] : memref<?x?x{elt}>, {vec}" for u in range(_UNROLL)]
-    fmas = [line for u in range(_UNROLL) for line in fma(f"%a{u}", f"%b{u}", u)]
-    iter_args = ", ".join(f"%a{u} = %zv" for u in range(_UNROLL))
-    vec_types = ", ".join([vec] * _UNROLL)
-    yields = ", ".join(f"%n{u}" for u in range(_UNROLL))
-    stores = [f"vector.store %r#{u}, %C[%i, %j{u}] : memref<?x?x{elt}>, {vec}" for u in range(_UNROLL)]
+    def tile_update(k: str, v: str, e: int) -> list[str]:
+        prev = (lambda u: f"%a{u}") if e == 0 else (lambda u: f"%n{u}e{e - 1}")
+        lines = [f"%vb{e} = vector.broadcast {v} : {elt} to {vec}"]
+        for u in range(_UNROLL):
+            lines.append(f"%b{u}e{e} = vector.load %B[{k}, %j{u}] : memref<?x?x{elt}>, {vec}")
+            lines += madd(prev(u), f"%b{u}e{e}", f"%vb{e}", f"%n{u}e{e}", vec)
+        return lines
+
+    def scalar_update(k: str, v: str, e: int) -> list[str]:
+        prev = "%acc" if e == 0 else f"%t{e - 1}"
+        return [f"%sb{e} = memref.load %B[{k}, %j] : memref<?x?x{elt}>"] + madd(prev, f"%sb{e}", v, f"%t{e}", elt)
+
+    last = (stream.nm.n - 1) if stream.nm else 0
+    tile_loop = stream.loop("t", ", ".join(f"%a{u} = %zv" for u in range(_UNROLL)), ", ".join([vec] * _UNROLL),
+                            f"%r:{_UNROLL}", tile_update,
+                            [f"scf.yield {', '.join(f'%n{u}e{last}' for u in range(_UNROLL))} : "
+                             f"{', '.join([vec] * _UNROLL)}"])
+    scalar_loop = stream.loop("s", "%acc = %zero", elt, "%s", scalar_update, [f"scf.yield %t{last} : {elt}"])
     offsets = sorted({0, 1, tile, *(u * lanes for u in range(_UNROLL))})
-    consts = "\n".join(f"    %c{c} = arith.constant {c} : index" for c in offsets)
-    text = f"""
-module {{
-  func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> attributes {{llvm.emit_c_interface}} {{
-{consts}
-    %rows = arith.constant {rows} : index
-    %N = memref.dim %C, %c1 : memref<?x?x{elt}>
-    %rem = arith.remui %N, %c{tile} : index
-    %Nv = arith.subi %N, %rem : index
-    %zero = arith.constant {zero} : {elt}
-    %zv = arith.constant dense<{zero}> : {vec}
-    scf.parallel (%i) = (%c0) to (%rows) step (%c1) {{
-      %i1 = arith.addi %i, %c1 : index
-      %lo_raw = memref.load %pos[%i] : memref<?x{pos_t}>
-      %hi_raw = memref.load %pos[%i1] : memref<?x{pos_t}>
-      %lo = arith.index_castui %lo_raw : {pos_t} to index
-      %hi = arith.index_castui %hi_raw : {pos_t} to index
-      scf.for %jj = %c0 to %Nv step %c{tile} {{
-        {chr(10).join("        " + line for line in tile_body).strip()}
-        %r:{_UNROLL} = scf.for %p = %lo to %hi step %c1 iter_args({iter_args}) -> ({vec_types}) {{
-          %k_raw = memref.load %crd[%p] : memref<?x{crd_t}>
-          %k = arith.index_castui %k_raw : {crd_t} to index
-          %v = memref.load %val[%p] : memref<?x{elt}>
-          %vb = vector.broadcast %v : {elt} to {vec}
-          {chr(10).join("          " + line for line in loads + fmas).strip()}
-          scf.yield {yields} : {vec_types}
-        }}
-        {chr(10).join("        " + line for line in stores).strip()}
-      }}
-      scf.for %j = %Nv to %N step %c1 {{
-        %s = scf.for %p = %lo to %hi step %c1 iter_args(%acc = %zero) -> ({elt}) {{
-          %k_raw = memref.load %crd[%p] : memref<?x{crd_t}>
-          %k = arith.index_castui %k_raw : {crd_t} to index
-          %v = memref.load %val[%p] : memref<?x{elt}>
-          %b = memref.load %B[%k, %j] : memref<?x?x{elt}>
-          {chr(10).join("          " + line for line in scalar_madd).strip()}
-          scf.yield %t : {elt}
-        }}
-        memref.store %s, %C[%i, %j] : memref<?x?x{elt}>
-      }}
-      scf.reduce
-    }}
-    return %C : memref<?x?x{elt}>
-  }}
-}}
-"""
+    consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
+    lines = [f"module {{",
+             f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> attributes {{llvm.emit_c_interface}} {{",
+             *consts,
+             f"%rows = arith.constant {rows} : index",
+             f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
+             f"%rem = arith.remui %N, %c{tile} : index",
+             "%Nv = arith.subi %N, %rem : index",
+             f"%zero = arith.constant {zero} : {elt}",
+             f"%zv = arith.constant dense<{zero}> : {vec}",
+             "scf.parallel (%i) = (%c0) to (%rows) step (%c1) {",
+             *stream.setup(),
+             f"scf.for %jj = %c0 to %Nv step %c{tile} {{",
+             *(f"%j{u} = arith.addi %jj, %c{u * lanes} : index" for u in range(_UNROLL)),
+             *tile_loop,
+             *(f"vector.store %r#{u}, %C[%i, %j{u}] : memref<?x?x{elt}>, {vec}" for u in range(_UNROLL)),
+             "}",
+             "scf.for %j = %Nv to %N step %c1 {",
+             *scalar_loop,
+             f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>",
+             "}",
+             "scf.reduce",
+             "}",
+             f"return %C : memref<?x?x{elt}>",
+             "}", "}"]
+    text = "\n".join(lines).replace("{elt}", elt)
     module = ir.Module.parse(text)
     module.operation.verify()
     return module
