@@ -154,7 +154,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     scalar_loop = stream.loop("s", "%acc = %zero", elt, "%s", scalar_update, [f"scf.yield %t{last} : {elt}"])
     offsets = sorted({0, 1, tile, *(u * lanes for u in range(_UNROLL))})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
-    lines = [f"module {{",
+    lines = ["module {",
              f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> attributes {{llvm.emit_c_interface}} {{",
              *consts,
              f"%rows = arith.constant {rows} : index",
