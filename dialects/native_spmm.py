@@ -28,9 +28,14 @@ __all__ = ["native_spmm"]
 _UNROLL = 4  # vector accumulators per tile
 
 
-def _operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
-    """``(sparse A, dense B)`` when the kernel is exactly a CSR or N:M SpMM with a dense result."""
-    if spec.sparse_output or len(spec.stages) != 1:
+def _operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str | None, int] | None:
+    """``(sparse A, dense B, bias, bias dim)`` when the kernel is a CSR or N:M SpMM with a dense result.
+
+    Also matched: the SpMM plus a bias over the rows or the columns
+    (``C[i,j] = A[i,k] * B[k,j] + bias[i]``), which the planner splits into a
+    sum stage and an add stage; the bias then seeds the accumulators.
+    """
+    if spec.sparse_output or len(spec.stages) not in (1, 2):
         return None
     stage = spec.stages[0]
     body = stage.body
@@ -39,11 +44,23 @@ def _operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] |
     if not (isinstance(body.lhs, Access) and isinstance(body.rhs, Access)) or body.lhs.tensor == body.rhs.tensor:
         return None
     (k,), (i, j) = stage.reduce, stage.indices
+    bias, bias_dim = None, -1
+    if len(spec.stages) == 2:
+        add = spec.stages[1].body
+        if spec.stages[1].reduce or spec.stages[1].indices != (i, j) or not isinstance(add, Binary) or add.op != "+":
+            return None
+        terms = {(t.tensor, t.index) for t in (add.lhs, add.rhs) if isinstance(t, Access)}
+        if len(terms) != 2 or (stage.result, (i, j)) not in terms:
+            return None
+        ((bias, index),) = terms - {(stage.result, (i, j))}
+        if bias in formats or index not in ((i,), (j,)):
+            return None
+        bias_dim = (i, j).index(index[0])
     for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
         fmt = formats.get(a.tensor)
         if fmt is not None and (fmt.with_widths(32, 32) == CSR or fmt.is_nm) and b.tensor not in formats \
                 and a.index == (i, k) and b.index == (k, j) and spec.output_indices == (i, j):
-            return a.tensor, b.tensor
+            return a.tensor, b.tensor, bias, bias_dim
     return None
 
 
@@ -104,7 +121,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     found = _operands(spec, formats)
     if found is None:
         return None
-    a_name, _ = found
+    a_name, b_name, bias, bias_dim = found
     fmt = formats[a_name].codegen_format if formats[a_name].is_nm else formats[a_name]
     rows, cols = shapes[a_name]
     stream = _Stream(formats[a_name], cols)
@@ -120,9 +137,22 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
         if name == a_name:
             params += ["%pos", "%crd", "%val"]
             types += [f"memref<?x{stream.pos_t}>", f"memref<?x{stream.crd_t}>", f"memref<?x{elt}>"]
-        else:
+        elif name == b_name:
             params.append("%B")
             types.append(f"memref<?x?x{elt}>")
+        else:
+            params.append("%bias")
+            types.append(f"memref<?x{elt}>")
+    # accumulators start from the bias (or zero)
+    if bias is None:
+        row_init, scalar_init = [], ([], "%zero")
+    elif bias_dim == 0:
+        row_init = ["%bias_i = memref.load %bias[%i] : memref<?x{elt}>",
+                    f"%bias_v = vector.broadcast %bias_i : {elt} to {vec}"]
+        scalar_init = ([], "%bias_i")
+    else:
+        row_init = []
+        scalar_init = (["%bias_j = memref.load %bias[%j] : memref<?x{elt}>"], "%bias_j")
     assert fmt.buffer_names == (f"pos{level}", f"crd{level}", "values"), "one compressed level expected"
     params.append("%C")
     types.append(f"memref<?x?x{elt}>")
@@ -134,25 +164,40 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
                     f"{out} = math.fma {v}, {b}, {acc} : {shape}"]
         return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
 
-    def tile_update(k: str, v: str, e: int) -> list[str]:
-        prev = (lambda u: f"%a{u}") if e == 0 else (lambda u: f"%n{u}e{e - 1}")
-        lines = [f"%vb{e} = vector.broadcast {v} : {elt} to {vec}"]
-        for u in range(_UNROLL):
-            lines.append(f"%b{u}e{e} = vector.load %B[{k}, %j{u}] : memref<?x?x{elt}>, {vec}")
-            lines += madd(prev(u), f"%b{u}e{e}", f"%vb{e}", f"%n{u}e{e}", vec)
-        return lines
+    def tile_block(tag: str, count: int, start: str, stop: str) -> list[str]:
+        """Column tiles of ``count`` vectors from ``start`` to ``stop``: accumulate in registers, store once."""
+        step = count * lanes
+
+        def update(k: str, v: str, e: int) -> list[str]:
+            prev = (lambda u: f"%{tag}a{u}") if e == 0 else (lambda u: f"%{tag}n{u}e{e - 1}")
+            lines = [f"%{tag}vb{e} = vector.broadcast {v} : {elt} to {vec}"]
+            for u in range(count):
+                lines.append(f"%{tag}b{u}e{e} = vector.load %B[{k}, %{tag}j{u}] : memref<?x?x{elt}>, {vec}")
+                lines += madd(prev(u), f"%{tag}b{u}e{e}", f"%{tag}vb{e}", f"%{tag}n{u}e{e}", vec)
+            return lines
+
+        init = [f"%{tag}bias{u} = vector.load %bias[%{tag}j{u}] : memref<?x{elt}>, {vec}" for u in range(count)] \
+            if bias is not None and bias_dim == 1 else []
+        first = {None: lambda u: "%zv", 0: lambda u: "%bias_v"}.get(bias if bias is None else bias_dim,
+                                                                     lambda u: f"%{tag}bias{u}")
+        vecs = ", ".join([vec] * count)
+        loop = stream.loop(tag, ", ".join(f"%{tag}a{u} = {first(u)}" for u in range(count)), vecs,
+                           f"%{tag}r:{count}", update,
+                           [f"scf.yield {', '.join(f'%{tag}n{u}e{last}' for u in range(count))} : {vecs}"])
+        return [f"scf.for %{tag}jj = {start} to {stop} step %c{step} {{",
+                *(f"%{tag}j{u} = arith.addi %{tag}jj, %c{u * lanes} : index" for u in range(count)),
+                *init, *loop,
+                *(f"vector.store %{tag}r#{u}, %C[%i, %{tag}j{u}] : memref<?x?x{elt}>, {vec}" for u in range(count)),
+                "}"]
 
     def scalar_update(k: str, v: str, e: int) -> list[str]:
         prev = "%acc" if e == 0 else f"%t{e - 1}"
         return [f"%sb{e} = memref.load %B[{k}, %j] : memref<?x?x{elt}>"] + madd(prev, f"%sb{e}", v, f"%t{e}", elt)
 
     last = (stream.nm.n - 1) if stream.nm else 0
-    tile_loop = stream.loop("t", ", ".join(f"%a{u} = %zv" for u in range(_UNROLL)), ", ".join([vec] * _UNROLL),
-                            f"%r:{_UNROLL}", tile_update,
-                            [f"scf.yield {', '.join(f'%n{u}e{last}' for u in range(_UNROLL))} : "
-                             f"{', '.join([vec] * _UNROLL)}"])
-    scalar_loop = stream.loop("s", "%acc = %zero", elt, "%s", scalar_update, [f"scf.yield %t{last} : {elt}"])
-    offsets = sorted({0, 1, tile, *(u * lanes for u in range(_UNROLL))})
+    scalar_loop = stream.loop("s", f"%acc = {scalar_init[1]}", elt, "%s", scalar_update,
+                              [f"scf.yield %t{last} : {elt}"])
+    offsets = sorted({0, 1, lanes, tile, *(u * lanes for u in range(_UNROLL))})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
              f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> attributes {{llvm.emit_c_interface}} {{",
@@ -160,17 +205,18 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
              f"%rows = arith.constant {rows} : index",
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
              f"%rem = arith.remui %N, %c{tile} : index",
-             "%Nv = arith.subi %N, %rem : index",
+             "%Nv = arith.subi %N, %rem : index",  # end of the wide tiles
+             f"%rem1 = arith.remui %N, %c{lanes} : index",
+             "%Ns = arith.subi %N, %rem1 : index",  # end of the one-vector tiles; the rest is scalar
              f"%zero = arith.constant {zero} : {elt}",
              f"%zv = arith.constant dense<{zero}> : {vec}",
              "scf.parallel (%i) = (%c0) to (%rows) step (%c1) {",
              *stream.setup(),
-             f"scf.for %jj = %c0 to %Nv step %c{tile} {{",
-             *(f"%j{u} = arith.addi %jj, %c{u * lanes} : index" for u in range(_UNROLL)),
-             *tile_loop,
-             *(f"vector.store %r#{u}, %C[%i, %j{u}] : memref<?x?x{elt}>, {vec}" for u in range(_UNROLL)),
-             "}",
-             "scf.for %j = %Nv to %N step %c1 {",
+             *row_init,
+             *tile_block("w", _UNROLL, "%c0", "%Nv"),
+             *tile_block("v", 1, "%Nv", "%Ns"),
+             "scf.for %j = %Ns to %N step %c1 {",
+             *scalar_init[0],
              *scalar_loop,
              f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>",
              "}",

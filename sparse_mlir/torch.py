@@ -1,9 +1,11 @@
 """PyTorch integration: ``SparseLinear`` and ``sparsify`` (inference only; needs the ``torch`` extra).
 
 ``SparseLinear`` computes ``torch.nn.Linear``'s ``y = x W^T + b`` with the
-weight pruned into a ``SparseTensor`` and the product run by a generated
-kernel in the Linear orientation ``Y[b,o] = X[b,i] * W[o,i]``.  CPU tensors
-cross to numpy without copies (``Tensor.numpy()`` shares memory, and the
+weight pruned into a ``SparseTensor``: the generated kernel computes
+``Y^T = W X^T + b`` (sparse weight on the left, rows of ``X^T`` contiguous,
+which the register-tiled SpMM runs best), and the activations are transposed
+once on the way in and viewed transposed on the way out.  CPU tensors cross
+to numpy without other copies (``Tensor.numpy()`` shares memory, and the
 result comes back through ``torch.from_numpy``); leading batch dimensions
 are flattened into rows.  Autograd is not supported: calling it where a
 gradient would be needed raises.
@@ -25,8 +27,9 @@ from .tensor import SparseTensor
 
 __all__ = ["SparseLinear", "sparsify"]
 
-_LINEAR = "Y[b,o] = X[b,i] * W[o,i]"
-_LINEAR_BIAS = "Y[b,o] = X[b,i] * W[o,i] + bias[o]"
+# the weight on the left: the register-tiled SpMM emitter runs it, bias seeding its accumulators
+_LINEAR = "Yt[o,b] = W[o,i] * Xt[i,b]"
+_LINEAR_BIAS = "Yt[o,b] = W[o,i] * Xt[i,b] + bias[o]"
 
 
 class SparseLinear(nn.Module):
@@ -68,11 +71,11 @@ class SparseLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32:
             raise OperandError(f"SparseLinear computes in float32, got {rows.dtype}")
-        operands: dict[str, Any] = {"X": rows.contiguous().numpy(), "W": self.weight}
+        operands: dict[str, Any] = {"Xt": np.ascontiguousarray(rows.numpy().T), "W": self.weight}
         if self.bias is not None:
             operands["bias"] = self.bias.numpy()
-        out = self._kernel(**operands)
-        return torch.from_numpy(np.asarray(out)).reshape(*x.shape[:-1], self.out_features)
+        out_t = self._kernel(**operands)
+        return torch.from_numpy(out_t.T).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.weight.format}, "

@@ -201,3 +201,16 @@ def test_results_that_alias_inputs_are_copied():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fmt", ["csr", "2:4"])
+@pytest.mark.parametrize("expr,axis", [("C[i,j] = A[i,k] * B[k,j] + bias[i]", 0),
+                                       ("C[i,j] = bias[j] + A[i,k] * B[k,j]", 1)])
+@pytest.mark.parametrize("n", [3, 40, 112])
+def test_spmm_with_bias_runs_on_the_tiled_emitter(rng, fmt, expr, axis, n):
+    A, a = sparse_operand(rng, (12, 16), fmt, "float32")
+    B = random_values(rng, (16, n), "float32")
+    bias = random_values(rng, 12 if axis == 0 else n, "float32")
+    k = sm.compile(expr, formats={"A": fmt}, dtype="float32")
+    np.testing.assert_array_equal(k(A=A, B=B, bias=bias), a @ B + (bias[:, None] if axis == 0 else bias))
+    assert "vector.load" in k.ir["input"]

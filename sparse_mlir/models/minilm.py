@@ -169,11 +169,12 @@ def masked_dense_linears(weights: dict[str, np.ndarray], pruned: dict[str, Spars
 
 
 def sparse_linears(weights: dict[str, np.ndarray], pruned: dict[str, SparseTensor]) -> dict[str, Linear]:
-    """The pruned model run by generated kernels in the Linear orientation ``Y[b,o] = X[b,i] * W[o,i] + bias[o]``."""
+    """The pruned model run by generated kernels, as ``SparseLinear`` does: ``Y^T = W X^T + b``."""
     out = {}
     for name, tensor in pruned.items():
-        kernel = compile_kernel("Y[b,o] = X[b,i] * W[o,i] + bias[o]", formats={"W": tensor.format}, dtype="float32")
+        kernel = compile_kernel("Yt[o,b] = W[o,i] * Xt[i,b] + bias[o]", formats={"W": tensor.format},
+                                dtype="float32")
         bias = np.ascontiguousarray(weights[f"{name}.bias"], dtype=np.float32)
-        out[name] = (lambda k, t, b: lambda x: k(X=np.ascontiguousarray(x, dtype=np.float32), W=t, bias=b))(
+        out[name] = (lambda k, t, b: lambda x: k(Xt=np.ascontiguousarray(x.T, dtype=np.float32), W=t, bias=b).T)(
             kernel, tensor, bias)
     return out
