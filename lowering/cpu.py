@@ -30,7 +30,7 @@ from sparse_mlir.signature import Signature
 from . import rewrites, toolchain
 from .c_abi import add_c_entry_point
 
-__all__ = ["CpuOptions", "SPARSIFY", "TO_LLVM", "sparsify_pipeline", "lower_to_llvm", "compile_module",
+__all__ = ["CpuOptions", "TO_LLVM", "sparsify_pipeline", "lower_to_llvm", "compile_module",
            "compile_object"]
 
 
@@ -63,7 +63,6 @@ def sparsify_pipeline(parallel: bool) -> str:
             "func.func(canonicalize))")
 
 
-SPARSIFY = sparsify_pipeline(parallel=False)
 TO_OPENMP = "builtin.module(convert-scf-to-openmp)"
 CANONICALIZE = "builtin.module(func.func(canonicalize))"
 
