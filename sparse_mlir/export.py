@@ -47,8 +47,7 @@ def export(kernel: Kernel, out_dir: str | Path, name: str, shapes: dict[str, tup
         raise FormatError(f"export name {name!r} must be a C identifier")
     spec = kernel.spec
     extents = _static_extents(kernel, shapes or {})
-    # only static indices get sizes in the types; the placeholder 0 of the others is never used
-    sizes = spec.specialized_shapes({**dict.fromkeys(_all_indices(kernel), 0), **extents})
+    sizes = spec.specialized_shapes(extents)  # only static indices are looked up
     sig = Signature.from_spec(spec, spec.formats, sizes, name)
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -71,10 +70,6 @@ def export(kernel: Kernel, out_dir: str | Path, name: str, shapes: dict[str, tup
             "signature": sig.to_json()}
     manifest.write_text(json.dumps(data, indent=1))
     return {"object": obj, "library": lib, "header": header, "manifest": manifest}
-
-
-def _all_indices(kernel: Kernel) -> set[str]:
-    return {i for st in kernel.spec.stages for i in st.loops} | set(kernel.spec.output_indices)
 
 
 def _static_extents(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:

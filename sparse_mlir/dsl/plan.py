@@ -118,7 +118,10 @@ class KernelSpec:
         return next(a.index for st in self.stages for a in st.accesses() if a.tensor == name)
 
     def specialized_shapes(self, extents: dict[str, int]) -> dict[str, tuple[int | None, ...]]:
-        """Every operand's type sizes: static where a sparse operand fixes the index, else ``None``."""
+        """Every operand's type sizes: static where a sparse operand fixes the index, else ``None``.
+
+        ``extents`` needs only the static indices: the others are never looked up.
+        """
         static = self.static_indices
         return {name: tuple(extents[i] if (self.is_sparse(name) or i in static) else None
                             for i in self.operand_index(name)) for name in (*self.inputs, self.output)}

@@ -23,7 +23,8 @@ from typing import Any
 
 from ..knobs import knobs
 
-__all__ = ["cache_dir", "entry_paths", "ir_path", "entry_lock", "load_entry", "store_metadata", "sha256_file"]
+__all__ = ["cache_dir", "entry_paths", "ir_path", "load_ir", "entry_lock", "load_entry", "store_metadata",
+           "sha256_file"]
 
 
 def cache_dir() -> Path:
@@ -70,6 +71,11 @@ def load_entry(key: str) -> tuple[Path, dict[str, Any]] | None:
     except (OSError, ValueError):
         return None
     return lib, meta
+
+
+def load_ir(key: str) -> dict[str, str]:
+    """The IR of every stage of an entry."""
+    return json.loads(ir_path(key).read_text())
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -63,7 +62,7 @@ class Specialization:
     @property
     def ir(self) -> dict[str, str]:
         """The IR of every stage (``input``, ``sparsified``, ``llvm``), read from the cache on demand."""
-        return json.loads(cache.ir_path(self.key).read_text())
+        return cache.load_ir(self.key)
 
 
 class Kernel:
@@ -102,7 +101,7 @@ class Kernel:
         """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``llvm``)."""
         if not self._keys:
             raise ShapeError("the kernel has not been specialized yet: call it (or use .specializations) first")
-        return json.loads(cache.ir_path(next(reversed(self._keys.values()))).read_text())
+        return cache.load_ir(next(reversed(self._keys.values())))
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{k}={v}" for k, v in self.spec.formats.items())
