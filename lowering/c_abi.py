@@ -191,26 +191,22 @@ def wrapper_text(sig: Signature, kernel: str) -> str:
         result = t(f"llvm.alloca {one} x {_descriptor_type(len(out.shape))} : (i64) -> !llvm.ptr")
     slots: list[str] = []
     temporaries: list[str] = []
-    for op in sig.inputs:
+    for op, buf in sig.kernel_arguments():
         if not op.sparse:
-            slots.append(_descriptor(t, args[op.name], [args[f"{op.name}_d{d}"] for d in range(len(op.shape))],
-                                     one, zero))
-            continue
-        for buf in op.format.codegen_format.buffer_names:
-            if f"{op.name}_{buf}" in args:
-                slots.append(_descriptor(t, args[f"{op.name}_{buf}"], [args[f"{op.name}_{buf}_len"]], one, zero))
-            else:  # N:M positions
-                ptr, length = _implicit_positions(t, op, zero, one)
-                temporaries.append(ptr)
-                slots.append(_descriptor(t, ptr, [length], one, zero))
-    if not out.sparse:
-        dims = [args[f"{out.name}_d{d}"] for d in range(len(out.shape))]
-        nbytes = t.i64(out.dtype.itemsize)
-        for dim in dims:
-            nbytes = t(f"llvm.mul {nbytes}, {dim} : i64")
-        t.stmt(f'"llvm.intr.memset"({args[out.name]}, {t("llvm.mlir.constant(0 : i8) : i8")}, {nbytes}) '
-               f"<{{isVolatile = false}}> : (!llvm.ptr, i8, i64) -> ()")
-        slots.append(_descriptor(t, args[out.name], dims, one, zero))
+            dims = [args[f"{op.name}_d{d}"] for d in range(len(op.shape))]
+            if op.output:
+                nbytes = t.i64(op.dtype.itemsize)
+                for dim in dims:
+                    nbytes = t(f"llvm.mul {nbytes}, {dim} : i64")
+                t.stmt(f'"llvm.intr.memset"({args[op.name]}, {t("llvm.mlir.constant(0 : i8) : i8")}, {nbytes}) '
+                       f"<{{isVolatile = false}}> : (!llvm.ptr, i8, i64) -> ()")
+            slots.append(_descriptor(t, args[op.name], dims, one, zero))
+        elif f"{op.name}_{buf}" in args:
+            slots.append(_descriptor(t, args[f"{op.name}_{buf}"], [args[f"{op.name}_{buf}_len"]], one, zero))
+        else:  # N:M positions
+            ptr, length = _implicit_positions(t, op, zero, one)
+            temporaries.append(ptr)
+            slots.append(_descriptor(t, ptr, [length], one, zero))
     t.stmt(f"llvm.call @{kernel}({', '.join([result, *slots])}) : ({', '.join(['!llvm.ptr'] * (1 + len(slots)))}) "
            f"-> ()")
     # 5. results
@@ -284,8 +280,7 @@ def _free_text(sig: Signature) -> str:
 
 def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str) -> None:
     """Parse the wrapper into ``module`` (an LLVM-dialect module that defines ``kernel``)."""
-    n_args = 1 + sum(len(op.format.codegen_format.buffer_names) if op.sparse else 1 for op in sig.inputs) + \
-        (0 if sig.output.sparse else 1)
+    n_args = 1 + len(sig.kernel_arguments())
     # declarations make the wrapper verify on its own; the ones the module already has are dropped
     decls = (f"llvm.func @{kernel}({', '.join(['!llvm.ptr'] * n_args)})\n"
              "llvm.func @malloc(i64) -> !llvm.ptr\nllvm.func @free(!llvm.ptr)\n")

@@ -21,17 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlir import ir
-from mlir.passmanager import PassManager
 
 from sparse_mlir.dialects.kernel import KERNEL_NAME
 from sparse_mlir.errors import LoweringError
 from sparse_mlir.signature import Signature
 
-from . import rewrites, toolchain
+from . import frontend, rewrites, toolchain
 from .c_abi import add_c_entry_point
 
-__all__ = ["CpuOptions", "TO_LLVM", "sparsify_pipeline", "lower_to_llvm", "compile_module",
-           "compile_object"]
+__all__ = ["CpuOptions", "TO_LLVM", "lower_to_llvm", "compile_module", "compile_object"]
 
 
 @dataclass(frozen=True)
@@ -47,24 +45,7 @@ class CpuOptions:
     openmp: Path | None = None
 
 
-def sparsify_pipeline(parallel: bool) -> str:
-    """Assembler + sparsifier with direct codegen; ``parallel`` makes dense outer loops ``scf.parallel``.
-
-    Unlike ``--sparsifier`` there is no ``linalg-fuse-elementwise-ops``: the
-    planner already fused what can be fused, and the stages it keeps apart
-    (dense copies of sparse inputs in ``KernelSpec.densified``) must stay apart.
-    """
-    strategy = "dense-outer-loop" if parallel else "none"
-    return ("builtin.module("
-            "sparse-assembler{direct-out=true},"
-            "func.func(linalg-generalize-named-ops),"
-            f"sparsification-and-bufferization{{enable-simd-index32=true parallelization-strategy={strategy} vl=0}},"
-            "sparse-storage-specifier-to-llvm,"
-            "func.func(canonicalize))")
-
-
 TO_OPENMP = "builtin.module(convert-scf-to-openmp)"
-CANONICALIZE = "builtin.module(func.func(canonicalize))"
 
 TO_LLVM = ("builtin.module("
            "func.func(convert-linalg-to-loops),"
@@ -82,20 +63,14 @@ TO_LLVM = ("builtin.module("
 
 
 def _run(module: ir.Module, pipeline: str, stage: str) -> None:
-    try:
-        PassManager.parse(pipeline).run(module.operation)
-    except Exception as exc:  # MLIRError carries the diagnostics
-        raise LoweringError(str(exc).splitlines()[0], stage=stage, target="cpu", diagnostics=str(exc)) from exc
+    frontend.run(module, pipeline, stage, "cpu")
 
 
 def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dict[str, str]:
     """Lower ``module`` in place to the LLVM dialect with ``sig``'s C entry point; return each stage's IR."""
     stages = {"input": str(module)}
     parallel = options.openmp is not None
-    _run(module, CANONICALIZE, "sparsified")
-    rewrites.drop_identity_generics(module)
-    _run(module, sparsify_pipeline(parallel), "sparsified")
-    rewrites.widen_bool_buffers(module)
+    parallel = frontend.sparsify(module, parallel=parallel, target="cpu")
     if parallel:
         _run(module, TO_OPENMP, "sparsified")
         rewrites.inline_alloca_scopes(module)

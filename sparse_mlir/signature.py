@@ -126,6 +126,18 @@ class Signature:
     def params(self) -> list[Param]:
         return [p for op in self.operands for p in op.params(self.name)]
 
+    def kernel_arguments(self) -> list[tuple[OperandABI, str]]:
+        """The compiled function's buffer arguments in order: ``(operand, buffer)``, ``""`` for a dense one.
+
+        Sparse inputs contribute every buffer of their codegen format, N:M
+        positions included (the caller supplies those: see ``c_abi`` and the
+        GPU runtime); the dense output comes last.
+        """
+        out: list[tuple[OperandABI, str]] = []
+        for op in self.inputs:
+            out += [(op, buf) for buf in op.format.codegen_format.buffer_names] if op.sparse else [(op, "")]
+        return out if self.output.sparse else [*out, (self.output, "")]
+
     def result_buffers(self) -> list[tuple[str, np.dtype]]:
         """Buffers of a sparse output, in the order of the result struct."""
         return self.output.buffers() if self.output.sparse else []

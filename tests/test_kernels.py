@@ -214,3 +214,21 @@ def test_spmm_with_bias_runs_on_the_tiled_emitter(rng, fmt, expr, axis, n):
     k = sm.compile(expr, formats={"A": fmt}, dtype="float32")
     np.testing.assert_array_equal(k(A=A, B=B, bias=bias), a @ B + (bias[:, None] if axis == 0 else bias))
     assert "vector.load" in k.ir["input"]
+
+
+@pytest.mark.parametrize("expr", ["y[i] = A[i,j]*x[j]", "y[i] = A[j,i]*x[j]"])
+def test_outer_reduction_loops_are_not_threaded(rng, expr, monkeypatch):
+    """A column-major SpMV scatters into y: its outer loop is a reduction that threads must not split.
+
+    Upstream's ``dense-outer-loop`` strategy parallelizes it anyway; with
+    two threads the sums raced (errors of 8 on 4000x4000).
+    """
+    monkeypatch.setenv("SPARSE_MLIR_NUM_THREADS", "2")
+    fmt = "csc" if "A[i,j]" in expr else "csr"
+    a = sp.random(3000, 3000, density=0.02, format=fmt, random_state=1)
+    x = rng.standard_normal(3000)
+    kernel = sm.compile(expr, formats={"A": fmt})
+    ref = (a if "A[i,j]" in expr else a.T) @ x
+    for _ in range(5):
+        np.testing.assert_allclose(kernel(A=a, x=x), ref, rtol=1e-10, atol=1e-10)
+    assert "omp.wsloop" not in kernel.ir["sparsified"]

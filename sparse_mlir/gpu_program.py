@@ -1,0 +1,143 @@
+"""What a compiled GPU kernel is once MLIR is done: PTX per chip plus the launches to make.
+
+A ``GpuProgram`` is the GPU counterpart of a CPU library's C entry point.
+The compiler fills it in (``lowering.gpu``); the runtime (``runtime.cuda``),
+the cache and ``export`` read it without MLIR.  Every launch is described by
+data, not code:
+
+* ``grid`` and ``block``: three sizes each, or for the grid a ``GridRule``
+  (blocks = ceil(count / per_block)) where the count is only known at run
+  time (a sparse operand's number of stored entries);
+* ``args``: one ``KernelArg`` per parameter of the outlined ``gpu.func``,
+  each a buffer of the kernel function (``Signature.kernel_arguments()``
+  order), a scratch buffer the runtime allocates per call, or a constant.
+
+A memref parameter is passed as MLIR's expanded descriptor (allocated and
+aligned pointer, offset, sizes, strides: ``3 + 2 * rank`` 64-bit words);
+``pack_params`` produces exactly the PTX entry's parameter list from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["KernelArg", "GridRule", "Launch", "GpuProgram", "pack_params", "descriptor_words", "CHIPS"]
+
+CHIPS = ("sm_80", "sm_90")
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One ``gpu.func`` parameter: ``kind`` is ``buffer``, ``scratch`` or ``index``.
+
+    ``ref`` is the position in ``Signature.kernel_arguments()`` (buffer), in
+    ``GpuProgram.scratch`` (scratch), or the constant's value (index).
+    ``shape`` is the memref's static shape, ``None`` for a size taken from the
+    buffer at run time.
+    """
+
+    kind: str
+    ref: int
+    shape: tuple[int | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """``ceil(count / per_block)`` blocks, where ``count`` is the stored entries of kernel argument ``ref``."""
+
+    ref: int
+    per_block: int
+
+    def blocks(self, length: int) -> int:
+        return max(1, math.ceil(length / self.per_block))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch, in the order the program runs them (all on one stream)."""
+
+    kernel: str
+    grid: tuple[int, int, int] | GridRule
+    block: tuple[int, int, int]
+    args: tuple[KernelArg, ...]
+    shared_bytes: int = 0
+
+    def grid_for(self, lengths: list[int]) -> tuple[int, int, int]:
+        """The grid given each kernel argument's length (entries)."""
+        if isinstance(self.grid, GridRule):
+            return (self.grid.blocks(lengths[self.grid.ref]), 1, 1)
+        return self.grid
+
+    def param_count(self) -> int:
+        return sum(descriptor_words(len(a.shape)) if a.kind != "index" else 1 for a in self.args)
+
+
+@dataclass(frozen=True)
+class GpuProgram:
+    """PTX for each chip, the launches, and the scratch buffers ``(shape, dtype)`` a call needs."""
+
+    module: str  # the name every launch's kernel lives in (for diagnostics)
+    ptx: dict[str, str]
+    launches: tuple[Launch, ...]
+    scratch: tuple[tuple[tuple[int, ...], str], ...] = ()
+    notes: tuple[str, ...] = field(default=())  # how the kernel was mapped (e.g. "serial": one thread)
+
+    def to_json(self, include_ptx: bool = True) -> dict[str, Any]:
+        def grid(g: Any) -> Any:
+            return {"ref": g.ref, "per_block": g.per_block} if isinstance(g, GridRule) else list(g)
+
+        data: dict[str, Any] = {"module": self.module, "notes": list(self.notes),
+                                "scratch": [[list(s), d] for s, d in self.scratch],
+                                "launches": [{"kernel": k.kernel, "grid": grid(k.grid), "block": list(k.block),
+                                              "shared_bytes": k.shared_bytes,
+                                              "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
+                                             for k in self.launches]}
+        if include_ptx:
+            data["ptx"] = self.ptx
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], ptx: dict[str, str] | None = None) -> GpuProgram:
+        def grid(g: Any) -> Any:
+            return GridRule(g["ref"], g["per_block"]) if isinstance(g, dict) else tuple(g)
+
+        launches = tuple(Launch(k["kernel"], grid(k["grid"]), tuple(k["block"]),
+                                tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
+                                k.get("shared_bytes", 0)) for k in data["launches"])
+        return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
+                   tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json())
+
+
+def descriptor_words(rank: int) -> int:
+    """64-bit words of an expanded memref descriptor: two pointers, offset, sizes, strides."""
+    return 3 + 2 * rank
+
+
+def pack_params(launch: Launch, buffers: list[tuple[int, int]], scratch: list[int]) -> list[int]:
+    """The launch's parameters as 64-bit words, given ``(device pointer, entries)`` per kernel argument.
+
+    Static sizes come from the manifest; a dynamic size (a sparse buffer) is
+    the buffer's actual length.  Strides are row-major.
+    """
+    words: list[int] = []
+    for arg in launch.args:
+        if arg.kind == "index":
+            words.append(arg.ref)
+            continue
+        if arg.kind == "buffer":
+            ptr, length = buffers[arg.ref]
+        else:
+            ptr, length = scratch[arg.ref], math.prod(s or 0 for s in arg.shape)
+        sizes = [length if s is None else s for s in arg.shape]
+        strides, step = [], 1
+        for size in reversed(sizes):
+            strides.insert(0, step)
+            step *= size
+        words += [ptr, ptr, 0, *sizes, *strides]
+    return words
