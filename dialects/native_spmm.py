@@ -23,12 +23,12 @@ from sparse_mlir.formats import CSR, Format
 
 from .kernel import KERNEL_NAME
 
-__all__ = ["native_spmm"]
+__all__ = ["native_spmm", "spmm_operands"]
 
 _UNROLL = 4  # vector accumulators per tile
 
 
-def _operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str | None, int] | None:
+def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str | None, int] | None:
     """``(sparse A, dense B, bias, bias dim)`` when the kernel is a CSR or N:M SpMM with a dense result.
 
     Also matched: the SpMM plus a bias over the rows or the columns
@@ -118,7 +118,7 @@ class _Stream:
 def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
                 ) -> ir.Module | None:
     """The tiled SpMM module for ``spec`` in the current context, or ``None`` when it does not apply."""
-    found = _operands(spec, formats)
+    found = spmm_operands(spec, formats)
     if found is None:
         return None
     a_name, b_name, bias, bias_dim = found

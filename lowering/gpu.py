@@ -66,37 +66,40 @@ def _run(module: ir.Module, pipeline: str, stage: str) -> None:
     frontend.run(module, pipeline, stage, "cuda")
 
 
-def lower_to_ptx(module: ir.Module, sig: Signature, *, native: bool = False,
+def lower_to_ptx(module: ir.Module, sig: Signature, *, native: tuple[Launch, ...] | None = None,
                  chips: tuple[str, ...] = CHIPS) -> tuple[GpuProgram, dict[str, str]]:
     """Lower ``module`` in place; return the program and each stage's IR.
 
-    ``native`` modules (from ``dialects.native_gpu``) already consist of a
-    host function of launches and a ``gpu.module``.
+    ``native`` gives the launches of a module from ``dialects.native_gpu``,
+    which is already a ``gpu.module`` of kernels.
     """
     stages = {"input": str(module)}
-    notes: tuple[str, ...] = ()
-    scratch: list[tuple[tuple[int, ...], str]] = []
-    if native:
-        notes = ("native",)
+    if native is not None:
+        launches, scratch, notes = native, [], ("native",)
     else:
-        frontend.sparsify(module, parallel=True, target="cuda")
-        stages["sparsified"] = str(module)
-        _run(module, MAKE_LAUNCHABLE, "gpu")
-        gpu_rewrites.forward_argument_views(module)
-        _run(module, PARALLEL_LOOPS, "gpu")
-        host = gpu_rewrites.host_function(module)
-        scratch = gpu_rewrites.hoist_allocations(host)
-        if not gpu_rewrites.only_parallel_loops(host):
-            _run(module, SERIAL_LOOPS, "gpu")
-            gpu_rewrites.wrap_in_single_iteration(host)
-            notes = ("serial",)
-        _run(module, TO_LAUNCHES, "gpu")
-    host = gpu_rewrites.host_function(module)
-    launches = _read_launches(host, len(sig.kernel_arguments()))
-    stages["gpu"] = str(module)
+        launches, scratch, notes = _map_to_launches(module, sig)
+        stages["gpu"] = str(module)
     ptx, nvvm = ptx_for_chips(str(module), chips)
     stages["nvvm"] = nvvm
     return GpuProgram("kernels", ptx, launches, tuple(scratch), notes), stages
+
+
+def _map_to_launches(module: ir.Module, sig: Signature
+                     ) -> tuple[tuple[Launch, ...], list[tuple[tuple[int, ...], str]], tuple[str, ...]]:
+    """Steps 1-3 of the module docstring: sparsify, make launchable, map and outline; read the launches."""
+    parallel = frontend.sparsify(module, parallel=True, target="cuda")
+    _run(module, MAKE_LAUNCHABLE, "gpu")
+    gpu_rewrites.forward_argument_views(module)
+    _run(module, PARALLEL_LOOPS, "gpu")
+    host = gpu_rewrites.host_function(module)
+    scratch = gpu_rewrites.hoist_allocations(host)
+    notes: tuple[str, ...] = ()
+    if not (parallel and gpu_rewrites.only_parallel_loops(host)):
+        _run(module, SERIAL_LOOPS, "gpu")
+        gpu_rewrites.wrap_in_single_iteration(host)
+        notes = ("serial",)
+    _run(module, TO_LAUNCHES, "gpu")
+    return _read_launches(gpu_rewrites.host_function(module), len(sig.kernel_arguments())), scratch, notes
 
 
 def ptx_for_chips(module_text: str, chips: tuple[str, ...]) -> tuple[dict[str, str], str]:

@@ -65,15 +65,37 @@ def hoist_allocations(host: ir.Operation) -> list[tuple[tuple[int, ...], str]]:
         t = ir.MemRefType(buf.type)
         arg = block.add_argument(buf.type, op.location)
         for use in list(buf.uses):
-            if use.owner.name == "memref.dealloc":
+            if use.owner.name == "memref.dealloc" or _copies_zeros_into(use.owner, buf):
                 use.owner.erase()
         buf.replace_all_uses_with(arg)
         op.operation.erase()
         scratch.append((tuple(t.shape), _NUMPY[str(t.element_type)]))
+    for op in list(block.operations):
+        if op.operation.name == "memref.get_global" and not list(op.results[0].uses):
+            op.operation.erase()
     fn_type = ir.FunctionType(ir.TypeAttr(host.attributes["function_type"]).value)
     host.attributes["function_type"] = ir.TypeAttr.get(
         ir.FunctionType.get([a.type for a in block.arguments], fn_type.results))
     return scratch
+
+
+def _copies_zeros_into(op: ir.Operation, buf: ir.Value) -> bool:
+    """``memref.copy`` of an all-zero constant into ``buf``: redundant, scratch is zero-filled."""
+    if op.name != "memref.copy" or op.operands[1] != buf:
+        return False
+    source = op.operands[0].owner
+    if not (isinstance(source, ir.OpView) and source.operation.name == "memref.get_global"):
+        return False
+    name = ir.FlatSymbolRefAttr(source.attributes["name"]).value
+    module = source.operation.parent.parent  # func.func -> module
+    for glob in module.regions[0].blocks[0].operations:
+        if glob.operation.name == "memref.global" and ir.StringAttr(glob.attributes["sym_name"]).value == name:
+            init = glob.attributes["initial_value"]
+            if not (isinstance(init, ir.DenseElementsAttr) and init.is_splat):
+                return False
+            value = str(init.get_splat_value()).split(" :")[0]
+            return value == "false" or float(value) == 0
+    return False
 
 
 def only_parallel_loops(host: ir.Operation) -> bool:

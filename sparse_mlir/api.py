@@ -10,6 +10,7 @@ from .dsl.plan import plan
 from .errors import DeviceError, DSLError
 from .formats import Format
 from .knobs import knobs
+from .runtime.cuda import CudaKernel
 from .runtime.kernel import BuildOptions, Kernel
 from .runtime.schedule import AutoKernel
 from .runtime.threads import openmp_library
@@ -21,7 +22,7 @@ _lock = threading.Lock()
 
 
 def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",
-            target: str = "cpu", schedule: str = "default") -> Kernel:  # noqa: A001 - as in re.compile
+            target: str = "cpu", schedule: str = "default") -> Kernel | CudaKernel:  # noqa: A001 - as in re.compile
     """Compile tensor index notation to a native kernel.
 
     ``formats`` maps tensor names to formats (``sm.CSR`` or ``"csr"``);
@@ -29,17 +30,27 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     the first call with each shape; later calls reuse the compiled code.
     ``schedule="auto"`` times the variants (threads, serial, dense BLAS) on
     the first call with each sparse operand and keeps the fastest; the
-    choice is in ``kernel.schedule``.
+    choice is in ``kernel.schedule``.  ``target="cuda"`` returns a
+    ``CudaKernel`` that runs on CuPy arrays and ``DeviceSparseTensor``s; it
+    compiles to PTX without a GPU or CuPy (``CudaKernel.function``), and
+    raises ``DeviceError`` only when asked to run without them.
     """
     if schedule not in ("default", "auto"):
         raise DSLError(f"schedule must be 'default' or 'auto', got {schedule!r}")
-    if not isinstance(target, str) or target not in (*TARGETS, "cuda"):
+    if not isinstance(target, str) or target not in TARGETS:
         raise DeviceError(f"unknown target {target!r}; targets: cpu, cuda")
-    if target == "cuda":
-        raise DeviceError("target 'cuda' is not available in this build of sparse_mlir yet")
     if formats is not None and not isinstance(formats, dict):
         raise DSLError(f"formats must be a dict of tensor name to format, got {type(formats).__name__}")
     spec = plan(expression, formats, dtype)
+    if target == "cuda":
+        if schedule != "default":
+            raise DSLError("schedule='auto' chooses among CPU variants; target 'cuda' takes schedule='default'")
+        key = (spec.key(), "cuda")
+        with _lock:
+            kernel = _kernels.get(key)
+            if kernel is None:
+                kernel = _kernels[key] = CudaKernel(spec)
+        return kernel
     options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
     key = (spec.key(), options, schedule)
     with _lock:

@@ -19,9 +19,9 @@ from .errors import DeviceError
 from .formats import Format
 from .signature import Signature
 
-__all__ = ["TARGETS", "specialize", "kernel_source", "build_library", "source_hash"]
+__all__ = ["TARGETS", "specialize", "kernel_source", "build_library", "build_gpu_program", "source_hash"]
 
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda")
 
 
 def specialize(spec: KernelSpec, formats: dict[str, Format]) -> KernelSpec:
@@ -46,8 +46,8 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
 
     Returns the IR of each stage.
     """
-    if target not in TARGETS:
-        raise DeviceError(f"target {target!r} is not available; available: {', '.join(TARGETS)}")
+    if target != "cpu":
+        raise DeviceError(f"target {target!r} builds GPU programs (build_gpu_program), not libraries")
     from mlir import ir
 
     from .dialects.kernel import build_kernel_module
@@ -59,6 +59,28 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
         # patterns with a hand-scheduled emitter first; everything else goes through the sparsifier
         module = native_spmm(spec, spec.formats, shapes) or build_kernel_module(spec, shapes)
         return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
+
+
+def build_gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature,
+                      out_path: Path, chips: tuple[str, ...]) -> dict[str, str]:
+    """Compile one specialization to PTX for ``chips``; write its ``GpuProgram`` as JSON to ``out_path``.
+
+    Returns the IR of each stage.
+    """
+    from mlir import ir
+
+    from .dialects.kernel import build_kernel_module
+    from .dialects.native_gpu import native_gpu
+    from .lowering import gpu
+
+    with ir.Context():
+        found = native_gpu(spec, spec.formats, shapes)
+        if found is not None:
+            program, stages = gpu.lower_to_ptx(found[0], sig, native=found[1], chips=chips)
+        else:
+            program, stages = gpu.lower_to_ptx(build_kernel_module(spec, shapes), sig, chips=chips)
+    out_path.write_text(program.dumps())
+    return stages
 
 
 @functools.cache

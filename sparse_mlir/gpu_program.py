@@ -7,7 +7,8 @@ data, not code:
 
 * ``grid`` and ``block``: three sizes each, or for the grid a ``GridRule``
   (blocks = ceil(count / per_block)) where the count is only known at run
-  time (a sparse operand's number of stored entries);
+  time (a sparse operand's number of stored entries), or a ``LaneRule``
+  (threads per row from the mean row length);
 * ``args``: one ``KernelArg`` per parameter of the outlined ``gpu.func``,
   each a buffer of the kernel function (``Signature.kernel_arguments()``
   order), a scratch buffer the runtime allocates per call, or a constant.
@@ -24,14 +25,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KernelArg", "GridRule", "Launch", "GpuProgram", "pack_params", "descriptor_words", "CHIPS"]
+__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "pack_params", "descriptor_words", "CHIPS"]
 
 CHIPS = ("sm_80", "sm_90")
 
 
 @dataclass(frozen=True)
 class KernelArg:
-    """One ``gpu.func`` parameter: ``kind`` is ``buffer``, ``scratch`` or ``index``.
+    """One ``gpu.func`` parameter: ``kind`` is ``buffer``, ``scratch``, ``index`` or ``lanes`` (``LaneRule``).
 
     ``ref`` is the position in ``Signature.kernel_arguments()`` (buffer), in
     ``GpuProgram.scratch`` (scratch), or the constant's value (index).
@@ -56,6 +57,27 @@ class GridRule:
 
 
 @dataclass(frozen=True)
+class LaneRule:
+    """Threads per row, picked at launch: the power of two at or above the mean row length, 1 to 32.
+
+    ``ref`` is the kernel argument whose length is the number of stored
+    entries (known on the host without reading the device), ``rows`` the
+    number of rows.  Arguments of kind ``lanes`` receive the value, and the
+    grid covers ``rows * lanes`` threads.
+    """
+
+    ref: int
+    rows: int
+
+    def lanes(self, entries: int) -> int:
+        mean = entries / max(self.rows, 1)
+        lanes = 1
+        while lanes < 32 and lanes < mean:
+            lanes *= 2
+        return lanes
+
+
+@dataclass(frozen=True)
 class Launch:
     """One kernel launch, in the order the program runs them (all on one stream)."""
 
@@ -64,15 +86,19 @@ class Launch:
     block: tuple[int, int, int]
     args: tuple[KernelArg, ...]
     shared_bytes: int = 0
+    lanes: LaneRule | None = None
 
     def grid_for(self, lengths: list[int]) -> tuple[int, int, int]:
         """The grid given each kernel argument's length (entries)."""
+        if self.lanes is not None:
+            threads = self.lanes.rows * self.lanes.lanes(lengths[self.lanes.ref])
+            return (max(1, math.ceil(threads / self.block[0])), 1, 1)
         if isinstance(self.grid, GridRule):
             return (self.grid.blocks(lengths[self.grid.ref]), 1, 1)
         return self.grid
 
     def param_count(self) -> int:
-        return sum(descriptor_words(len(a.shape)) if a.kind != "index" else 1 for a in self.args)
+        return sum(descriptor_words(len(a.shape)) if a.kind in ("buffer", "scratch") else 1 for a in self.args)
 
 
 @dataclass(frozen=True)
@@ -93,6 +119,7 @@ class GpuProgram:
                                 "scratch": [[list(s), d] for s, d in self.scratch],
                                 "launches": [{"kernel": k.kernel, "grid": grid(k.grid), "block": list(k.block),
                                               "shared_bytes": k.shared_bytes,
+                                              "lanes": [k.lanes.ref, k.lanes.rows] if k.lanes else None,
                                               "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
                                              for k in self.launches]}
         if include_ptx:
@@ -106,7 +133,8 @@ class GpuProgram:
 
         launches = tuple(Launch(k["kernel"], grid(k["grid"]), tuple(k["block"]),
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
-                                k.get("shared_bytes", 0)) for k in data["launches"])
+                                k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None)
+                         for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))
 
@@ -129,6 +157,10 @@ def pack_params(launch: Launch, buffers: list[tuple[int, int]], scratch: list[in
     for arg in launch.args:
         if arg.kind == "index":
             words.append(arg.ref)
+            continue
+        if arg.kind == "lanes":
+            assert launch.lanes is not None, "a lanes argument needs the launch's LaneRule"
+            words.append(launch.lanes.lanes(buffers[launch.lanes.ref][1]))
             continue
         if arg.kind == "buffer":
             ptr, length = buffers[arg.ref]

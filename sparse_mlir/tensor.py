@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import storage
-from .errors import DTypeError, FormatError, InvalidIndicesError, ShapeError
+from .errors import DeviceError, DTypeError, FormatError, InvalidIndicesError, ShapeError
 from .formats import BSR, COO, CSC, CSR, Format, as_format
 
 __all__ = ["SparseTensor", "SUPPORTED_DTYPES", "check_dtype"]
@@ -179,6 +179,16 @@ class SparseTensor:
         coords, values = self.to_coo()
         coo = sp.coo_matrix((values, (coords[0], coords[1])), shape=self.shape)
         return coo if fmt == COO.with_widths(fmt.pos_width, fmt.crd_width) else coo.tocsr()
+
+    def to(self, device: str) -> Any:
+        """``"cuda"``: a ``DeviceSparseTensor`` with device copies of the buffers (needs CuPy); ``"cpu"``: self."""
+        if device == "cpu":
+            return self
+        if device == "cuda":
+            from .device_tensor import DeviceSparseTensor
+
+            return DeviceSparseTensor.from_host(self)
+        raise DeviceError(f"unknown device {device!r}; devices: cpu, cuda")
 
     def __repr__(self) -> str:
         return f"SparseTensor(shape={self.shape}, format={self.format}, dtype={self.dtype}, nnz={self.nnz})"

@@ -33,16 +33,19 @@ def cache_dir() -> Path:
     return path
 
 
-def entry_paths(key: str) -> tuple[Path, Path]:
-    """The library and the metadata of an entry (its IR lives beside them, see ``ir_path``)."""
+def entry_paths(key: str, suffix: str = ".so") -> tuple[Path, Path]:
+    """The library (``suffix``: ``.gpu.json`` for a GPU program) and the metadata of an entry.
+
+    Its IR lives beside them, see ``ir_path``.
+    """
     folder = cache_dir() / key[:2]
     folder.mkdir(mode=0o700, exist_ok=True)
-    return folder / f"{key}.so", folder / f"{key}.json"
+    return folder / f"{key}{suffix}", folder / f"{key}.json"
 
 
 def ir_path(key: str) -> Path:
     """The IR of every stage of an entry: read only when someone asks for it."""
-    return entry_paths(key)[0].with_suffix(".ir.json")
+    return entry_paths(key)[1].with_suffix(".ir.json")
 
 
 @contextlib.contextmanager
@@ -61,9 +64,9 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def load_entry(key: str) -> tuple[Path, dict[str, Any]] | None:
+def load_entry(key: str, suffix: str = ".so") -> tuple[Path, dict[str, Any]] | None:
     """The library path and metadata of a complete, intact entry, or ``None``."""
-    lib, meta_path = entry_paths(key)
+    lib, meta_path = entry_paths(key, suffix)
     try:
         meta = json.loads(meta_path.read_text())
         if meta.get("sha256") != sha256_file(lib):
@@ -84,8 +87,8 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def store_metadata(key: str, meta: dict[str, Any], ir: dict[str, str]) -> None:
+def store_metadata(key: str, meta: dict[str, Any], ir: dict[str, str], suffix: str = ".so") -> None:
     """Record a freshly written library (its checksum is added here) and its IR; last step of a store."""
-    lib, meta_path = entry_paths(key)
+    lib, meta_path = entry_paths(key, suffix)
     _write_atomically(ir_path(key), json.dumps(ir))
     _write_atomically(meta_path, json.dumps({**meta, "sha256": sha256_file(lib)}))

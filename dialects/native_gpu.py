@@ -1,0 +1,208 @@
+"""Load-balanced CUDA kernels for CSR SpMV and SpMM, emitted as ``gpu.func``s instead of sparsified.
+
+The sparsified kernels map one row to one thread: neighbouring threads read
+far-apart nonzeros (uncoalesced) and one long row stalls its warp.  These
+follow the vector-CSR and Sputnik layouts instead:
+
+* **SpMV** ``y[i] = A[i,j] * x[j]``: a row is a group of ``lanes`` threads
+  (a power of two up to a warp, picked at launch from the mean row length:
+  ``LaneRule``) that read the row's nonzeros contiguously and combine
+  their partial sums with warp shuffles.
+* **SpMM** ``C[i,j] = A[i,k] * B[k,j] (+ bias)``: a warp per row and column
+  tile; lane ``l`` owns columns ``l, l+32, ...`` of the tile, so every load of
+  a B row and every store of C is one coalesced transaction, and each
+  nonzero is read once per warp (a broadcast).  The bias seeds the sums.
+
+Both produce the same ``gpu.module`` + ``Launch`` records as the generic
+path, so PTX generation, manifests and the runtime are shared.  Only CSR
+``float32``/``float64`` with 32- or 64-bit indices take this path; everything
+else is sparsified.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlir import ir
+
+from sparse_mlir.dsl.ast import Access, Binary
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import CSR, Format
+from sparse_mlir.gpu_program import KernelArg, LaneRule, Launch
+
+from .native_spmm import spmm_operands
+
+__all__ = ["native_gpu", "WARP", "BLOCK"]
+
+WARP = 32
+BLOCK = 128  # threads per block: four warps
+_TILE = 4  # columns per lane in one SpMM column tile (a tile is WARP * _TILE columns)
+_FLOAT = {"float32": "f32", "float64": "f64"}
+
+
+def _is_csr(fmt: Format | None) -> bool:
+    return fmt is not None and fmt.with_widths(32, 32) == CSR
+
+
+def _spmv_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+    if spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 1 or not isinstance(body, Binary) or body.op != "*":
+        return None
+    (j,), (i,) = stage.reduce, stage.indices
+    for a, x in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        if isinstance(a, Access) and isinstance(x, Access) and _is_csr(formats.get(a.tensor)) \
+                and x.tensor not in formats and a.index == (i, j) and x.index == (j,):
+            return a.tensor, x.tensor
+    return None
+
+
+def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
+               ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+    """The module and launches of a hand-scheduled kernel for ``spec``, or ``None`` if none applies."""
+    if spec.dtype.name not in _FLOAT:
+        return None
+    elt = _FLOAT[spec.dtype.name]
+    if (found := _spmv_operands(spec, formats)) is not None:
+        a, x = found
+        fmt = formats[a]
+        rows, cols = shapes[a]
+        text = _spmv_text(elt, fmt, rows, cols)
+        args = tuple(_args(spec, a, (x, (cols,)), (spec.output, (rows,))))
+        launch = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)),
+                        lanes=LaneRule(ref=args[1].ref, rows=rows))
+        return ir.Module.parse(text), (launch,)
+    spmm = spmm_operands(spec, formats)
+    if spmm is None or not _is_csr(formats[spmm[0]]):
+        return None
+    a, b, bias, bias_dim = spmm
+    rows, inner = shapes[a]
+    cols = shapes[spec.output][1]
+    if cols is None:
+        return None
+    fmt = formats[a]
+    tiles = math.ceil(cols / (WARP * _TILE))
+    text = _spmm_text(elt, fmt, rows, inner, cols, bias_dim if bias else -1)
+    dense = [(b, (inner, cols))] + ([(bias, (rows,) if bias_dim == 0 else (cols,))] if bias else [])
+    args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
+    launch = Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args)
+    return ir.Module.parse(text), (launch,)
+
+
+def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
+    """Kernel arguments in the emitted ``gpu.func``'s order: A's pos, crd, values, then the dense operands."""
+    order = [n for n in spec.inputs] + ([spec.output] if not spec.sparse_output else [])
+    refs: dict[str, int] = {}
+    position = 0
+    for name in order:
+        refs[name] = position
+        position += 3 if name == sparse else 1
+    base = refs[sparse]
+    return [KernelArg("buffer", base, (None,)), KernelArg("buffer", base + 1, (None,)),
+            KernelArg("buffer", base + 2, (None,))] + [KernelArg("buffer", refs[n], shape) for n, shape in dense]
+
+
+def _memref(shape: tuple[int, ...], elt: str) -> str:
+    return f"memref<{'x'.join(str(s) for s in shape)}x{elt}>"
+
+
+def _index_types(fmt: Format) -> tuple[str, str]:
+    return f"i{fmt.pos_width or 64}", f"i{fmt.crd_width or 64}"
+
+
+def _row_bounds(pos_t: str, row: str, valid: str) -> list[str]:
+    """``%start``/``%end`` of ``row``'s nonzeros, both 0 when ``valid`` is false (the row is past the end)."""
+    return [f"%safe_row = arith.select {valid}, {row}, %c0 : index",
+            f"%s_raw = memref.load %pos[%safe_row] : memref<?x{pos_t}>",
+            "%next_row = arith.addi %safe_row, %c1 : index",
+            f"%e_raw = memref.load %pos[%next_row] : memref<?x{pos_t}>",
+            f"%s_idx = arith.index_castui %s_raw : {pos_t} to index",
+            f"%e_idx = arith.index_castui %e_raw : {pos_t} to index",
+            f"%start = arith.select {valid}, %s_idx, %c0 : index",
+            f"%end = arith.select {valid}, %e_idx, %c0 : index"]
+
+
+def _spmv_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
+    pos_t, crd_t = _index_types(fmt)
+    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
+            f"%rows = arith.constant {rows} : index", f"%zero = arith.constant 0.0 : {elt}",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
+            "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
+            "%row = arith.divui %gtid, %lanes : index", "%lane = arith.remui %gtid, %lanes : index",
+            "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
+            "%k0 = arith.addi %start, %lane : index",
+            f"%partial = scf.for %k = %k0 to %end step %lanes iter_args(%acc = %zero) -> ({elt}) {{",
+            f"  %j_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
+            f"  %j = arith.index_castui %j_raw : {crd_t} to index",
+            f"  %a = memref.load %val[%k] : memref<?x{elt}>",
+            f"  %xj = memref.load %x[%j] : {_memref((cols,), elt)}",
+            f"  %sum = math.fma %a, %xj, %acc : {elt}",
+            f"  scf.yield %sum : {elt}", "}",
+            "%width = arith.constant 32 : i32", "%lanes_i32 = arith.index_cast %lanes : index to i32"]
+    # butterfly over the group: every lane of the warp takes part, offsets below the group size stay inside it
+    value = "%partial"
+    for step, offset in enumerate((16, 8, 4, 2, 1)):
+        body += [f"%off{step} = arith.constant {offset} : i32",
+                 f"%other{step}, %ok{step} = gpu.shuffle xor {value}, %off{step}, %width : {elt}",
+                 f"%inside{step} = arith.cmpi ult, %off{step}, %lanes_i32 : i32",
+                 f"%add{step} = arith.addf {value}, %other{step} : {elt}",
+                 f"%red{step} = arith.select %inside{step}, %add{step}, {value} : {elt}"]
+        value = f"%red{step}"
+    body += ["%leader = arith.cmpi eq, %lane, %c0 : index", "%write = arith.andi %valid, %leader : i1",
+             "scf.if %write {", f"  memref.store {value}, %y[%row] : {_memref((rows,), elt)}", "}", "gpu.return"]
+    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
+              f"%x: {_memref((cols,), elt)}, %y: {_memref((rows,), elt)}, %lanes: index")
+    return _module("spmv", params, body)
+
+
+def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int) -> str:
+    pos_t, crd_t = _index_types(fmt)
+    b_t, c_t = _memref((inner, cols), elt), _memref((rows, cols), elt)
+    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
+            f"%rows = arith.constant {rows} : index", f"%cols = arith.constant {cols} : index",
+            f"%warp = arith.constant {WARP} : index", f"%zero = arith.constant 0.0 : {elt}",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%tile = gpu.block_id y",
+            f"%warps = arith.constant {BLOCK // WARP} : index",
+            "%warp_in_block = arith.divui %tid, %warp : index", "%lane = arith.remui %tid, %warp : index",
+            "%first_row = arith.muli %bid, %warps : index", "%row = arith.addi %first_row, %warp_in_block : index",
+            "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
+            f"%tile_cols = arith.constant {WARP * _TILE} : index", "%tile_col = arith.muli %tile, %tile_cols : index"]
+    # lane's columns, clamped in range for loads (their results are dropped) and guarded for stores
+    for t in range(_TILE):
+        body += [f"%off{t} = arith.constant {t * WARP} : index", f"%cb{t} = arith.addi %tile_col, %off{t} : index",
+                 f"%col{t} = arith.addi %cb{t}, %lane : index", f"%in{t} = arith.cmpi ult, %col{t}, %cols : index",
+                 f"%safe{t} = arith.select %in{t}, %col{t}, %c0 : index"]
+        if bias_dim == 0:
+            body.append(f"%seed{t} = memref.load %bias[%safe_row] : {_memref((rows,), elt)}")
+        elif bias_dim == 1:
+            body.append(f"%seed{t} = memref.load %bias[%safe{t}] : {_memref((cols,), elt)}")
+        else:
+            body.append(f"%seed{t} = arith.addf %zero, %zero : {elt}")
+    accs = ", ".join(f"%acc{t} = %seed{t}" for t in range(_TILE))
+    types = ", ".join([elt] * _TILE)
+    body += [f"%sums:{_TILE} = scf.for %k = %start to %end step %c1 iter_args({accs}) -> ({types}) {{",
+             f"  %k_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
+             f"  %kk = arith.index_castui %k_raw : {crd_t} to index",
+             f"  %a = memref.load %val[%k] : memref<?x{elt}>"]
+    for t in range(_TILE):
+        body += [f"  %b{t} = memref.load %b[%kk, %safe{t}] : {b_t}",
+                 f"  %n{t} = math.fma %a, %b{t}, %acc{t} : {elt}"]
+    body += [f"  scf.yield {', '.join(f'%n{t}' for t in range(_TILE))} : {types}", "}"]
+    for t in range(_TILE):
+        body += [f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{",
+                 f"  memref.store %sums#{t}, %c[%row, %col{t}] : {c_t}", "}"]
+    body.append("gpu.return")
+    bias = "" if bias_dim < 0 else f"%bias: {_memref((rows,) if bias_dim == 0 else (cols,), elt)}, "
+    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, %b: {b_t}, {bias}"
+              f"%c: {c_t}")
+    return _module("spmm", params, body)
+
+
+def _module(name: str, params: str, body: list[str]) -> str:
+    inner = "\n".join("      " + line for line in body)
+    return ("module attributes {gpu.container_module} {\n"
+            "  gpu.module @kernels {\n"
+            f"    gpu.func @{name}({params}) kernel {{\n{inner}\n    }}\n"
+            "  }\n}\n")

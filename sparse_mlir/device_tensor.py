@@ -1,0 +1,110 @@
+"""``DeviceSparseTensor``: a sparse tensor whose level buffers are CuPy arrays on the GPU.
+
+The CUDA counterpart of ``SparseTensor``, with the same format, shape,
+dtype and buffer order, so a kernel compiled for ``target="cuda"`` takes its
+buffers as they are.  Built by ``SparseTensor.to("cuda")`` (validated on the
+host, then copied once) or from ``cupyx.scipy.sparse`` matrices (validated
+on the device: a few reductions whose one result is read back, at
+construction only, never in a kernel call).  CuPy is imported when one is
+made, never at package import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import DeviceError, FormatError, InvalidIndicesError
+from .formats import CSR, Format, parse_format
+from .tensor import SparseTensor
+
+__all__ = ["DeviceSparseTensor", "cupy"]
+
+
+def cupy() -> Any:
+    """The ``cupy`` module, or ``DeviceError`` saying how to get it."""
+    try:
+        import cupy as cp
+    except ImportError as exc:
+        raise DeviceError("running on the GPU needs CuPy: pip install 'sparse_mlir[cuda]' "
+                          "(cupy-cuda12x or cupy-cuda13x)") from exc
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            raise DeviceError("CuPy found no CUDA device")
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        raise DeviceError(f"CuPy found no usable CUDA device: {exc}") from exc
+    return cp
+
+
+class DeviceSparseTensor:
+    """Level buffers on the GPU (read-only by convention: kernels never write inputs)."""
+
+    __slots__ = ("format", "shape", "dtype", "buffers", "__weakref__")
+
+    def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[Any, ...]):
+        self.format = fmt
+        self.shape = tuple(int(s) for s in shape)
+        self.buffers = buffers
+        self.dtype = np.dtype(buffers[-1].dtype)
+
+    @classmethod
+    def from_host(cls, tensor: SparseTensor) -> DeviceSparseTensor:
+        """Copy a (validated) ``SparseTensor`` to the current device."""
+        cp = cupy()
+        return cls(tensor.format, tensor.shape, tuple(cp.asarray(b) for b in tensor.buffers))
+
+    @classmethod
+    def from_cupyx(cls, matrix: Any, format: Format | str = "csr") -> DeviceSparseTensor:
+        """Wrap a ``cupyx.scipy.sparse`` CSR matrix (zero-copy), after checking its indices on the device."""
+        cp = cupy()
+        fmt = parse_format(format) if isinstance(format, str) else format
+        if getattr(matrix, "format", None) != "csr" or fmt.with_widths(32, 32) != CSR:
+            raise FormatError(f"from_cupyx takes a cupyx CSR matrix as CSR, got {getattr(matrix, 'format', None)} "
+                              f"as {fmt}; convert with .tocsr()")
+        rows, cols = matrix.shape
+        indptr, indices, data = matrix.indptr, matrix.indices, matrix.data
+        nnz = int(indices.size)
+        if indptr.size != rows + 1:
+            raise InvalidIndicesError(f"indptr has {indptr.size} entries, expected {rows + 1}")
+        steps = cp.diff(indptr)
+        gaps = cp.diff(indices)
+        # a new row starts where the previous one ended: a decrease in indices is allowed only there
+        starts = cp.zeros(max(nnz - 1, 0), dtype=bool)
+        if nnz > 1:
+            inner = indptr[1:-1]
+            inner = inner[(inner > 0) & (inner < nnz)]
+            starts[inner - 1] = True
+        bad = cp.stack([indptr[0] != 0, indptr[-1] != nnz, cp.any(steps < 0),
+                        cp.any(indices < 0) if nnz else cp.bool_(False),
+                        cp.any(indices >= cols) if nnz else cp.bool_(False),
+                        cp.any((gaps <= 0) & ~starts) if nnz > 1 else cp.bool_(False)])
+        problems = bad.get()  # the one read-back
+        names = ["indptr[0] != 0", "indptr[-1] != nnz", "indptr decreases", "negative column indices",
+                 f"column indices >= {cols}", "unsorted or duplicate column indices within a row"]
+        found = [n for n, p in zip(names, problems) if p]
+        if found:
+            raise InvalidIndicesError(f"cupyx CSR matrix is not canonical: {', '.join(found)} "
+                                      f"(call .sum_duplicates() / .sort_indices())")
+        width = 32 if indptr.dtype == np.int32 and indices.dtype == np.int32 else 64
+        return cls(fmt.with_widths(width, width), (rows, cols),
+                   (indptr.astype(f"int{width}", copy=False), indices.astype(f"int{width}", copy=False), data))
+
+    @property
+    def nnz(self) -> int:
+        return int(self.buffers[-1].size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def to(self, device: str) -> DeviceSparseTensor | SparseTensor:
+        """``"cpu"``: a ``SparseTensor`` with host copies of the buffers; ``"cuda"``: ``self``."""
+        if device == "cuda":
+            return self
+        if device != "cpu":
+            raise DeviceError(f"unknown device {device!r}; devices: cpu, cuda")
+        return SparseTensor(self.format, self.shape, tuple(b.get() for b in self.buffers), validate=False)
+
+    def __repr__(self) -> str:
+        return f"DeviceSparseTensor({self.format}, shape={self.shape}, nnz={self.nnz}, dtype={self.dtype})"

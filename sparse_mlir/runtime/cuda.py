@@ -1,0 +1,269 @@
+"""Running GPU programs on CuPy buffers: operand checks, module loading, launches.
+
+Everything stays on the device and on CuPy's current stream: operands are
+CuPy arrays and ``DeviceSparseTensor``s (a host array or matrix is refused,
+never copied behind the caller's back), a dense result is a new CuPy array
+(or ``out=``) zeroed on the stream, each ``Launch`` of the program is
+launched in order, and nothing synchronizes.  Parameters are packed as
+64-bit words (``gpu_program.pack_params``).  CuPy is imported on first use.
+
+``CudaKernel`` is what ``sm.compile(..., target="cuda")`` returns: PTX is
+specialized per operand shape (every size is static, so launch grids are
+constants) and compiled on the first call with each shape, through the
+compiler process and the disk cache like CPU kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..device_tensor import DeviceSparseTensor, cupy
+from ..dsl.plan import KernelSpec
+from ..errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
+from ..formats import Format
+from ..gpu_program import CHIPS, GpuProgram, pack_params
+from ..signature import Signature
+from ..tensor import SparseTensor
+from . import cache
+from .operands import check_extents, check_names
+
+__all__ = ["CudaKernel", "GpuFunction", "device_operands", "pick_chip", "PROGRAM_SUFFIX"]
+
+PROGRAM_SUFFIX = ".gpu.json"
+_WORD = np.uint64
+_MASK = (1 << 64) - 1
+
+
+def pick_chip(available: list[str], capability: str) -> str:
+    """The newest ``sm_XY`` in ``available`` that a device of compute capability ``XY`` runs."""
+    usable = sorted((int(c.removeprefix("sm_").rstrip("a")), c) for c in available
+                    if int(c.removeprefix("sm_").rstrip("a")) <= int(capability))
+    if not usable:
+        raise DeviceError(f"no code for compute capability {capability}: the kernel has {', '.join(available)}")
+    return usable[-1][1]
+
+
+class GpuFunction:
+    """A ``GpuProgram`` for one signature, loaded per device on first use.
+
+    ``files`` maps a chip to its PTX (``.ptx``) or cubin (``.cubin``) file;
+    a cubin is used only on a device of exactly its compute capability.
+    """
+
+    def __init__(self, program: GpuProgram, sig: Signature, files: dict[str, Path]):
+        self.program = program
+        self.signature = sig
+        self.files = files
+        self._modules: dict[int, tuple[Any, list[Any]]] = {}
+        self._lock = threading.Lock()
+        self._arguments = sig.kernel_arguments()
+        self._implicit: dict[int, Any] = {}  # N:M positions per device
+
+    def _functions(self, cp: Any) -> list[Any]:
+        device = cp.cuda.Device()
+        loaded = self._modules.get(device.id)
+        if loaded is None:
+            with self._lock:
+                capability = device.compute_capability
+                chip = pick_chip([c for c in self.files if "." not in c], capability)
+                cubin = self.files.get(f"{chip}.cubin")
+                path = cubin if cubin is not None and chip == f"sm_{capability}" else self.files[chip]
+                module = cp.RawModule(path=str(path))
+                loaded = (module, [module.get_function(launch.kernel) for launch in self.program.launches])
+                self._modules[device.id] = loaded
+        return loaded[1]
+
+    def __call__(self, args: dict[str, Any], out: Any) -> Any:
+        cp = cupy()
+        functions = self._functions(cp)
+        buffers: list[tuple[int, int]] = []
+        for op, buf in self._arguments:
+            if op.output:
+                value = out
+            elif not op.sparse:
+                value = args[op.name]
+            elif buf in op.format.buffer_names:
+                value = args[op.name].buffers[op.format.buffer_names.index(buf)]
+            else:
+                value = self._positions(cp, op)
+            buffers.append((value.data.ptr, value.size))
+        scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
+        scratch_ptrs = [s.data.ptr for s in scratch]
+        lengths = [n for _, n in buffers]
+        for launch, function in zip(self.program.launches, functions):
+            words = pack_params(launch, buffers, scratch_ptrs)
+            function(launch.grid_for(lengths), launch.block, tuple(_WORD(w & _MASK) for w in words),
+                     shared_mem=launch.shared_bytes)
+        return out
+
+    def _positions(self, cp: Any, op: Any) -> Any:
+        """The implicit positions ``0, n, 2n, ...`` of an N:M operand, made once per device."""
+        device = cp.cuda.Device().id
+        found = self._implicit.get(device)
+        if found is None:
+            fmt = op.format
+            groups = int(np.prod(fmt.level_sizes(op.shape)[:-1]))
+            dtype = np.int32 if fmt.pos_width == 32 else np.int64
+            found = self._implicit[device] = cp.arange(groups + 1, dtype=dtype) * fmt.levels[-1].n
+        return found
+
+
+def _is_cupy_array(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "cupy" and hasattr(value, "data") and hasattr(value, "ndim")
+
+
+def device_operands(expression: str, inputs: tuple[tuple[str, Format | None, int], ...], operands: dict[str, Any],
+                    dtype: np.dtype) -> dict[str, Any]:
+    """Check each operand is on the device with the declared format, dtype and rank; nothing is copied."""
+    check_names(expression, tuple(n for n, _, _ in inputs), operands)
+    out: dict[str, Any] = {}
+    for name, fmt, rank in inputs:
+        value = operands[name]
+        if fmt is not None:
+            value = _sparse_operand(name, value, fmt, dtype)
+        else:
+            if isinstance(value, np.ndarray) or isinstance(value, (SparseTensor, DeviceSparseTensor)):
+                raise DeviceError(f"operand {name} is a {type(value).__name__}; this kernel runs on the GPU and "
+                                  f"takes CuPy arrays for dense operands (cupy.asarray copies once)")
+            if not _is_cupy_array(value):
+                raise OperandError(f"operand {name} must be a CuPy array, got {type(value).__name__}")
+            if value.dtype != dtype:
+                raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype}")
+            if value.ndim != rank:
+                raise ShapeError(f"operand {name} is used with {rank} indices but has shape {value.shape}")
+            if not value.flags.c_contiguous:
+                raise OperandError(f"operand {name} must be C-contiguous (cupy.ascontiguousarray)")
+        out[name] = value
+    return out
+
+
+def _sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype) -> DeviceSparseTensor:
+    if isinstance(value, SparseTensor) or type(value).__module__.startswith("scipy.sparse"):
+        raise DeviceError(f"operand {name} is on the host; move it once with SparseTensor.to('cuda') "
+                          f"(or pass a cupyx.scipy.sparse matrix)")
+    if type(value).__module__.startswith("cupyx.scipy.sparse"):
+        value = DeviceSparseTensor.from_cupyx(value, declared)  # checked on every call: convert once instead
+    if not isinstance(value, DeviceSparseTensor):
+        raise OperandError(f"operand {name} is declared {declared}; pass a DeviceSparseTensor or a cupyx sparse "
+                           f"matrix, got {type(value).__name__}")
+    if value.format.with_widths(declared.pos_width, declared.crd_width) != declared:
+        raise FormatError(f"operand {name} is declared {declared}, but the tensor is {value.format}")
+    if value.dtype != dtype:
+        raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype}")
+    return value
+
+
+def dense_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype, cp: Any) -> Any:
+    """``out`` checked and zeroed on the stream, or a new zeroed array: kernels accumulate into it."""
+    if out is None:
+        return cp.zeros(shape, dtype=dtype)
+    if not _is_cupy_array(out):
+        raise OperandError(f"out= must be a CuPy array, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise DTypeError(f"out= has dtype {out.dtype}, the kernel's dtype is {dtype}")
+    if tuple(out.shape) != shape:
+        raise ShapeError(f"out= has shape {tuple(out.shape)}, but {name} has shape {shape}")
+    if not out.flags.c_contiguous:
+        raise OperandError("out= must be C-contiguous")
+    out.fill(0)
+    return out
+
+
+class CudaKernel:
+    """A kernel compiled for ``target="cuda"``; call it with CuPy / device operands."""
+
+    target = "cuda"
+
+    def __init__(self, spec: KernelSpec, chips: tuple[str, ...] = CHIPS):
+        if spec.sparse_output:
+            raise DeviceError(f"{spec.expression!r} has a sparse result, which target 'cuda' does not produce yet; "
+                              f"compile it for the cpu")
+        self.spec = spec
+        self.chips = chips
+        self._inputs = tuple((n, spec.formats.get(n), spec.ranks[n]) for n in spec.inputs)
+        self._sources = tuple((idx, tuple(places)) for idx, places in spec.extent_sources().items())
+        self._functions: dict[tuple, GpuFunction] = {}
+        self._keys: list[str] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        fmts = ", ".join(f"{k}={v}" for k, v in self.spec.formats.items())
+        return f"CudaKernel({self.spec.expression!r}, formats={{{fmts}}}, dtype={self.spec.dtype})"
+
+    @property
+    def ir(self) -> dict[str, str]:
+        """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``gpu``, ``nvvm``)."""
+        if not self._keys:
+            raise ShapeError("the kernel has not been specialized yet: call it (or use .program(shapes)) first")
+        return cache.load_ir(self._keys[-1])
+
+    def __call__(self, out: Any = None, **operands: Any) -> Any:
+        spec = self.spec
+        args = device_operands(spec.expression, self._inputs, operands, spec.dtype)
+        extents = check_extents(self._sources, args)
+        formats = {n: args[n].format for n in spec.inputs if spec.is_sparse(n)}
+        shapes = {n: tuple(args[n].shape) for n in spec.inputs}
+        shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
+        function = self.function(formats, shapes)
+        cp = cupy()
+        result = dense_device_output(spec.output, out, shapes[spec.output], spec.dtype, cp)
+        return function(args, result)
+
+    def function(self, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]]) -> GpuFunction:
+        """The loaded specialization for these formats and shapes (compiled or read from the cache)."""
+        local = (tuple(sorted((n, f.pos_width, f.crd_width) for n, f in formats.items())),
+                 tuple(sorted(shapes.items())))
+        found = self._functions.get(local)
+        if found is None:
+            with self._lock:
+                key, program, sig = compile_program(self.spec, formats, shapes, self.chips)
+                files = write_ptx_files(program, cache.entry_paths(key, PROGRAM_SUFFIX)[0].parent, key)
+                found = self._functions[local] = GpuFunction(program, sig, files)
+                self._keys.append(key)
+        return found
+
+
+def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]],
+                    chips: tuple[str, ...]) -> tuple[str, GpuProgram, Signature]:
+    """Compile (or load from the disk cache) the program of one specialization: ``(key, program, signature)``."""
+    from .. import worker
+    from ..compiler import source_hash, specialize
+    from ..lowering.toolchain import tool_versions
+
+    special = specialize(spec, formats)
+    sig = Signature.from_spec(special, formats, shapes, "kernel")
+    text = repr((spec.key(), sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
+                 sorted(shapes.items()), "cuda", chips, source_hash(), tool_versions()))
+    key = hashlib.sha256(text.encode()).hexdigest()
+    entry = cache.load_entry(key, PROGRAM_SUFFIX)
+    if entry is None:
+        with cache.entry_lock(key):
+            entry = cache.load_entry(key, PROGRAM_SUFFIX)
+            if entry is None:
+                path, _ = cache.entry_paths(key, PROGRAM_SUFFIX)
+                stages = worker.call("build_gpu_program", special, shapes, sig, path, chips)
+                cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages,
+                                     PROGRAM_SUFFIX)
+                entry = cache.load_entry(key, PROGRAM_SUFFIX)
+                assert entry is not None, "GPU program cache entry vanished right after it was written"
+    return key, GpuProgram.from_json(json.loads(entry[0].read_text())), sig
+
+
+def write_ptx_files(program: GpuProgram, folder: Path, stem: str) -> dict[str, Path]:
+    """Write each chip's PTX as ``stem.<chip>.ptx`` (CuPy loads modules from files); return chip -> path."""
+    files = {}
+    for chip, ptx in program.ptx.items():
+        path = folder / f"{stem}.{chip}.ptx"
+        if not path.exists() or path.read_text() != ptx:
+            tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
+            tmp.write_text(ptx)
+            tmp.replace(path)
+        files[chip] = path
+    return files
+
