@@ -99,6 +99,7 @@ def _map_to_launches(module: ir.Module, sig: Signature
         gpu_rewrites.wrap_in_single_iteration(host)
         notes = ("serial",)
     _run(module, TO_LAUNCHES, "gpu")
+    gpu_rewrites.merge_gpu_modules(module)
     return _read_launches(gpu_rewrites.host_function(module), len(sig.kernel_arguments())), scratch, notes
 
 

@@ -14,7 +14,9 @@ from mlir.dialects import arith, memref, scf
 from sparse_mlir.dialects.kernel import KERNEL_NAME
 
 __all__ = ["host_function", "forward_argument_views", "hoist_allocations", "only_parallel_loops",
-           "wrap_in_single_iteration"]
+           "wrap_in_single_iteration", "merge_gpu_modules", "GPU_MODULE"]
+
+GPU_MODULE = "kernels"
 
 _LAUNCHABLE = {"arith.constant", "memref.cast", "scf.parallel", "func.return"}
 _NUMPY = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i8": "int8",
@@ -121,3 +123,32 @@ def wrap_in_single_iteration(host: ir.Operation) -> None:
             reduce = scf.ReduceOp([], 0)
     for op in ops:
         op.operation.move_before(reduce.operation)
+
+
+def merge_gpu_modules(module: ir.Module) -> None:
+    """Put every outlined kernel into one ``gpu.module @kernels``, each named after the module it came from.
+
+    Outlining makes one ``gpu.module`` per launch, all with a function of
+    the same name; one module gives one PTX file per chip and unique entry
+    names.
+    """
+    gpu_modules = [op for op in module.body.operations if op.operation.name == "gpu.module"]
+    if not gpu_modules:
+        return
+    target = gpu_modules[0].regions[0].blocks[0]
+    for gm in gpu_modules:
+        module_name = ir.StringAttr(gm.attributes["sym_name"]).value
+        for fn in list(gm.regions[0].blocks[0].operations):
+            fn.attributes["sym_name"] = ir.StringAttr.get(module_name)  # one gpu.func per outlined module
+            target.append(fn.operation)
+    for gm in gpu_modules[1:]:
+        gm.operation.erase()
+    gpu_modules[0].attributes["sym_name"] = ir.StringAttr.get(GPU_MODULE)
+
+    def relink(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "gpu.launch_func":
+            module_name = ir.SymbolRefAttr(op.attributes["kernel"]).value[0]
+            op.attributes["kernel"] = ir.SymbolRefAttr.get([GPU_MODULE, module_name])
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(relink)

@@ -62,10 +62,12 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
 
 
 def build_gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature,
-                      out_path: Path, chips: tuple[str, ...]) -> dict[str, str]:
+                      out_path: Path, chips: tuple[str, ...], emitter: str = "auto") -> dict[str, str]:
     """Compile one specialization to PTX for ``chips``; write its ``GpuProgram`` as JSON to ``out_path``.
 
-    Returns the IR of each stage.
+    ``emitter="auto"`` takes a hand-scheduled kernel where one applies,
+    ``"sparsifier"`` always the sparsified one (to compare them).  Returns
+    the IR of each stage.
     """
     from mlir import ir
 
@@ -74,7 +76,7 @@ def build_gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]
     from .lowering import gpu
 
     with ir.Context():
-        found = native_gpu(spec, spec.formats, shapes)
+        found = native_gpu(spec, spec.formats, shapes) if emitter == "auto" else None
         if found is not None:
             program, stages = gpu.lower_to_ptx(found[0], sig, native=found[1], chips=chips)
         else:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from . import __version__
 from .errors import DeviceError, FormatError, ShapeError
+from .runtime import cache
 from .runtime.artifact import MANIFEST_SCHEMA
+from .runtime.cuda import CudaKernel
 from .runtime.kernel import Kernel
 from .signature import BAD_LEVELS, C_TYPES, NULL_POINTER, OK, SIZE_MISMATCH, Signature
 
@@ -26,9 +28,13 @@ __all__ = ["export", "c_header"]
 DEFAULT_CPU = "x86-64-v2"
 
 
-def export(kernel: Kernel, out_dir: str | Path, name: str, shapes: dict[str, tuple[int, ...]] | None = None, *,
-           cpu: str = DEFAULT_CPU, threads: bool = False) -> dict[str, Path]:
+def export(kernel: Kernel | CudaKernel, out_dir: str | Path, name: str,
+           shapes: dict[str, tuple[int, ...]] | None = None, *, cpu: str = DEFAULT_CPU,
+           threads: bool = False) -> dict[str, Path]:
     """Write ``NAME.o``, ``libNAME.so``, ``NAME.h`` and ``NAME.json`` into ``out_dir``; return their paths.
+
+    A ``target="cuda"`` kernel writes PTX per chip (cubins too when ptxas is
+    available) and a manifest of its launches instead (``_export_cuda``).
 
     ``shapes`` gives the shape of every sparse operand (and of any operand
     that fixes a sparse output's size).  ``cpu`` is the ``-mcpu`` of the
@@ -45,6 +51,8 @@ def export(kernel: Kernel, out_dir: str | Path, name: str, shapes: dict[str, tup
 
     if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", name):
         raise FormatError(f"export name {name!r} must be a C identifier")
+    if kernel.target == "cuda":
+        return _export_cuda(kernel, Path(out_dir), name, shapes or {})
     spec = kernel.spec
     extents = _static_extents(kernel, shapes or {})
     sizes = spec.specialized_shapes(extents)  # only static indices are looked up
@@ -72,8 +80,49 @@ def export(kernel: Kernel, out_dir: str | Path, name: str, shapes: dict[str, tup
     return {"object": obj, "library": lib, "header": header, "manifest": manifest}
 
 
-def _static_extents(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
-    """Sizes of the indices a sparse operand fixes, from the given shapes; errors name what is missing."""
+def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Path]:
+    """``NAME.json`` (signature, launches, checksums), ``NAME.<chip>.ptx`` and, with ptxas, ``NAME.<chip>.cubin``.
+
+    GPU kernels are specialized for every operand's shape, so ``shapes``
+    must give all inputs (the output's follows).
+    """
+    from . import cuda_toolkit
+    from .lowering.toolchain import tool_versions
+    from .runtime.cuda import compile_program
+
+    spec = kernel.spec
+    if missing := [n for n in spec.inputs if n not in shapes]:
+        raise ShapeError(f"exporting for cuda needs the shape of every input: give shapes for {', '.join(missing)}")
+    extents = _static_extents(kernel, shapes, every_index=True)
+    full = {n: tuple(int(s) for s in shapes[n]) for n in spec.inputs}
+    full[spec.output] = tuple(extents[i] for i in spec.output_indices)
+    formats = {n: spec.formats[n] for n in spec.inputs if spec.is_sparse(n)}
+    key, program, sig = compile_program(spec, formats, full, kernel.chips, kernel.emitter)
+    sig = Signature(name, sig.expression, sig.operands)
+    folder.mkdir(parents=True, exist_ok=True)
+    code: dict[str, str] = {}
+    for chip, ptx in program.ptx.items():
+        (folder / f"{name}.{chip}.ptx").write_text(ptx)
+        code[chip] = f"{name}.{chip}.ptx"
+        if cuda_toolkit.ptxas() is not None:
+            (folder / f"{name}.{chip}.cubin").write_bytes(cuda_toolkit.assemble(ptx, chip))
+            code[f"{chip}.cubin"] = f"{name}.{chip}.cubin"
+    (folder / f"{name}.mlir").write_text(cache.load_ir(key)["input"])
+    manifest = folder / f"{name}.json"
+    data = {"schema": MANIFEST_SCHEMA, "kind": "cuda", "sparse_mlir": __version__, "tools": tool_versions(),
+            "code": code, "program": program.to_json(include_ptx=False),
+            "sha256": {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in code.values()},
+            "signature": sig.to_json()}
+    manifest.write_text(json.dumps(data, indent=1))
+    return {"manifest": manifest, **{f"code:{chip}": folder / f for chip, f in code.items()}}
+
+
+def _static_extents(kernel: Kernel | CudaKernel, shapes: dict[str, tuple[int, ...]], *,
+                    every_index: bool = False) -> dict[str, int]:
+    """Sizes of the indices a sparse operand fixes (``every_index``: all), from the given shapes.
+
+    Errors name what is missing or inconsistent.
+    """
     spec = kernel.spec
     extents: dict[str, tuple[int, str]] = {}
     for name, shape in shapes.items():
@@ -89,13 +138,14 @@ def _static_extents(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> dict[
                 raise ShapeError(f"index {idx!r}: {extents[idx][1]} gives size {extents[idx][0]} but {name} "
                                  f"gives {size}")
             extents[idx] = (int(size), name)
-    missing = sorted(spec.static_indices - extents.keys())
+    wanted = set(spec.extent_sources()) if every_index else spec.static_indices
+    missing = sorted(wanted - extents.keys())
     if missing:
         need = sorted({n for n in (*spec.inputs, spec.output) if set(spec.operand_index(n)) & set(missing)
                        and spec.is_sparse(n)}) or missing
         raise ShapeError(f"exporting needs the shape of every sparse operand (the sparse ABI is shape-specialized):"
                          f" give shapes for {', '.join(need)}")
-    return {i: extents[i][0] for i in spec.static_indices}
+    return {i: extents[i][0] for i in wanted}
 
 
 def c_header(sig: Signature, openmp: Path | None = None) -> str:

@@ -1,4 +1,4 @@
-"""``load_kernel``: run an exported kernel library from its manifest, without MLIR installed."""
+"""``load_kernel``: run an exported kernel (CPU library or GPU program) from its manifest, without MLIR installed."""
 
 from __future__ import annotations
 
@@ -54,10 +54,12 @@ class LoadedKernel:
         return f"LoadedKernel({self.signature.name!r}: {self.signature.expression!r})"
 
 
-def load_kernel(path: str | Path) -> LoadedKernel:
+def load_kernel(path: str | Path) -> Any:
     """Load an exported kernel from its manifest (``NAME.json``) or its library (``libNAME.so``).
 
-    The library's checksum is verified against the manifest before loading.
+    Every file's checksum is verified against the manifest before loading.
+    A CPU manifest gives a ``LoadedKernel`` (numpy operands), a CUDA one a
+    ``LoadedCudaKernel`` (CuPy operands; CuPy is needed only to run it).
     """
     path = Path(path)
     manifest_path = path if path.suffix == ".json" else path.with_name(path.name.removeprefix("lib")).with_suffix(
@@ -66,10 +68,18 @@ def load_kernel(path: str | Path) -> LoadedKernel:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as exc:
         raise FormatError(f"{path}: no readable kernel manifest at {manifest_path} ({exc})") from exc
-    if manifest.get("schema") != MANIFEST_SCHEMA or manifest.get("kind") != "cpu":
-        raise FormatError(f"{manifest_path}: not a CPU kernel manifest of schema {MANIFEST_SCHEMA}")
-    library = manifest_path.parent / manifest["library"]
-    digest = hashlib.sha256(library.read_bytes()).hexdigest()
-    if digest != manifest["sha256"][manifest["library"]]:
-        raise FormatError(f"{library}: checksum does not match its manifest (corrupted or replaced)")
+    if manifest.get("schema") != MANIFEST_SCHEMA or manifest.get("kind") not in ("cpu", "cuda"):
+        raise FormatError(f"{manifest_path}: not a kernel manifest of schema {MANIFEST_SCHEMA}")
+    for name, expected in manifest["sha256"].items():
+        file = manifest_path.parent / name
+        try:
+            digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise FormatError(f"{file}: listed in {manifest_path.name} but unreadable ({exc})") from exc
+        if digest != expected:
+            raise FormatError(f"{file}: checksum does not match its manifest (corrupted or replaced)")
+    if manifest["kind"] == "cuda":
+        from .cuda import LoadedCudaKernel
+
+        return LoadedCudaKernel(manifest, manifest_path.parent)
     return LoadedKernel(manifest, manifest_path.parent)

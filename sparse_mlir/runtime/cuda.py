@@ -33,9 +33,10 @@ from ..tensor import SparseTensor
 from . import cache
 from .operands import check_extents, check_names
 
-__all__ = ["CudaKernel", "GpuFunction", "device_operands", "pick_chip", "PROGRAM_SUFFIX"]
+__all__ = ["CudaKernel", "LoadedCudaKernel", "GpuFunction", "device_operands", "pick_chip", "PROGRAM_SUFFIX"]
 
 PROGRAM_SUFFIX = ".gpu.json"
+EMITTERS = ("auto", "sparsifier")  # see compiler.build_gpu_program
 _WORD = np.uint64
 _MASK = (1 << 64) - 1
 
@@ -176,16 +177,23 @@ def dense_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.d
 
 
 class CudaKernel:
-    """A kernel compiled for ``target="cuda"``; call it with CuPy / device operands."""
+    """A kernel compiled for ``target="cuda"``; call it with CuPy / device operands.
+
+    ``emitter="sparsifier"`` skips the hand-scheduled SpMV/SpMM kernels (for
+    comparing them).
+    """
 
     target = "cuda"
 
-    def __init__(self, spec: KernelSpec, chips: tuple[str, ...] = CHIPS):
+    def __init__(self, spec: KernelSpec, chips: tuple[str, ...] = CHIPS, emitter: str = "auto"):
+        if emitter not in EMITTERS:
+            raise DeviceError(f"emitter must be one of {', '.join(EMITTERS)}, got {emitter!r}")
         if spec.sparse_output:
             raise DeviceError(f"{spec.expression!r} has a sparse result, which target 'cuda' does not produce yet; "
                               f"compile it for the cpu")
         self.spec = spec
         self.chips = chips
+        self.emitter = emitter
         self._inputs = tuple((n, spec.formats.get(n), spec.ranks[n]) for n in spec.inputs)
         self._sources = tuple((idx, tuple(places)) for idx, places in spec.extent_sources().items())
         self._functions: dict[tuple, GpuFunction] = {}
@@ -211,9 +219,7 @@ class CudaKernel:
         shapes = {n: tuple(args[n].shape) for n in spec.inputs}
         shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
         function = self.function(formats, shapes)
-        cp = cupy()
-        result = dense_device_output(spec.output, out, shapes[spec.output], spec.dtype, cp)
-        return function(args, result)
+        return function(args, dense_device_output(spec.output, out, shapes[spec.output], spec.dtype, cupy()))
 
     def function(self, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]]) -> GpuFunction:
         """The loaded specialization for these formats and shapes (compiled or read from the cache)."""
@@ -222,15 +228,41 @@ class CudaKernel:
         found = self._functions.get(local)
         if found is None:
             with self._lock:
-                key, program, sig = compile_program(self.spec, formats, shapes, self.chips)
+                key, program, sig = compile_program(self.spec, formats, shapes, self.chips, self.emitter)
                 files = write_ptx_files(program, cache.entry_paths(key, PROGRAM_SUFFIX)[0].parent, key)
                 found = self._functions[local] = GpuFunction(program, sig, files)
                 self._keys.append(key)
         return found
 
 
+class LoadedCudaKernel:
+    """An exported GPU kernel (``NAME.json`` + PTX/cubin files): fixed shapes, runs with CuPy alone."""
+
+    target = "cuda"
+
+    def __init__(self, manifest: dict[str, Any], folder: Path):
+        self.manifest = manifest
+        self.signature = sig = Signature.from_json(manifest["signature"])
+        program = GpuProgram.from_json(manifest["program"], ptx={})
+        self.function = GpuFunction(program, sig, {chip: folder / name for chip, name in manifest["code"].items()})
+        self._inputs = tuple((op.name, op.format, len(op.shape)) for op in sig.inputs)
+
+    def __call__(self, out: Any = None, **operands: Any) -> Any:
+        sig = self.signature
+        args = device_operands(sig.expression, self._inputs, operands, sig.output.dtype)
+        for op in sig.inputs:
+            if tuple(args[op.name].shape) != op.shape:
+                raise ShapeError(f"{sig.name} was exported for {op.name} of shape {op.shape}, "
+                                 f"got {tuple(args[op.name].shape)}")
+        output = sig.output
+        return self.function(args, dense_device_output(output.name, out, output.shape, output.dtype, cupy()))
+
+    def __repr__(self) -> str:
+        return f"LoadedCudaKernel({self.signature.name!r}: {self.signature.expression!r})"
+
+
 def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]],
-                    chips: tuple[str, ...]) -> tuple[str, GpuProgram, Signature]:
+                    chips: tuple[str, ...], emitter: str) -> tuple[str, GpuProgram, Signature]:
     """Compile (or load from the disk cache) the program of one specialization: ``(key, program, signature)``."""
     from .. import worker
     from ..compiler import source_hash, specialize
@@ -239,7 +271,7 @@ def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
     special = specialize(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "kernel")
     text = repr((spec.key(), sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
-                 sorted(shapes.items()), "cuda", chips, source_hash(), tool_versions()))
+                 sorted(shapes.items()), "cuda", chips, emitter, source_hash(), tool_versions()))
     key = hashlib.sha256(text.encode()).hexdigest()
     entry = cache.load_entry(key, PROGRAM_SUFFIX)
     if entry is None:
@@ -247,7 +279,7 @@ def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
             entry = cache.load_entry(key, PROGRAM_SUFFIX)
             if entry is None:
                 path, _ = cache.entry_paths(key, PROGRAM_SUFFIX)
-                stages = worker.call("build_gpu_program", special, shapes, sig, path, chips)
+                stages = worker.call("build_gpu_program", special, shapes, sig, path, chips, emitter)
                 cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages,
                                      PROGRAM_SUFFIX)
                 entry = cache.load_entry(key, PROGRAM_SUFFIX)

@@ -1,0 +1,216 @@
+"""The one GPU run: correctness of every exported kernel, then the issue's benchmark, with CuPy alone.
+
+Runs on the device from a bundle made by ``prepare_bundle.py`` (no MLIR,
+no network, no scipy needed): ``python BUNDLE/device_check.py BUNDLE``.
+Prints a table and writes ``$OUT/gpu_results.json`` (or ``BUNDLE/...``).
+Exit status 1 when a correctness check fails.
+
+Timing: CUDA events around repeated launches on one stream, median of
+rounds, every system timed in the same process (cupyx/cuSPARSE, cupy
+matmul with TF32 off, torch when present).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BUNDLE = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent).resolve()
+sys.path.insert(0, str(next(BUNDLE.glob("sparse_mlir-*.whl"))))  # a pure-Python wheel imports from the zip
+os.environ.setdefault("CUPY_TF32", "0")
+
+import cupy as cp  # noqa: E402
+import cupyx.scipy.sparse as csp  # noqa: E402
+
+import sparse_mlir as sm  # noqa: E402
+from sparse_mlir.device_tensor import DeviceSparseTensor  # noqa: E402
+
+HBM_BYTES_PER_S = 4.3e12
+PLAN = json.loads((BUNDLE / "plan.json").read_text())
+RESULTS: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "checks": [], "bench": {}}
+
+
+def kernel(name: str):
+    return sm.load_kernel(BUNDLE / "kernels" / name / f"{name}.json")
+
+
+def gpu_time(fn, repeat: int = 20, rounds: int = 5) -> float:
+    """Median seconds per call over ``rounds`` of ``repeat`` back-to-back launches."""
+    fn()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(rounds):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(repeat):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeat)
+    return statistics.median(times)
+
+
+def read_smtx(path: Path) -> tuple[tuple[int, int], np.ndarray, np.ndarray]:
+    """Shape, row offsets and column indices of a DLMC ``.smtx.gz`` (values are not stored there)."""
+    with gzip.open(path, "rt") as f:
+        rows, cols, _ = (int(v) for v in f.readline().split(","))
+        indptr = np.array(f.readline().split(), dtype=np.int32)
+        indices = np.array(f.readline().split(), dtype=np.int32)
+    return (rows, cols), indptr, indices
+
+
+# -- correctness -------------------------------------------------------------------------------------------
+def check_all() -> bool:
+    rng = np.random.default_rng(0)
+    ok = True
+    for item in PLAN["check"]:
+        name, kind, fmt, dtype = item["name"], item["kind"], item["format"], item["dtype"]
+        dense = (rng.standard_normal((96, 64)) * (rng.random((96, 64)) < 0.2)).astype(dtype)
+        if fmt == "2:4":
+            groups = rng.standard_normal((96, 16, 4))
+            order = np.argsort(-np.abs(groups), axis=2)
+            np.put_along_axis(groups, order[:, :, 2:], 0, axis=2)
+            dense = groups.reshape(96, 64).astype(dtype)
+        dense[5] = 0  # an empty row
+        a = sm.SparseTensor.from_dense(dense, fmt).to("cuda")
+        k = kernel(name)
+        if kind == "spmv":
+            x = rng.standard_normal(64).astype(dtype)
+            got, ref = k(A=a, x=cp.asarray(x)), cp.asarray(dense) @ cp.asarray(x)
+        else:
+            b = rng.standard_normal((64, 40)).astype(dtype)
+            args = {"A": a, "B": cp.asarray(b)}
+            ref = cp.asarray(dense) @ cp.asarray(b)
+            if kind == "spmm_bias":
+                bias = rng.standard_normal(40).astype(dtype)
+                args["b"] = cp.asarray(bias)
+                ref = ref + cp.asarray(bias)
+            got = k(**args)
+        err = float(cp.max(cp.abs(got - ref)) / max(float(cp.max(cp.abs(ref))), 1e-30))
+        passed = err < (1e-5 if dtype == "float32" else 1e-12)
+        ok &= passed
+        RESULTS["checks"].append({"kernel": name, "notes": k.function.program.notes, "rel_err": err,
+                                  "ok": passed})
+        print(f"{'ok  ' if passed else 'FAIL'} {name:40s} {','.join(k.function.program.notes):8s} err {err:.1e}")
+    return ok
+
+
+# -- benchmarks --------------------------------------------------------------------------------------------
+def csr_on_device(rows: int, cols: int, per_row: int, dtype=cp.float32) -> tuple[DeviceSparseTensor, object]:
+    """Sorted, duplicate-free rows of ``per_row`` nonzeros, one per column band (made on the device)."""
+    band = cols // per_row
+    offsets = cp.random.randint(0, band, size=(rows, per_row), dtype=cp.int32)
+    indices = (offsets + cp.arange(per_row, dtype=cp.int32) * band).ravel()
+    indptr = cp.arange(rows + 1, dtype=cp.int32) * per_row
+    data = cp.random.standard_normal(rows * per_row, dtype=cp.float32).astype(dtype)
+    tensor = DeviceSparseTensor(sm.CSR, (rows, cols), (indptr, indices, data))
+    return tensor, csp.csr_matrix((data, indices, indptr), shape=(rows, cols))
+
+
+def best_of(names: list[str], run) -> tuple[str, float]:
+    timed = {n: gpu_time(run(kernel(n))) for n in names}
+    name = min(timed, key=timed.get)
+    return name, timed[name]
+
+
+def bench_spmv_big() -> None:
+    rows, cols = PLAN_SHAPES["spmv_big"]
+    a, ref = csr_on_device(rows, cols, 25)
+    x = cp.random.standard_normal(cols, dtype=cp.float32)
+    name, ours = best_of(PLAN["spmv_big"], lambda k: (lambda: k(A=a, x=x)))
+    got = kernel(name)(A=a, x=x)
+    err = float(cp.max(cp.abs(got - ref @ x)))
+    lib = gpu_time(lambda: ref @ x)
+    nbytes = a.nnz * 8 + (rows + 1) * 4 + cols * 4 + rows * 4
+    RESULTS["bench"]["spmv_50M"] = {"variant": name, "ours_s": ours, "cupyx_s": lib, "max_err": err,
+                                    "roofline_pct": 100 * nbytes / ours / HBM_BYTES_PER_S, "speedup": lib / ours}
+    print(f"SpMV {rows}x{cols} nnz {a.nnz / 1e6:.0f}M: ours {ours * 1e3:.3f} ms ({name}), cupyx {lib * 1e3:.3f} ms, "
+          f"{lib / ours:.2f}x, {100 * nbytes / ours / HBM_BYTES_PER_S:.0f}% of 4.3 TB/s, max err {err:.1e}")
+
+
+def bench_spmm_big() -> None:
+    n = PLAN_SHAPES["spmm_big"]
+    a, ref = csr_on_device(n, n, n // 10)
+    b = cp.random.standard_normal((n, n), dtype=cp.float32)
+    name, ours = best_of(PLAN["spmm_big"], lambda k: (lambda: k(A=a, B=b)))
+    got = kernel(name)(A=a, B=b)
+    expect = ref @ b
+    err = float(cp.max(cp.abs(got - expect)) / cp.max(cp.abs(expect)))
+    lib = gpu_time(lambda: ref @ b, repeat=5)
+    dense_a = ref.toarray()
+    dense = gpu_time(lambda: dense_a @ b, repeat=5)
+    RESULTS["bench"]["spmm_4096_90"] = {"variant": name, "ours_s": ours, "cusparse_s": lib, "dense_s": dense,
+                                        "rel_err": err, "vs_cusparse": lib / ours, "vs_dense": dense / ours}
+    print(f"SpMM {n}^3 90%: ours {ours * 1e3:.2f} ms ({name}), cuSPARSE {lib * 1e3:.2f} ms ({lib / ours:.2f}x), "
+          f"dense fp32 {dense * 1e3:.2f} ms ({dense / ours:.2f}x), rel err {err:.1e}")
+
+
+def bench_dlmc() -> None:
+    rng = np.random.default_rng(1)
+    ratios = []
+    n = PLAN["dlmc_n"]
+    for item in PLAN["dlmc"]:
+        (rows, cols), indptr, indices = read_smtx(BUNDLE / "dlmc" / item["file"])
+        data = cp.asarray(rng.standard_normal(indices.size).astype(np.float32))
+        indptr_d, indices_d = cp.asarray(indptr), cp.asarray(indices)
+        a = DeviceSparseTensor(sm.CSR, (rows, cols), (indptr_d, indices_d, data))
+        ref = csp.csr_matrix((data, indices_d, indptr_d), shape=(rows, cols))
+        b = cp.random.standard_normal((cols, n), dtype=cp.float32)
+        k = kernel(item["kernel"])
+        err = float(cp.max(cp.abs(k(A=a, B=b) - ref @ b)) / cp.max(cp.abs(ref @ b)))
+        ours, lib = gpu_time(lambda: k(A=a, B=b)), gpu_time(lambda: ref @ b)
+        ratios.append(lib / ours)
+        RESULTS["bench"].setdefault("dlmc", []).append({"file": item["file"], "ours_s": ours, "cusparse_s": lib,
+                                                        "rel_err": err})
+    geo = float(np.exp(np.mean(np.log(ratios))))
+    RESULTS["bench"]["dlmc_geomean_vs_cusparse"] = geo
+    print(f"DLMC 0.9 x{len(ratios)}, N={n}: geometric mean {geo:.2f}x cuSPARSE "
+          f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+
+
+def bench_launch_overhead() -> None:
+    k = kernel(PLAN["tiny"][0])
+    a, _ = csr_on_device(64, 64, 4)
+    x = cp.random.standard_normal(64, dtype=cp.float32)
+    k(A=a, x=x)
+    cp.cuda.Device().synchronize()
+    calls = 2000
+    start = time.perf_counter()
+    for _ in range(calls):
+        k(A=a, x=x)
+    cp.cuda.Device().synchronize()
+    per_call = (time.perf_counter() - start) / calls
+    RESULTS["bench"]["launch_overhead_us"] = per_call * 1e6
+    print(f"tiny SpMV, host time per call (checks + zeroed output + launch): {per_call * 1e6:.1f} us")
+
+
+def shapes_from_plan() -> dict:
+    out = {}
+    for key in ("spmv_big", "spmm_big"):
+        manifest = json.loads((BUNDLE / "kernels" / PLAN[key][0] / f"{PLAN[key][0]}.json").read_text())
+        shape = manifest["signature"]["operands"][0]["shape"]
+        out[key] = tuple(shape) if key == "spmv_big" else shape[0]
+    return out
+
+
+PLAN_SHAPES = shapes_from_plan()
+
+if __name__ == "__main__":
+    print(f"device: {RESULTS['device']}, CuPy {cp.__version__}")
+    ok = check_all()
+    for step in (bench_launch_overhead, bench_spmv_big, bench_spmm_big, bench_dlmc):
+        try:
+            step()
+        except Exception as exc:  # report and go on: device time is too short to rerun
+            RESULTS["bench"][step.__name__] = f"failed: {type(exc).__name__}: {exc}"
+            print(f"{step.__name__} failed: {type(exc).__name__}: {exc}")
+    out = Path(os.environ.get("OUT", BUNDLE))
+    (out / "gpu_results.json").write_text(json.dumps(RESULTS, indent=1))
+    sys.exit(0 if ok else 1)

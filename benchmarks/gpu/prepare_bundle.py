@@ -1,0 +1,96 @@
+"""Compile everything the one GPU device run needs, here (MLIR is not on the device).
+
+Writes ``OUT/`` (default ``benchmarks/gpu/bundle``, git-ignored):
+
+* ``sparse_mlir-*.whl``: the package as a pure-Python wheel (the device
+  script imports it straight from the zip, without pip);
+* ``kernels/<name>/``: exported PTX/cubin + manifests, one per kernel and
+  shape the device script runs, in both emitters where they differ
+  (``auto``: the load-balanced kernels, ``sparsifier``: the mapped
+  sparsified loops) so the device run picks the faster without recompiling;
+* ``dlmc/``: the DLMC transformer matrices at 90% sparsity;
+* ``device_check.py``: the script to run there.
+
+Usage: ``python benchmarks/gpu/prepare_bundle.py [OUT]``, then on the device
+``python OUT/device_check.py OUT``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import sparse_mlir as sm
+
+ROOT = Path(__file__).resolve().parents[2]
+DLMC = ROOT.parent / "shared" / "data" / "dlmc" / "transformer" / "magnitude_pruning" / "0.9"
+
+# correctness: every format through SpMV and SpMM, on small fixed shapes
+CHECK_FORMATS = ("csr", "csc", "coo", "dcsr", "bsr2x2", "2:4")
+CHECK_SHAPES = {"spmv": {"A": (96, 64), "x": (64,)}, "spmm": {"A": (96, 64), "B": (64, 40)},
+                "spmm_bias": {"A": (96, 64), "B": (64, 40), "b": (40,)}}
+EXPRESSIONS = {"spmv": "y[i] = A[i,j]*x[j]", "spmm": "C[i,j] = A[i,k]*B[k,j]",
+               "spmm_bias": "C[i,j] = A[i,k]*B[k,j] + b[j]"}
+SPMV_BIG = (2_000_000, 2_000_000)  # 25 nonzeros per row: 50M
+SPMM_BIG = 4096
+DLMC_N = 256
+
+
+def smtx_shape(path: Path) -> tuple[int, int]:
+    with gzip.open(path, "rt") as f:
+        rows, cols, _ = (int(v) for v in f.readline().split(","))
+    return rows, cols
+
+
+def export(out: Path, name: str, kind: str, fmt: str, dtype: str, shapes: dict, emitter: str = "auto") -> str:
+    kernel = sm.compile(EXPRESSIONS[kind], formats={"A": fmt}, dtype=dtype, target="cuda")
+    if emitter != "auto":
+        from sparse_mlir.runtime.cuda import CudaKernel
+
+        kernel = CudaKernel(kernel.spec, emitter=emitter)
+    sm.export(kernel, out / "kernels" / name, name, shapes=shapes)
+    return name
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "gpu" / "bundle"
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "kernels").mkdir(parents=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                    str(ROOT)], check=True)
+    plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": []}
+    for kind, shapes in CHECK_SHAPES.items():
+        for fmt in CHECK_FORMATS if kind != "spmm_bias" else ("csr",):
+            for dtype in ("float32", "float64"):
+                name = f"check_{kind}_{fmt.replace(':', 'of')}_{dtype}"
+                plan["check"].append({"name": export(out, name, kind, fmt, dtype, shapes), "kind": kind,
+                                      "format": fmt, "dtype": dtype})
+    for emitter in ("auto", "sparsifier"):
+        plan["spmv_big"].append(export(out, f"spmv_big_{emitter}", "spmv", "csr", "float32",
+                                       {"A": SPMV_BIG, "x": (SPMV_BIG[1],)}, emitter))
+        plan["spmm_big"].append(export(out, f"spmm_big_{emitter}", "spmm", "csr", "float32",
+                                       {"A": (SPMM_BIG, SPMM_BIG), "B": (SPMM_BIG, SPMM_BIG)}, emitter))
+    (out / "dlmc").mkdir()
+    shapes_done: dict[tuple[int, int], str] = {}
+    for path in sorted(DLMC.glob("*.smtx.gz")):
+        shutil.copy(path, out / "dlmc" / path.name)
+        shape = smtx_shape(path)
+        if shape not in shapes_done:
+            shapes_done[shape] = export(out, f"dlmc_{shape[0]}x{shape[1]}", "spmm", "csr", "float32",
+                                        {"A": shape, "B": (shape[1], DLMC_N)})
+        plan["dlmc"].append({"file": path.name, "kernel": shapes_done[shape]})
+    plan["tiny"].append(export(out, "tiny_spmv", "spmv", "csr", "float32", {"A": (64, 64), "x": (64,)}))
+    (out / "plan.json").write_text(json.dumps({**plan, "dlmc_n": DLMC_N}, indent=1))
+    shutil.copy(Path(__file__).with_name("device_check.py"), out / "device_check.py")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"bundle {out}: {size / 2**20:.1f} MiB, {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

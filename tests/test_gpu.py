@@ -1,0 +1,231 @@
+"""The CUDA target: PTX for every kernel and format (checked by ptxas), manifests, launch rules, packing.
+
+Tests marked ``gpu`` run kernels on a device against cupy/cupyx and skip
+without CuPy and a GPU; everything else runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import prune_nm
+
+import sparse_mlir as sm
+from sparse_mlir import cuda_toolkit
+from sparse_mlir.errors import DeviceError, DSLError, FormatError
+from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch, pack_params
+from sparse_mlir.runtime.cuda import pick_chip
+
+# (expression, format of A, shapes of every input): the core kernels of the CPU tests
+CASES = [
+    ("y[i] = A[i,j]*x[j]", "csr", {"A": (300, 200), "x": (200,)}),
+    ("y[i] = A[i,j]*x[j]", "csc", {"A": (300, 200), "x": (200,)}),
+    ("y[i] = A[i,j]*x[j]", "coo", {"A": (300, 200), "x": (200,)}),
+    ("y[i] = A[i,j]*x[j]", "dcsr", {"A": (300, 200), "x": (200,)}),
+    ("y[i] = A[i,j]*x[j]", "bsr2x2", {"A": (300, 200), "x": (200,)}),
+    ("C[i,j] = A[i,k]*B[k,j]", "csr", {"A": (300, 200), "B": (200, 70)}),
+    ("C[i,j] = A[i,k]*B[k,j]", "csc", {"A": (300, 200), "B": (200, 70)}),
+    ("C[i,j] = A[i,k]*B[k,j]", "bsr4x4", {"A": (300, 200), "B": (200, 70)}),
+    ("C[i,j] = A[i,k]*B[k,j]", "2:4", {"A": (300, 200), "B": (200, 70)}),
+    ("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", {"A": (300, 200), "B": (200, 70), "b": (70,)}),
+    ("C[i,j] = relu(A[i,k]*B[k,j] + b[i])", "csr", {"A": (300, 200), "B": (200, 70), "b": (300,)}),
+    ("Y[b,o] = X[b,i]*A[o,i]", "csr", {"A": (300, 200), "X": (40, 200)}),
+    ("C[i,j] = A[i,j]*(B[i,k]*D[k,j])", "csr", {"A": (60, 50), "B": (60, 30), "D": (30, 50)}),
+    ("y[i] = exp(A[i,j]*x[j])", "csr", {"A": (300, 200), "x": (200,)}),
+    ("C[i,j] = A[i,j] + D[i,j]", "csr", {"A": (300, 200), "D": (300, 200)}),
+    ("A_[i,j] = A[i,j,k]*B[k,j]", "csf", {"A": (20, 30, 40), "B": (40, 30)}),
+]
+
+
+def _ptxas() -> str:
+    tool = cuda_toolkit.ptxas()
+    if tool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("ptxas is needed to validate PTX under CI")
+        pytest.skip("ptxas not found")
+    return tool
+
+
+def _entry_params(ptx: str) -> dict[str, int]:
+    """Parameters of each ``.entry`` of a PTX module."""
+    return {m.group(1): len(re.findall(r"\.param\s", m.group(2)))
+            for m in re.finditer(r"\.entry\s+(\w+)\s*\((.*?)\)", ptx, re.S)}
+
+
+def _function(expr: str, fmt: str, shapes: dict, dtype: str = "float32"):
+    expr = expr.replace("A_", "Z")
+    kernel = sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda")
+    spec = kernel.spec
+    extents = {}
+    for name, shape in shapes.items():
+        extents.update(zip(spec.operand_index(name), shape))
+    full = {**shapes, spec.output: tuple(extents[i] for i in spec.output_indices)}
+    return kernel.function({"A": spec.formats["A"]}, full)
+
+
+@pytest.mark.parametrize(("expr", "fmt", "shapes"), CASES, ids=[f"{e}|{f}" for e, f, _ in CASES])
+def test_every_kernel_assembles_for_sm80_and_sm90(expr, fmt, shapes, tmp_path):
+    tool = _ptxas()
+    function = _function(expr, fmt, shapes)
+    program = function.program
+    assert set(program.ptx) == {"sm_80", "sm_90"}
+    for chip, ptx in program.ptx.items():
+        src = tmp_path / f"{chip}.ptx"
+        src.write_text(ptx)
+        done = subprocess.run([tool, f"-arch={chip}", str(src), "-o", str(tmp_path / f"{chip}.cubin")],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        # the manifest describes exactly the entry points' parameters
+        params = _entry_params(ptx)
+        for launch in program.launches:
+            assert params[launch.kernel] == launch.param_count()
+
+
+def test_dense_outer_loops_become_a_multi_block_grid():
+    program = _function("C[i,j] = A[i,k]*B[k,j]", "bsr2x2", {"A": (1000, 64), "B": (64, 8)}).program
+    assert "serial" not in program.notes
+    (launch,) = program.launches
+    assert launch.grid[0] == 4 and launch.block == (128, 1, 1)  # 500 block rows, 128 per block
+
+
+def test_reduction_outer_loops_run_as_one_thread():
+    program = _function("y[i] = A[i,j]*x[j]", "csc", {"A": (300, 200), "x": (200,)}).program
+    assert program.notes == ("serial",)
+
+
+def test_csr_spmv_and_spmm_take_the_load_balanced_kernels():
+    spmv = _function("y[i] = A[i,j]*x[j]", "csr", {"A": (1000, 500), "x": (500,)}).program
+    (launch,) = spmv.launches
+    assert spmv.notes == ("native",) and launch.kernel == "spmv" and launch.lanes == LaneRule(1, 1000)
+    spmm = _function("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", {"A": (1000, 500), "B": (500, 300), "b": (300,)})
+    (launch,) = spmm.program.launches
+    assert launch.kernel == "spmm" and launch.grid == (250, 3, 1)  # 4 rows per block, 128-column tiles
+    assert [a.ref for a in launch.args] == [0, 1, 2, 3, 4, 5]
+
+
+def test_lane_rule_follows_the_mean_row_length():
+    rule = LaneRule(ref=1, rows=100)
+    assert [rule.lanes(n) for n in (0, 100, 250, 1600, 100_000)] == [1, 1, 4, 16, 32]
+    launch = Launch("spmv", (1, 1, 1), (128, 1, 1), (KernelArg("buffer", 0, (None,)), KernelArg("lanes", 0)),
+                    lanes=rule)
+    assert launch.grid_for([101, 1600]) == (13, 1, 1)  # 100 rows x 16 lanes / 128
+    assert pack_params(launch, [(0x1000, 101), (0x2000, 1600)], [])[-1] == 16
+
+
+def test_pack_params_expands_memref_descriptors():
+    launch = Launch("k", GridRule(ref=1, per_block=256), (256, 1, 1),
+                    (KernelArg("buffer", 1, (None,)), KernelArg("buffer", 0, (3, 4)), KernelArg("index", 7),
+                     KernelArg("scratch", 0, (5,))))
+    words = pack_params(launch, [(0xA0, 12), (0xB0, 1000)], [0xC0])
+    assert words == [0xB0, 0xB0, 0, 1000, 1,  # 1-d, size from the buffer
+                     0xA0, 0xA0, 0, 3, 4, 4, 1,  # 2-d static, row-major strides
+                     7,
+                     0xC0, 0xC0, 0, 5, 1]
+    assert launch.param_count() == len(words)
+    assert launch.grid_for([12, 1000]) == (4, 1, 1)
+
+
+def test_pick_chip():
+    assert pick_chip(["sm_80", "sm_90"], "90") == "sm_90"
+    assert pick_chip(["sm_80", "sm_90"], "89") == "sm_80"
+    assert pick_chip(["sm_80", "sm_90"], "100") == "sm_90"
+    with pytest.raises(DeviceError, match="compute capability 75"):
+        pick_chip(["sm_80"], "75")
+
+
+def test_host_operands_are_refused_not_copied():
+    a = sp.random(10, 10, density=0.3, format="csr", dtype=np.float32, random_state=0)
+    kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    with pytest.raises(DeviceError, match=r"on the host; move it once with SparseTensor.to\('cuda'\)"):
+        kernel(A=a, x=np.ones(10, np.float32))
+    dense_first = sm.compile("y[i] = x[j]*A[i,j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    with pytest.raises(DeviceError, match="takes CuPy arrays"):
+        dense_first(A=a, x=np.ones(10, np.float32))
+
+
+def test_unsupported_requests_fail_clearly():
+    with pytest.raises(DeviceError, match="sparse result"):
+        sm.compile("C[i,j] = A[i,j]*B[i,j]", formats={"A": "csr", "C": "csr"}, target="cuda")
+    with pytest.raises(DSLError, match="schedule='auto'"):
+        sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, target="cuda", schedule="auto")
+
+
+def test_export_writes_ptx_cubin_and_a_manifest_that_loads_without_mlir_or_cupy(tmp_path):
+    _ptxas()
+    kernel = sm.compile("C[i,j] = A[i,k]*B[k,j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    paths = sm.export(kernel, tmp_path, "spmm", shapes={"A": (64, 32), "B": (32, 16)})
+    manifest = json.loads(paths["manifest"].read_text())
+    assert manifest["kind"] == "cuda" and set(manifest["code"]) == {"sm_80", "sm_90", "sm_80.cubin", "sm_90.cubin"}
+    assert manifest["signature"]["operands"][-1]["shape"] == [64, 16]
+    script = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('mlir', 'cupy'):
+            raise ImportError('blocked ' + name)
+sys.meta_path.insert(0, Block())
+import numpy as np, sparse_mlir as sm
+from sparse_mlir.errors import DeviceError
+kernel = sm.load_kernel({str(paths['manifest'])!r})
+try:
+    kernel.function(dict(A=None), None)
+except DeviceError as exc:
+    print('refused:', exc)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "refused: running on the GPU needs CuPy" in done.stdout
+    ptx = tmp_path / "spmm.sm_90.ptx"
+    ptx.write_text(ptx.read_text() + "\n// tampered\n")
+    with pytest.raises(FormatError, match="checksum"):
+        sm.load_kernel(paths["manifest"])
+
+
+# -- on a device --------------------------------------------------------------------------------------------
+def _cupy():
+    cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    return cp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "bsr2x2", "2:4"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kernels_on_the_device_match_cupyx(fmt, dtype, rng):
+    cp = _cupy()
+    dense = (rng.standard_normal((96, 64)) * (rng.random((96, 64)) < 0.2)).astype(dtype)
+    if fmt == "2:4":
+        dense = prune_nm(rng.standard_normal((96, 64)), 2, 4).astype(dtype)
+    a = sm.SparseTensor.from_dense(dense, fmt).to("cuda")
+    b = rng.standard_normal((64, 40)).astype(dtype)
+    x = rng.standard_normal(64).astype(dtype)
+    spmm = sm.compile("C[i,j] = A[i,k]*B[k,j]", formats={"A": fmt}, dtype=dtype, target="cuda")
+    spmv = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": fmt}, dtype=dtype, target="cuda")
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    np.testing.assert_allclose(cp.asnumpy(spmm(A=a, B=cp.asarray(b))), dense @ b, rtol=tol, atol=tol)
+    np.testing.assert_allclose(cp.asnumpy(spmv(A=a, x=cp.asarray(x))), dense @ x, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+def test_cupyx_operands_and_skewed_rows_on_the_device(rng):
+    cp = _cupy()
+    import cupyx.scipy.sparse as csp
+
+    a = sp.random(2000, 3000, density=0.002, format="csr", dtype=np.float32, random_state=3).tolil()
+    a[7, :] = 1.0  # one dense row among short ones
+    a = a.tocsr()
+    x = rng.standard_normal(3000).astype(np.float32)
+    kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    got = kernel(A=csp.csr_matrix(a), x=cp.asarray(x))
+    np.testing.assert_allclose(cp.asnumpy(got), a @ x, rtol=1e-4, atol=1e-3)
