@@ -29,7 +29,7 @@ from sparse_mlir.signature import Signature
 from . import frontend, rewrites, toolchain
 from .c_abi import add_c_entry_point
 
-__all__ = ["CpuOptions", "TO_LLVM", "lower_to_llvm", "compile_module", "compile_object"]
+__all__ = ["CpuOptions", "TO_LLVM", "lower_to_llvm", "loops_to_llvm", "compile_module", "compile_object"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,12 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
         rewrites.inline_alloca_scopes(module)
         rewrites.balance_parallel_loops(module)
     stages["sparsified"] = str(module)
+    stages["llvm"] = loops_to_llvm(module, sig)
+    return stages
+
+
+def loops_to_llvm(module: ir.Module, sig: Signature) -> str:
+    """The back half: a bufferized ``func @kernel`` over memrefs -> LLVM dialect with the C entry point."""
     _run(module, TO_LLVM, "llvm")
     try:
         add_c_entry_point(module, sig, f"_mlir_ciface_{KERNEL_NAME}")
@@ -84,8 +90,7 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
                             diagnostics=str(exc)) from exc
     rewrites.export_only(module, {sig.name, f"{sig.name}_free"})
     rewrites.allow_contraction(module)
-    stages["llvm"] = str(module)
-    return stages
+    return str(module)
 
 
 def compile_module(module: ir.Module, sig: Signature, out_path: Path, options: CpuOptions) -> dict[str, str]:

@@ -78,7 +78,7 @@ def lower_to_ptx(module: ir.Module, sig: Signature, *, native: tuple[Launch, ...
         launches, scratch, notes = native, [], ("native",)
     else:
         launches, scratch, notes = _map_to_launches(module, sig)
-        stages["gpu"] = str(module)
+    stages["gpu"] = str(module)
     ptx, nvvm = ptx_for_chips(str(module), chips)
     stages["nvvm"] = nvvm
     return GpuProgram("kernels", ptx, launches, tuple(scratch), notes), stages
@@ -107,7 +107,7 @@ def ptx_for_chips(module_text: str, chips: tuple[str, ...]) -> tuple[dict[str, s
     """PTX of the module's ``gpu.module`` for each chip, and the NVVM-level IR of the first."""
     ptx: dict[str, str] = {}
     nvvm = ""
-    for chip in chips:
+    for chip in chips:  # none: stop at the gpu dialect (emulation)
         module = ir.Module.parse(module_text)
         _run(module, _to_nvvm(chip), "nvvm")
         rewrites.allow_contraction(module)

@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .dsl.plan import KernelSpec
@@ -19,7 +20,8 @@ from .errors import DeviceError
 from .formats import Format
 from .signature import Signature
 
-__all__ = ["TARGETS", "specialize", "kernel_source", "build_library", "build_gpu_program", "source_hash"]
+__all__ = ["TARGETS", "specialize", "kernel_source", "build_library", "build_gpu_program", "build_gpu_emulation",
+           "source_hash"]
 
 TARGETS = ("cpu", "cuda")
 
@@ -71,18 +73,41 @@ def build_gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]
     """
     from mlir import ir
 
+    with ir.Context():
+        program, stages = _gpu_program(spec, shapes, sig, chips, emitter)
+    out_path.write_text(program.dumps())
+    return stages
+
+
+def build_gpu_emulation(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature,
+                        out_path: Path, emitter: str = "auto") -> dict[str, str]:
+    """A CPU library that runs the GPU program of one specialization thread by thread (``gpu_emulation``).
+
+    It exports ``sig`` like any CPU kernel, so tests call it with numpy
+    operands and compare; returns the IR of each stage.
+    """
+    from mlir import ir
+
+    from .lowering import cpu, gpu_emulation, toolchain
+
+    with ir.Context():
+        program, stages = _gpu_program(spec, shapes, sig, (), emitter)
+        module = gpu_emulation.emulation_module(program, stages["gpu"], sig)
+        stages["llvm"] = cpu.loops_to_llvm(module, sig)
+    toolchain.compile_shared_library(stages["llvm"], out_path, cpu="native", opt_level=1)
+    return stages
+
+
+def _gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature,
+                 chips: tuple[str, ...], emitter: str) -> tuple[Any, dict[str, str]]:
     from .dialects.kernel import build_kernel_module
     from .dialects.native_gpu import native_gpu
     from .lowering import gpu
 
-    with ir.Context():
-        found = native_gpu(spec, spec.formats, shapes) if emitter == "auto" else None
-        if found is not None:
-            program, stages = gpu.lower_to_ptx(found[0], sig, native=found[1], chips=chips)
-        else:
-            program, stages = gpu.lower_to_ptx(build_kernel_module(spec, shapes), sig, chips=chips)
-    out_path.write_text(program.dumps())
-    return stages
+    found = native_gpu(spec, spec.formats, shapes) if emitter == "auto" else None
+    if found is not None:
+        return gpu.lower_to_ptx(found[0], sig, native=found[1], chips=chips)
+    return gpu.lower_to_ptx(build_kernel_module(spec, shapes), sig, chips=chips)
 
 
 @functools.cache
