@@ -2,9 +2,9 @@
 
 The sparsifier's SpMM loads and stores the whole C row once per nonzero
 (the loop over B's columns is innermost).  Here each row's C is computed in
-column tiles of ``4 x VL`` elements kept in vector registers while the row's
-nonzeros stream by: per nonzero, four vector loads of B and four FMAs, and C
-is stored once.  N:M rows walk their groups with the ``n`` entries unrolled
+column tiles of ``8 x VL`` elements kept in vector registers while the row's
+nonzeros stream by: per nonzero, eight vector loads of B and eight
+independent FMAs (enough to hide the FMA latency), and C is stored once.  N:M rows walk their groups with the ``n`` entries unrolled
 and no position loads (positions are implicit).  Columns past the last whole
 tile take a scalar loop.  Rows
 run as an ``scf.parallel`` loop, which the CPU pipeline threads like any
@@ -25,7 +25,7 @@ from .kernel import KERNEL_NAME
 
 __all__ = ["native_spmm", "spmm_operands"]
 
-_UNROLL = 4  # vector accumulators per tile
+_ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
 
 
 def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str | None, int] | None:
@@ -115,9 +115,12 @@ class _Stream:
                 *(f"%c{e} = arith.constant {e} : index" for e in range(self.nm.n))}
 
 
-def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
-                ) -> ir.Module | None:
-    """The tiled SpMM module for ``spec`` in the current context, or ``None`` when it does not apply."""
+def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+                vector_bits: int = 256, accumulators: int = _ACCUMULATORS) -> ir.Module | None:
+    """The tiled SpMM module for ``spec`` in the current context, or ``None`` when it does not apply.
+
+    ``vector_bits`` is the target's vector register width (``toolchain.vector_bits``).
+    """
     found = spmm_operands(spec, formats)
     if found is None:
         return None
@@ -126,8 +129,8 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     rows, cols = shapes[a_name]
     stream = _Stream(formats[a_name], cols)
     elt = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}[spec.dtype.name]
-    lanes = 32 // spec.dtype.itemsize  # one 256-bit register
-    tile = _UNROLL * lanes
+    lanes = vector_bits // 8 // spec.dtype.itemsize  # one vector register
+    tile = accumulators * lanes
     vec = f"vector<{lanes}x{elt}>"
     is_float = elt.startswith("f")
     zero = "0.0" if is_float else "0"
@@ -197,7 +200,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     last = (stream.nm.n - 1) if stream.nm else 0
     scalar_loop = stream.loop("s", f"%acc = {scalar_init[1]}", elt, "%s", scalar_update,
                               [f"scf.yield %t{last} : {elt}"])
-    offsets = sorted({0, 1, lanes, tile, *(u * lanes for u in range(_UNROLL))})
+    offsets = sorted({0, 1, lanes, tile, *(u * lanes for u in range(accumulators))})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
              f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> attributes {{llvm.emit_c_interface}} {{",
@@ -213,7 +216,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
              "scf.parallel (%i) = (%c0) to (%rows) step (%c1) {",
              *stream.setup(),
              *row_init,
-             *tile_block("w", _UNROLL, "%c0", "%Nv"),
+             *tile_block("w", accumulators, "%c0", "%Nv"),
              *tile_block("v", 1, "%Nv", "%Ns"),
              "scf.for %j = %Ns to %N step %c1 {",
              *scalar_init[0],

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sparse_mlir.errors import LoweringError
 
-__all__ = ["tool", "tool_versions", "compile_object", "link_shared", "compile_shared_library"]
+__all__ = ["tool", "tool_versions", "vector_bits", "compile_object", "link_shared", "compile_shared_library"]
 
 
 @functools.cache
@@ -47,6 +47,25 @@ def tool(name: str) -> str:
 def host_triple() -> str:
     """The LLVM target triple of this machine (Linux)."""
     return f"{platform.machine()}-unknown-linux-gnu"
+
+
+_WIDE_CPUS = ("x86-64-v4", "skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client",
+              "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5")
+
+
+@functools.cache
+def vector_bits(cpu: str) -> int:
+    """The vector register width emitters should use for ``-mcpu=cpu``: 512 with AVX-512, else 256.
+
+    256-bit vectors are also right for narrower targets (LLVM splits them).
+    """
+    if cpu == "native":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return 256
+        return 512 if " avx512f" in flags else 256
+    return 512 if cpu in _WIDE_CPUS else 256
 
 
 def c_compiler() -> str:

@@ -55,11 +55,13 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
     from .dialects.kernel import build_kernel_module
     from .dialects.native_spmm import native_spmm
     from .lowering import cpu as cpu_pipeline
+    from .lowering import toolchain
 
     build = cpu_pipeline.compile_object if object_file else cpu_pipeline.compile_module
     with ir.Context():
         # patterns with a hand-scheduled emitter first; everything else goes through the sparsifier
-        module = native_spmm(spec, spec.formats, shapes) or build_kernel_module(spec, shapes)
+        module = native_spmm(spec, spec.formats, shapes, toolchain.vector_bits(cpu)) or \
+            build_kernel_module(spec, shapes)
         return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
 
 
