@@ -9,9 +9,12 @@ follow the vector-CSR and Sputnik layouts instead:
   ``LaneRule``) that read the row's nonzeros contiguously and combine
   their partial sums with warp shuffles.
 * **SpMM** ``C[i,j] = A[i,k] * B[k,j] (+ bias)``: a warp per row and column
-  tile; lane ``l`` owns columns ``l, l+32, ...`` of the tile, so every load of
-  a B row and every store of C is one coalesced transaction, and each
-  nonzero is read once per warp (a broadcast).  The bias seeds the sums.
+  tile; lane ``l`` owns 16-byte vectors ``l, l+32, ...`` of the tile (single
+  elements when the row length is not a multiple of 16 bytes), so every
+  load of a B row and every store of C is one coalesced 128-bit access per
+  lane, and each nonzero is read once per warp (a broadcast).  The bias
+  seeds the sums.  Vector accesses need 16-byte aligned B, C and bias
+  (``Launch.aligned``; the runtime checks).
 
 Both produce the same ``gpu.module`` + ``Launch`` records as the generic
 path, so PTX generation, manifests and the runtime are shared.  Only CSR
@@ -36,7 +39,7 @@ __all__ = ["native_gpu", "WARP", "BLOCK"]
 
 WARP = 32
 BLOCK = 128  # threads per block: four warps
-_TILE = 4  # columns per lane in one SpMM column tile (a tile is WARP * _TILE columns)
+_TILE = 4  # most vectors a lane owns in one SpMM column tile
 _FLOAT = {"float32": "f32", "float64": "f64"}
 
 
@@ -83,11 +86,13 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     if cols is None:
         return None
     fmt = formats[a]
-    tiles = math.ceil(cols / (WARP * _TILE))
+    width, per_lane = _spmm_shape(elt, cols)
+    tiles = math.ceil(cols / (WARP * width * per_lane))
     text = _spmm_text(elt, fmt, rows, inner, cols, bias_dim if bias else -1)
     dense = [(b, (inner, cols))] + ([(bias, (rows,) if bias_dim == 0 else (cols,))] if bias else [])
     args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
-    launch = Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args)
+    aligned = tuple(arg.ref for arg in args[3:]) if width > 1 else ()
+    launch = Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned)
     return ir.Module.parse(text), (launch,)
 
 
@@ -157,42 +162,70 @@ def _spmv_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
     return _module("spmv", params, body)
 
 
+def _spmm_shape(elt: str, cols: int) -> tuple[int, int]:
+    """``(width, per_lane)``: elements per vector access (16 bytes when the rows allow it) and vectors per lane."""
+    width = 16 // (4 if elt == "f32" else 8)
+    if cols % width:
+        width = 1
+    return width, max(1, min(_TILE, math.ceil(cols / (WARP * width))))
+
+
 def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int) -> str:
     pos_t, crd_t = _index_types(fmt)
+    width, per_lane = _spmm_shape(elt, cols)
     b_t, c_t = _memref((inner, cols), elt), _memref((rows, cols), elt)
+    vec = f"vector<{width}x{elt}>"
+
+    def load(buffer: str, index: str, memref: str) -> str:
+        if width == 1:
+            return f"memref.load {buffer}[{index}] : {memref}"
+        return f"vector.load {buffer}[{index}] {{alignment = 16}} : {memref}, {vec}"
+
     body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
             f"%rows = arith.constant {rows} : index", f"%cols = arith.constant {cols} : index",
             f"%warp = arith.constant {WARP} : index", f"%zero = arith.constant 0.0 : {elt}",
+            f"%width = arith.constant {width} : index",
             "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%tile = gpu.block_id y",
             f"%warps = arith.constant {BLOCK // WARP} : index",
             "%warp_in_block = arith.divui %tid, %warp : index", "%lane = arith.remui %tid, %warp : index",
+            "%lane_col = arith.muli %lane, %width : index",
             "%first_row = arith.muli %bid, %warps : index", "%row = arith.addi %first_row, %warp_in_block : index",
             "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
-            f"%tile_cols = arith.constant {WARP * _TILE} : index", "%tile_col = arith.muli %tile, %tile_cols : index"]
-    # lane's columns, clamped in range for loads (their results are dropped) and guarded for stores
-    for t in range(_TILE):
-        body += [f"%off{t} = arith.constant {t * WARP} : index", f"%cb{t} = arith.addi %tile_col, %off{t} : index",
-                 f"%col{t} = arith.addi %cb{t}, %lane : index", f"%in{t} = arith.cmpi ult, %col{t}, %cols : index",
+            f"%tile_cols = arith.constant {WARP * width * per_lane} : index",
+            "%tile_col = arith.muli %tile, %tile_cols : index"]
+    # lane's columns (whole vectors: cols is a multiple of the width), clamped for loads and guarded for stores
+    for t in range(per_lane):
+        body += [f"%off{t} = arith.constant {t * WARP * width} : index",
+                 f"%cb{t} = arith.addi %tile_col, %off{t} : index",
+                 f"%col{t} = arith.addi %cb{t}, %lane_col : index", f"%in{t} = arith.cmpi ult, %col{t}, %cols : index",
                  f"%safe{t} = arith.select %in{t}, %col{t}, %c0 : index"]
         if bias_dim == 0:
-            body.append(f"%seed{t} = memref.load %bias[%safe_row] : {_memref((rows,), elt)}")
+            scalar = f"%bias_row{t} = memref.load %bias[%safe_row] : {_memref((rows,), elt)}"
+            body += [scalar] if width == 1 else [scalar, f"%seed{t} = vector.broadcast %bias_row{t} : {elt} to {vec}"]
+            if width == 1:
+                body.append(f"%seed{t} = arith.addf %bias_row{t}, %zero : {elt}")
         elif bias_dim == 1:
-            body.append(f"%seed{t} = memref.load %bias[%safe{t}] : {_memref((cols,), elt)}")
+            body.append(f"%seed{t} = {load('%bias', f'%safe{t}', _memref((cols,), elt))}")
         else:
-            body.append(f"%seed{t} = arith.addf %zero, %zero : {elt}")
-    accs = ", ".join(f"%acc{t} = %seed{t}" for t in range(_TILE))
-    types = ", ".join([elt] * _TILE)
-    body += [f"%sums:{_TILE} = scf.for %k = %start to %end step %c1 iter_args({accs}) -> ({types}) {{",
+            body.append(f"%seed{t} = arith.constant {'0.0' if width == 1 else f'dense<0.0> : {vec}'}"
+                        + (f" : {elt}" if width == 1 else ""))
+    acc_t = elt if width == 1 else vec
+    accs = ", ".join(f"%acc{t} = %seed{t}" for t in range(per_lane))
+    types = ", ".join([acc_t] * per_lane)
+    body += [f"%sums:{per_lane} = scf.for %k = %start to %end step %c1 iter_args({accs}) -> ({types}) {{",
              f"  %k_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
              f"  %kk = arith.index_castui %k_raw : {crd_t} to index",
              f"  %a = memref.load %val[%k] : memref<?x{elt}>"]
-    for t in range(_TILE):
-        body += [f"  %b{t} = memref.load %b[%kk, %safe{t}] : {b_t}",
-                 f"  %n{t} = math.fma %a, %b{t}, %acc{t} : {elt}"]
-    body += [f"  scf.yield {', '.join(f'%n{t}' for t in range(_TILE))} : {types}", "}"]
-    for t in range(_TILE):
-        body += [f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{",
-                 f"  memref.store %sums#{t}, %c[%row, %col{t}] : {c_t}", "}"]
+    if width > 1:
+        body.append(f"  %av = vector.broadcast %a : {elt} to {vec}")
+    for t in range(per_lane):
+        body += [f"  %b{t} = {load('%b', f'%kk, %safe{t}', b_t)}",
+                 f"  %n{t} = math.fma {'%a' if width == 1 else '%av'}, %b{t}, %acc{t} : {acc_t}"]
+    body += [f"  scf.yield {', '.join(f'%n{t}' for t in range(per_lane))} : {types}", "}"]
+    for t in range(per_lane):
+        store = (f"  memref.store %sums#{t}, %c[%row, %col{t}] : {c_t}" if width == 1 else
+                 f"  vector.store %sums#{t}, %c[%row, %col{t}] {{alignment = 16}} : {c_t}, {vec}")
+        body += [f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{", store, "}"]
     body.append("gpu.return")
     bias = "" if bias_dim < 0 else f"%bias: {_memref((rows,) if bias_dim == 0 else (cols,), elt)}, "
     params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, %b: {b_t}, {bias}"

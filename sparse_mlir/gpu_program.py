@@ -87,6 +87,7 @@ class Launch:
     args: tuple[KernelArg, ...]
     shared_bytes: int = 0
     lanes: LaneRule | None = None
+    aligned: tuple[int, ...] = ()  # kernel arguments accessed with 16-byte vectors: their pointers must be aligned
 
     def grid_for(self, lengths: list[int]) -> tuple[int, int, int]:
         """The grid given each kernel argument's length (entries)."""
@@ -120,6 +121,7 @@ class GpuProgram:
                                 "launches": [{"kernel": k.kernel, "grid": grid(k.grid), "block": list(k.block),
                                               "shared_bytes": k.shared_bytes,
                                               "lanes": [k.lanes.ref, k.lanes.rows] if k.lanes else None,
+                                              "aligned": list(k.aligned),
                                               "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
                                              for k in self.launches]}
         if include_ptx:
@@ -133,7 +135,8 @@ class GpuProgram:
 
         launches = tuple(Launch(k["kernel"], grid(k["grid"]), tuple(k["block"]),
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
-                                k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None)
+                                k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None,
+                                tuple(k.get("aligned", ())))
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))

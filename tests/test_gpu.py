@@ -106,8 +106,11 @@ def test_csr_spmv_and_spmm_take_the_load_balanced_kernels():
     assert spmv.notes == ("native",) and launch.kernel == "spmv" and launch.lanes == LaneRule(1, 1000)
     spmm = _function("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", {"A": (1000, 500), "B": (500, 300), "b": (300,)})
     (launch,) = spmm.program.launches
-    assert launch.kernel == "spmm" and launch.grid == (250, 3, 1)  # 4 rows per block, 128-column tiles
-    assert [a.ref for a in launch.args] == [0, 1, 2, 3, 4, 5]
+    # 4 rows per block; lanes own float4 vectors: 300 columns are one tile of 3 vectors per lane
+    assert launch.kernel == "spmm" and launch.grid == (250, 1, 1)
+    assert [a.ref for a in launch.args] == [0, 1, 2, 3, 4, 5] and launch.aligned == (3, 4, 5)
+    odd = _function("C[i,j] = A[i,k]*B[k,j]", "csr", {"A": (1000, 500), "B": (500, 301)}).program.launches[0]
+    assert odd.grid == (250, 3, 1) and odd.aligned == ()  # single floats, 128-column tiles
 
 
 def test_lane_rule_follows_the_mean_row_length():
@@ -231,6 +234,18 @@ def test_gpu_programs_compute_the_right_values_when_emulated(expr, fmt, shapes, 
         dense[name] = value
     got, spec = _emulate(expr, fmt, dense, tmp_path, emitter)
     np.testing.assert_allclose(got, evaluate(spec, dense), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("dtype", "cols"), [("float32", 72), ("float32", 600), ("float32", 70), ("float64", 70)])
+def test_vectorized_gpu_spmm_when_emulated(dtype, cols, tmp_path):
+    """float4 / double2 accesses of B, C and a column bias, several tiles, and the scalar fallback."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((50, 40)) * (rng.random((50, 40)) < 0.3)
+    dense = {"A": a.astype(dtype), "B": rng.standard_normal((40, cols)).astype(dtype),
+             "b": rng.standard_normal(cols).astype(dtype)}
+    got, _ = _emulate("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", dense, tmp_path, dtype=dtype)
+    ref = dense["A"].astype(np.float64) @ dense["B"] + dense["b"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_emulation_refuses_what_threads_in_sequence_cannot_reproduce(tmp_path):

@@ -98,6 +98,11 @@ class GpuFunction:
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
         for launch, function in zip(self.program.launches, functions):
+            for ref in launch.aligned:
+                if buffers[ref][0] % 16:
+                    op, _ = self._arguments[ref]
+                    raise OperandError(f"{op.name} must start on a 16-byte boundary for this kernel's vector "
+                                       f"accesses (it is a view at an odd offset): pass a copy")
             words = pack_params(launch, buffers, scratch_ptrs)
             function(launch.grid_for(lengths), launch.block, tuple(_WORD(w & _MASK) for w in words),
                      shared_mem=launch.shared_bytes)
