@@ -2,15 +2,17 @@
 
 The sparsifier's SpMM loads and stores the whole C row once per nonzero
 (the loop over B's columns is innermost).  Here each row's C is computed in
-column tiles of ``8 x VL`` elements kept in vector registers while the row's
-nonzeros stream by: per nonzero, eight vector loads of B and eight
-independent FMAs (enough to hide the FMA latency), and C is stored once.  N:M rows walk their groups with the ``n`` entries unrolled
-and no position loads (positions are implicit).  Columns past the last whole
-tile take a scalar loop.  Rows
-run as an ``scf.parallel`` loop, which the CPU pipeline threads like any
-other.  The function has exactly the signature the sparse assembler would
-have given (level buffers, then dense memrefs, returning C), so the C entry
-point and everything after it are shared with sparsified kernels.
+column tiles kept in vector registers (512-bit where the CPU has AVX-512)
+while the row's nonzeros stream by: per nonzero, one vector load of B and
+one FMA per register, and C is stored once.  Tiles come in tiers of 8, 2
+and 1 registers, so a short N (32 columns) still gets independent FMA
+chains, then a scalar loop takes the last columns.  N:M rows walk their
+groups with the ``n`` entries unrolled and no position loads (positions
+are implicit).  Rows run as an ``scf.parallel`` loop, which the CPU
+pipeline threads like any other.  The function has exactly the signature
+the sparse assembler would have given (level buffers, then dense memrefs,
+returning C), so the C entry point and everything after it are shared with
+sparsified kernels.
 """
 
 from __future__ import annotations
@@ -130,7 +132,6 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     stream = _Stream(formats[a_name], cols)
     elt = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}[spec.dtype.name]
     lanes = vector_bits // 8 // spec.dtype.itemsize  # one vector register
-    tile = accumulators * lanes
     vec = f"vector<{lanes}x{elt}>"
     is_float = elt.startswith("f")
     zero = "0.0" if is_float else "0"
@@ -167,12 +168,21 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
                     f"{out} = math.fma {v}, {b}, {acc} : {shape}"]
         return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
 
+    entries = stream.nm.n if stream.nm else 1  # nonzeros per loop iteration
+
     def tile_block(tag: str, count: int, start: str, stop: str) -> list[str]:
-        """Column tiles of ``count`` vectors from ``start`` to ``stop``: accumulate in registers, store once."""
+        """Column tiles of ``count`` vectors from ``start`` to ``stop``: accumulate in registers, store once.
+
+        The unrolled entries of an N:M group go to ``sets`` separate
+        accumulator sets while registers allow, so their FMAs do not wait on
+        each other; the sets are added up after the row.
+        """
         step = count * lanes
+        sets = max(1, min(entries, accumulators // count))
 
         def update(k: str, v: str, e: int) -> list[str]:
-            prev = (lambda u: f"%{tag}a{u}") if e == 0 else (lambda u: f"%{tag}n{u}e{e - 1}")
+            s = e % sets
+            prev = (lambda u: f"%{tag}a{u}s{s}") if e < sets else (lambda u: f"%{tag}n{u}e{e - sets}")
             lines = [f"%{tag}vb{e} = vector.broadcast {v} : {elt} to {vec}"]
             for u in range(count):
                 lines.append(f"%{tag}b{u}e{e} = vector.load %B[{k}, %{tag}j{u}] : memref<?x?x{elt}>, {vec}")
@@ -183,15 +193,23 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
             if bias is not None and bias_dim == 1 else []
         first = {None: lambda u: "%zv", 0: lambda u: "%bias_v"}.get(bias if bias is None else bias_dim,
                                                                      lambda u: f"%{tag}bias{u}")
-        vecs = ", ".join([vec] * count)
-        loop = stream.loop(tag, ", ".join(f"%{tag}a{u} = {first(u)}" for u in range(count)), vecs,
-                           f"%{tag}r:{count}", update,
-                           [f"scf.yield {', '.join(f'%{tag}n{u}e{last}' for u in range(count))} : {vecs}"])
+        slots = [(u, s) for u in range(count) for s in range(sets)]
+        last = {s: max(e for e in range(entries) if e % sets == s) for s in range(sets)}
+        vecs = ", ".join([vec] * len(slots))
+        loop = stream.loop(tag, ", ".join(f"%{tag}a{u}s{s} = {first(u) if s == 0 else '%zv'}" for u, s in slots),
+                           vecs, f"%{tag}r:{len(slots)}", update,
+                           [f"scf.yield {', '.join(f'%{tag}n{u}e{last[s]}' for u, s in slots)} : {vecs}"])
+        totals = []
+        for u in range(count):
+            total = f"%{tag}r#{u * sets}"
+            for s in range(1, sets):
+                totals.append(f"%{tag}sum{u}s{s} = {'arith.addf' if is_float else 'arith.addi'} {total}, "
+                              f"%{tag}r#{u * sets + s} : {vec}")
+                total = f"%{tag}sum{u}s{s}"
+            totals.append(f"vector.store {total}, %C[%i, %{tag}j{u}] : memref<?x?x{elt}>, {vec}")
         return [f"scf.for %{tag}jj = {start} to {stop} step %c{step} {{",
                 *(f"%{tag}j{u} = arith.addi %{tag}jj, %c{u * lanes} : index" for u in range(count)),
-                *init, *loop,
-                *(f"vector.store %{tag}r#{u}, %C[%i, %{tag}j{u}] : memref<?x?x{elt}>, {vec}" for u in range(count)),
-                "}"]
+                *init, *loop, *totals, "}"]
 
     def scalar_update(k: str, v: str, e: int) -> list[str]:
         prev = "%acc" if e == 0 else f"%t{e - 1}"
@@ -200,25 +218,31 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     last = (stream.nm.n - 1) if stream.nm else 0
     scalar_loop = stream.loop("s", f"%acc = {scalar_init[1]}", elt, "%s", scalar_update,
                               [f"scf.yield %t{last} : {elt}"])
-    offsets = sorted({0, 1, lanes, tile, *(u * lanes for u in range(accumulators))})
+    # column tiers: tiles of `accumulators` vectors, then of 2, then of 1 (a short N still gets independent
+    # FMA chains), then scalars; each tier starts where the previous one ended
+    tiers = sorted({accumulators, 2, 1}, reverse=True)
+    tier_lines, tier_loops, start = [], [], "%c0"
+    for t, count in enumerate(tiers):
+        step = count * lanes
+        tier_lines += [f"%left{t} = arith.subi %N, {start} : index", f"%over{t} = arith.remui %left{t}, %c{step} : index",
+                       f"%fit{t} = arith.subi %left{t}, %over{t} : index", f"%end{t} = arith.addi {start}, %fit{t} : index"]
+        tier_loops += tile_block(f"t{t}", count, start, f"%end{t}")
+        start = f"%end{t}"
+    offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
              f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> attributes {{llvm.emit_c_interface}} {{",
              *consts,
              f"%rows = arith.constant {rows} : index",
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
-             f"%rem = arith.remui %N, %c{tile} : index",
-             "%Nv = arith.subi %N, %rem : index",  # end of the wide tiles
-             f"%rem1 = arith.remui %N, %c{lanes} : index",
-             "%Ns = arith.subi %N, %rem1 : index",  # end of the one-vector tiles; the rest is scalar
+             *tier_lines,
              f"%zero = arith.constant {zero} : {elt}",
              f"%zv = arith.constant dense<{zero}> : {vec}",
              "scf.parallel (%i) = (%c0) to (%rows) step (%c1) {",
              *stream.setup(),
              *row_init,
-             *tile_block("w", accumulators, "%c0", "%Nv"),
-             *tile_block("v", 1, "%Nv", "%Ns"),
-             "scf.for %j = %Ns to %N step %c1 {",
+             *tier_loops,
+             f"scf.for %j = {start} to %N step %c1 {{",
              *scalar_init[0],
              *scalar_loop,
              f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>",

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import storage
 from .errors import DeviceError, DTypeError, FormatError, InvalidIndicesError, ShapeError
-from .formats import BSR, COO, CSC, CSR, Format, as_format
+from .formats import BSR, COO, CSC, CSR, Format, LevelKind, as_format
 
 __all__ = ["SparseTensor", "SUPPORTED_DTYPES", "check_dtype"]
 
@@ -42,7 +42,9 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 def _fit_widths(fmt: Format, shape: tuple[int, ...], nnz: int) -> Format:
     """Widen index buffers to 64 bits when the shape or nnz does not fit the format's widths."""
     limit = np.iinfo(np.int32).max
-    need_crd = fmt.crd_width not in (0, 64) and max(fmt.level_sizes(shape), default=0) > np.iinfo(
+    # only levels that store coordinates count: an N:M level's are offsets below m, whatever the shape
+    stored = [size for size, level in zip(fmt.level_sizes(shape), fmt.levels) if level.kind is not LevelKind.DENSE]
+    need_crd = fmt.crd_width not in (0, 64) and max(stored, default=0) > np.iinfo(
         storage.index_dtype(fmt.crd_width)).max
     need_pos = fmt.pos_width not in (0, 64) and nnz > min(limit, np.iinfo(storage.index_dtype(fmt.pos_width)).max)
     if not (need_crd or need_pos):
