@@ -28,12 +28,11 @@ import math
 
 from mlir import ir
 
-from sparse_mlir.dsl.ast import Access, Binary
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import CSR, Format
+from sparse_mlir.formats import Format
 from sparse_mlir.gpu_program import KernelArg, LaneRule, Launch
 
-from .native_spmm import spmm_operands
+from .patterns import is_csr, spmm_operands, spmv_operands
 
 __all__ = ["native_gpu", "WARP", "BLOCK"]
 
@@ -43,32 +42,13 @@ _TILE = 4  # most vectors a lane owns in one SpMM column tile
 _FLOAT = {"float32": "f32", "float64": "f64"}
 
 
-def _is_csr(fmt: Format | None) -> bool:
-    return fmt is not None and fmt.with_widths(32, 32) == CSR
-
-
-def _spmv_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
-    if spec.sparse_output or len(spec.stages) != 1:
-        return None
-    stage = spec.stages[0]
-    body = stage.body
-    if len(stage.reduce) != 1 or len(stage.indices) != 1 or not isinstance(body, Binary) or body.op != "*":
-        return None
-    (j,), (i,) = stage.reduce, stage.indices
-    for a, x in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
-        if isinstance(a, Access) and isinstance(x, Access) and _is_csr(formats.get(a.tensor)) \
-                and x.tensor not in formats and a.index == (i, j) and x.index == (j,):
-            return a.tensor, x.tensor
-    return None
-
-
 def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
                ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
     """The module and launches of a hand-scheduled kernel for ``spec``, or ``None`` if none applies."""
     if spec.dtype.name not in _FLOAT:
         return None
     elt = _FLOAT[spec.dtype.name]
-    if (found := _spmv_operands(spec, formats)) is not None:
+    if (found := spmv_operands(spec, formats)) is not None:
         a, x = found
         fmt = formats[a]
         rows, cols = shapes[a]
@@ -78,7 +58,7 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
                         lanes=LaneRule(ref=args[1].ref, rows=rows))
         return ir.Module.parse(text), (launch,)
     spmm = spmm_operands(spec, formats)
-    if spmm is None or not _is_csr(formats[spmm[0]]):
+    if spmm is None or not is_csr(formats[spmm[0]]):
         return None
     a, b, bias, bias_dim = spmm
     rows, inner = shapes[a]

@@ -1,0 +1,71 @@
+"""Which hand-scheduled kernels apply: pattern matching on planned kernels.
+
+The CPU and GPU emitters (``native_spmm``, ``native_spmv``, ``native_gpu``)
+take over from the sparsifier only for these shapes of ``KernelSpec``; each
+matcher returns the operand names the emitter needs, or ``None``.
+"""
+
+from __future__ import annotations
+
+from sparse_mlir.dsl.ast import Access, Binary
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import CSR, Format
+
+__all__ = ["is_csr", "spmv_operands", "spmm_operands"]
+
+
+def is_csr(fmt: Format | None) -> bool:
+    """CSR with any index widths."""
+    return fmt is not None and fmt.with_widths(32, 32) == CSR
+
+
+def spmv_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+    """``(sparse A, dense x)`` when the kernel is ``y[i] = A[i,j] * x[j]`` with CSR ``A``."""
+    if spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 1 or not isinstance(body, Binary) or body.op != "*":
+        return None
+    (j,), (i,) = stage.reduce, stage.indices
+    for a, x in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        if isinstance(a, Access) and isinstance(x, Access) and is_csr(formats.get(a.tensor)) \
+                and x.tensor not in formats and a.index == (i, j) and x.index == (j,):
+            return a.tensor, x.tensor
+    return None
+
+
+def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str | None, int] | None:
+    """``(sparse A, dense B, bias, bias dim)`` when the kernel is a CSR or N:M SpMM with a dense result.
+
+    Also matched: the SpMM plus a bias over the rows or the columns
+    (``C[i,j] = A[i,k] * B[k,j] + bias[i]``), which the planner splits into a
+    sum stage and an add stage; the bias then seeds the accumulators.
+    """
+    if spec.sparse_output or len(spec.stages) not in (1, 2):
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or not isinstance(body, Binary) or body.op != "*":
+        return None
+    if not (isinstance(body.lhs, Access) and isinstance(body.rhs, Access)) or body.lhs.tensor == body.rhs.tensor:
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    bias, bias_dim = None, -1
+    if len(spec.stages) == 2:
+        add = spec.stages[1].body
+        if spec.stages[1].reduce or spec.stages[1].indices != (i, j) or not isinstance(add, Binary) or add.op != "+":
+            return None
+        terms = {(t.tensor, t.index) for t in (add.lhs, add.rhs) if isinstance(t, Access)}
+        if len(terms) != 2 or (stage.result, (i, j)) not in terms:
+            return None
+        ((bias, index),) = terms - {(stage.result, (i, j))}
+        if bias in formats or index not in ((i,), (j,)):
+            return None
+        bias_dim = (i, j).index(index[0])
+    for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        fmt = formats.get(a.tensor)
+        if fmt is not None and (fmt.with_widths(32, 32) == CSR or fmt.is_nm) and b.tensor not in formats \
+                and a.index == (i, k) and b.index == (k, j) and spec.output_indices == (i, j):
+            return a.tensor, b.tensor, bias, bias_dim
+    return None
