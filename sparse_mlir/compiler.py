@@ -54,6 +54,7 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
 
     from .dialects.kernel import build_kernel_module
     from .dialects.native_spmm import native_spmm
+    from .dialects.native_spmv import native_spmv
     from .lowering import cpu as cpu_pipeline
     from .lowering import toolchain
 
@@ -61,7 +62,7 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
     with ir.Context():
         # patterns with a hand-scheduled emitter first; everything else goes through the sparsifier
         module = native_spmm(spec, spec.formats, shapes, toolchain.vector_bits(cpu)) or \
-            build_kernel_module(spec, shapes)
+            native_spmv(spec, spec.formats, shapes) or build_kernel_module(spec, shapes)
         return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
 
 

@@ -30,7 +30,7 @@ def test_info(tmp_path):
 
 
 def test_show_every_stage():
-    out = cli("show", "y[i] = A[i,j] * x[j]", "--format", "A=csr", "--shape", "A=8x6", "--shape", "x=6").stdout
+    out = cli("show", "y[i] = A[i,j] * x[j]", "--format", "A=csc", "--shape", "A=8x6", "--shape", "x=6").stdout
     for stage in ("input", "sparsified", "llvm"):
         assert f"// ----- {stage} -----" in out
     assert "tensor<8x6xf64, #sparse" in out and "llvm.func @sparse_mlir_kernel(" in out

@@ -43,14 +43,22 @@ def test_mlir_text_has_dynamic_sparse_sizes(spmm):
 
 def test_ir_of_every_stage(operands):
     A, a, _ = operands
-    spmv = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})
-    spmv(A=A, x=np.ones(5))
+    spmv = sm.compile("y[i] = A[j,i] * x[j]", formats={"A": "csr"})  # transposed: sparsified, not hand-scheduled
+    spmv(A=A, x=np.ones(6))
     ir = spmv.ir
     assert list(ir) == ["input", "sparsified", "llvm"]
     assert "tensor<6x5xf64, #sparse" in ir["input"]
     assert "scf.for" in ir["sparsified"] and "sparse_tensor" not in ir["sparsified"].split("module", 1)[1]
     assert "llvm.func @sparse_mlir_kernel(" in ir["llvm"]  # the plain C entry point
     assert "llvm.func internal @_mlir_ciface_kernel" in ir["llvm"]
+
+
+def test_csr_spmv_uses_the_prefetching_emitter(operands):
+    A, a, _ = operands
+    x = np.arange(5.0)
+    spmv = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})
+    np.testing.assert_allclose(spmv(A=A, x=x), a @ x)
+    assert "memref.prefetch" in spmv.ir["input"] and "scf.parallel" in spmv.ir["input"]
 
 
 def test_csr_spmm_uses_the_register_tiled_emitter(spmm, operands):
@@ -228,7 +236,7 @@ def test_a_compiler_crash_becomes_a_lowering_error(tmp_path):
     from sparse_mlir.errors import LoweringError
     from sparse_mlir.signature import Signature
 
-    spec = plan("y[i] = A[i,j]*x[j]", {"A": "csr"})
+    spec = plan("y[i] = A[i,j]*x[j]", {"A": "csc"})  # sparsified (the hand-scheduled CSR SpMV takes any size)
     sig = Signature.from_spec(spec, spec.formats, {"A": (4, 4), "x": (4,), "y": (4,)}, "k")
     with pytest.raises(LoweringError, match="compiler process died"):
         worker.call("build_library", spec, {"A": (-3, 4), "x": (4,), "y": (-3,)}, sig, tmp_path / "k.so", "cpu",
