@@ -11,6 +11,7 @@ made, never at package import.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,9 @@ from .tensor import SparseTensor
 __all__ = ["DeviceSparseTensor", "cupy"]
 
 
+@functools.cache
 def cupy() -> Any:
-    """The ``cupy`` module, or ``DeviceError`` saying how to get it."""
+    """The ``cupy`` module, or ``DeviceError`` saying how to get it (checked once per process)."""
     try:
         import cupy as cp
     except ImportError as exc:

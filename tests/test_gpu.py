@@ -256,6 +256,53 @@ def test_emulation_refuses_what_threads_in_sequence_cannot_reproduce(tmp_path):
     assert not isinstance(caught.value, SparseMLIRError)  # a test-harness limit, not a user error
 
 
+# -- the runtime's call path, with a stand-in for CuPy that records launches -----------------------------------
+def test_calls_pack_device_pointers_and_zero_the_output(monkeypatch):
+    import fake_cupy
+
+    record = fake_cupy.install(monkeypatch)
+    kernel = sm.compile("C[i,j] = A[i,k]*B[k,j] + b[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    a = sp.random(50, 40, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    A = sm.SparseTensor.from_scipy(a).to("cuda")
+    B = fake_cupy.FakeArray(np.ones((40, 64), np.float32))
+    bias = fake_cupy.FakeArray(np.ones(64, np.float32))
+    out = kernel(A=A, B=B, b=bias)
+    assert out.shape == (50, 64) and not out.host.any()  # zeroed for the kernel to accumulate into
+    ((name, grid, block, words, shared),) = record.launches
+    assert (name, grid, block, shared) == ("spmm", (13, 1, 1), (128, 1, 1), 0)
+    pos, crd, values = A.buffers
+    assert words[:15] == [pos.data.ptr, pos.data.ptr, 0, 51, 1, crd.data.ptr, crd.data.ptr, 0, a.nnz, 1,
+                          values.data.ptr, values.data.ptr, 0, a.nnz, 1]
+    assert words[15:22] == [B.data.ptr, B.data.ptr, 0, 40, 64, 64, 1]
+    assert words[22:27] == [bias.data.ptr, bias.data.ptr, 0, 64, 1]
+    assert words[27:] == [out.data.ptr, out.data.ptr, 0, 50, 64, 64, 1]
+    assert len(record.modules) == 1 and record.modules[0].endswith(".sm_90.ptx")  # on a 9.0 device
+    kernel(A=A, B=B, b=bias)
+    assert len(record.modules) == 1 and len(record.launches) == 2  # loaded once
+    offset = fake_cupy.FakeArray(np.ones(40 * 64 + 1, np.float32)[1:].reshape(40, 64))
+    with pytest.raises(sm.errors.OperandError, match="16-byte boundary"):
+        kernel(A=A, B=offset, b=bias)
+    assert len(record.launches) == 2
+
+
+def test_exported_kernels_load_cubins_and_size_the_grid_from_nnz(monkeypatch, tmp_path):
+    import fake_cupy
+
+    _ptxas()
+    record = fake_cupy.install(monkeypatch)
+    kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    paths = sm.export(kernel, tmp_path, "spmv", shapes={"A": (1000, 300), "x": (300,)})
+    loaded = sm.load_kernel(paths["manifest"])
+    a = sp.random(1000, 300, density=0.03, format="csr", dtype=np.float32, random_state=0)  # 9 per row: 16 lanes
+    y = loaded(A=sm.SparseTensor.from_scipy(a).to("cuda"), x=fake_cupy.FakeArray(np.ones(300, np.float32)))
+    assert y.shape == (1000,)
+    ((name, grid, block, words, _),) = record.launches
+    assert name == "spmv" and words[-1] == 16 and grid == (125, 1, 1)  # 1000 rows x 16 lanes / 128
+    assert record.modules[0].endswith("spmv.sm_90.cubin")
+    with pytest.raises(sm.errors.ShapeError, match="exported for A of shape"):
+        loaded(A=sm.SparseTensor.from_scipy(a[:10]).to("cuda"), x=fake_cupy.FakeArray(np.ones(300, np.float32)))
+
+
 # -- on a device --------------------------------------------------------------------------------------------
 def _cupy():
     cp = pytest.importorskip("cupy", reason="CuPy is not installed")

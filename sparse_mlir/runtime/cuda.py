@@ -37,8 +37,7 @@ __all__ = ["CudaKernel", "LoadedCudaKernel", "GpuFunction", "device_operands", "
 
 PROGRAM_SUFFIX = ".gpu.json"
 EMITTERS = ("auto", "sparsifier")  # see compiler.build_gpu_program
-_WORD = np.uint64
-_MASK = (1 << 64) - 1
+_MASK = (1 << 64) - 1  # every parameter is one 64-bit word
 
 
 def pick_chip(available: list[str], capability: str) -> str:
@@ -94,18 +93,17 @@ class GpuFunction:
             else:
                 value = self._positions(cp, op)
             buffers.append((value.data.ptr, value.size))
+        for launch in self.program.launches:  # before anything is launched
+            for ref in launch.aligned:
+                if buffers[ref][0] % 16:
+                    raise OperandError(f"{self._arguments[ref][0].name} must start on a 16-byte boundary for this "
+                                       f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
         scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
         for launch, function in zip(self.program.launches, functions):
-            for ref in launch.aligned:
-                if buffers[ref][0] % 16:
-                    op, _ = self._arguments[ref]
-                    raise OperandError(f"{op.name} must start on a 16-byte boundary for this kernel's vector "
-                                       f"accesses (it is a view at an odd offset): pass a copy")
-            words = pack_params(launch, buffers, scratch_ptrs)
-            function(launch.grid_for(lengths), launch.block, tuple(_WORD(w & _MASK) for w in words),
-                     shared_mem=launch.shared_bytes)
+            words = np.array([w & _MASK for w in pack_params(launch, buffers, scratch_ptrs)], dtype=np.uint64)
+            function(launch.grid_for(lengths), launch.block, tuple(words), shared_mem=launch.shared_bytes)
         return out
 
     def _positions(self, cp: Any, op: Any) -> Any:
