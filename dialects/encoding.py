@@ -19,7 +19,7 @@ def encoding_attr(fmt: Format) -> st.EncodingAttr | None:
 
 
 def element_type(dtype: np.dtype) -> ir.Type:
-    return {"float32": ir.F32Type.get, "float64": ir.F64Type.get,
+    return {"float32": ir.F32Type.get, "float64": ir.F64Type.get, "float16": ir.F16Type.get,
             "int32": lambda: ir.IntegerType.get_signless(32),
             "int64": lambda: ir.IntegerType.get_signless(64)}[np.dtype(dtype).name]()
 

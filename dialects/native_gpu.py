@@ -39,7 +39,21 @@ __all__ = ["native_gpu", "WARP", "BLOCK"]
 WARP = 32
 BLOCK = 128  # threads per block: four warps
 _TILE = 4  # most vectors a lane owns in one SpMM column tile
-_FLOAT = {"float32": "f32", "float64": "f64"}
+_FLOAT = {"float16": "f16", "float32": "f32", "float64": "f64"}
+_BYTES = {"f16": 2, "f32": 4, "f64": 8}
+
+
+def _accumulator(elt: str) -> str:
+    """float16 data is summed in float32."""
+    return "f32" if elt == "f16" else elt
+
+
+def _convert(name: str, value: str, source: str, target: str) -> tuple[list[str], str]:
+    """Lines giving ``value`` (of type ``source``) as ``target``, and the result's name (no line if equal)."""
+    if source == target:
+        return [], value
+    wider = _BYTES[target.split("x")[-1].rstrip(">")] > _BYTES[source.split("x")[-1].rstrip(">")]
+    return [f"{name} = arith.{'extf' if wider else 'truncf'} {value} : {source} to {target}"], name
 
 
 def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
@@ -58,6 +72,8 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
                         lanes=LaneRule(ref=args[1].ref, rows=rows))
         return ir.Module.parse(text), (launch,)
     spmm = spmm_operands(spec, formats)
+    if spmm is not None and elt == "f16" and (found := _sparse_tensor_core(spec, formats, shapes, spmm)):
+        return found
     if spmm is None or not is_csr(formats[spmm[0]]):
         return None
     a, b, bias, bias_dim = spmm
@@ -73,6 +89,24 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
     aligned = tuple(arg.ref for arg in args[3:]) if width > 1 else ()
     launch = Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned)
+    return ir.Module.parse(text), (launch,)
+
+
+def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+                        spmm: tuple[str, str, str | None, int]) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+    """The 2:4 Sparse Tensor Core SpMM, for float16 NM(2,4) ``A`` with 8-bit offsets and whole MMA tiles."""
+    a, b, bias, _ = spmm
+    fmt = formats[a]
+    rows, inner = shapes[a]
+    cols = shapes[spec.output][1]
+    if bias is not None or not fmt.is_nm or (fmt.levels[-1].n, fmt.levels[-1].m) != (2, 4) or fmt.crd_width != 8 \
+            or cols is None or rows % 16 or inner % 32 or cols % 8:
+        return None
+    per_warp = 4 if cols % 32 == 0 else 1
+    text = _sparse_tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0])
+    args = tuple(_args(spec, a, (b, (inner, cols)), (spec.output, (rows, cols))))
+    grid = (math.ceil(rows / 16 / (BLOCK // WARP)), cols // (8 * per_warp), 1)
+    launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref))
     return ir.Module.parse(text), (launch,)
 
 
@@ -111,31 +145,36 @@ def _row_bounds(pos_t: str, row: str, valid: str) -> list[str]:
 
 def _spmv_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
     pos_t, crd_t = _index_types(fmt)
+    acc = _accumulator(elt)
+    widen_a, a = _convert("%a_w", "%a", elt, acc)
+    widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
     body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
-            f"%rows = arith.constant {rows} : index", f"%zero = arith.constant 0.0 : {elt}",
+            f"%rows = arith.constant {rows} : index", f"%zero = arith.constant 0.0 : {acc}",
             "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
             "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
             "%row = arith.divui %gtid, %lanes : index", "%lane = arith.remui %gtid, %lanes : index",
             "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
             "%k0 = arith.addi %start, %lane : index",
-            f"%partial = scf.for %k = %k0 to %end step %lanes iter_args(%acc = %zero) -> ({elt}) {{",
+            f"%partial = scf.for %k = %k0 to %end step %lanes iter_args(%acc = %zero) -> ({acc}) {{",
             f"  %j_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
             f"  %j = arith.index_castui %j_raw : {crd_t} to index",
             f"  %a = memref.load %val[%k] : memref<?x{elt}>",
             f"  %xj = memref.load %x[%j] : {_memref((cols,), elt)}",
-            f"  %sum = math.fma %a, %xj, %acc : {elt}",
-            f"  scf.yield %sum : {elt}", "}",
+            *widen_a, *widen_x,
+            f"  %sum = math.fma {a}, {xj}, %acc : {acc}",
+            f"  scf.yield %sum : {acc}", "}",
             "%width = arith.constant 32 : i32", "%lanes_i32 = arith.index_cast %lanes : index to i32"]
     # butterfly over the group: every lane of the warp takes part, offsets below the group size stay inside it
     value = "%partial"
     for step, offset in enumerate((16, 8, 4, 2, 1)):
         body += [f"%off{step} = arith.constant {offset} : i32",
-                 f"%other{step}, %ok{step} = gpu.shuffle xor {value}, %off{step}, %width : {elt}",
+                 f"%other{step}, %ok{step} = gpu.shuffle xor {value}, %off{step}, %width : {acc}",
                  f"%inside{step} = arith.cmpi ult, %off{step}, %lanes_i32 : i32",
-                 f"%add{step} = arith.addf {value}, %other{step} : {elt}",
-                 f"%red{step} = arith.select %inside{step}, %add{step}, {value} : {elt}"]
+                 f"%add{step} = arith.addf {value}, %other{step} : {acc}",
+                 f"%red{step} = arith.select %inside{step}, %add{step}, {value} : {acc}"]
         value = f"%red{step}"
-    body += ["%leader = arith.cmpi eq, %lane, %c0 : index", "%write = arith.andi %valid, %leader : i1",
+    narrow, value = _convert("%y_value", value, acc, elt)
+    body += [*narrow, "%leader = arith.cmpi eq, %lane, %c0 : index", "%write = arith.andi %valid, %leader : i1",
              "scf.if %write {", f"  memref.store {value}, %y[%row] : {_memref((rows,), elt)}", "}", "gpu.return"]
     params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
               f"%x: {_memref((cols,), elt)}, %y: {_memref((rows,), elt)}, %lanes: index")
@@ -144,7 +183,7 @@ def _spmv_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
 
 def _spmm_shape(elt: str, cols: int) -> tuple[int, int]:
     """``(width, per_lane)``: elements per vector access (16 bytes when the rows allow it) and vectors per lane."""
-    width = 16 // (4 if elt == "f32" else 8)
+    width = 16 // _BYTES[elt]
     if cols % width:
         width = 1
     return width, max(1, min(_TILE, math.ceil(cols / (WARP * width))))
@@ -154,16 +193,25 @@ def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim
     pos_t, crd_t = _index_types(fmt)
     width, per_lane = _spmm_shape(elt, cols)
     b_t, c_t = _memref((inner, cols), elt), _memref((rows, cols), elt)
-    vec = f"vector<{width}x{elt}>"
+    acc = _accumulator(elt)
 
-    def load(buffer: str, index: str, memref: str) -> str:
-        if width == 1:
-            return f"memref.load {buffer}[{index}] : {memref}"
-        return f"vector.load {buffer}[{index}] {{alignment = 16}} : {memref}, {vec}"
+    def typed(element: str) -> str:
+        return element if width == 1 else f"vector<{width}x{element}>"
+
+    vec, acc_t = typed(elt), typed(acc)
+
+    def load(name: str, buffer: str, index: str, memref: str) -> list[str]:
+        """``name`` = the data at ``index``, widened to the accumulator type."""
+        op = (f"memref.load {buffer}[{index}] : {memref}" if width == 1 else
+              f"vector.load {buffer}[{index}] {{alignment = 16}} : {memref}, {vec}")
+        widen, value = _convert(name, f"{name}_raw", vec, acc_t)
+        return [f"{name}_raw = {op}", *widen] if widen else [f"{name} = {op}"]
 
     body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
             f"%rows = arith.constant {rows} : index", f"%cols = arith.constant {cols} : index",
-            f"%warp = arith.constant {WARP} : index", f"%zero = arith.constant 0.0 : {elt}",
+            f"%warp = arith.constant {WARP} : index", f"%zero = arith.constant 0.0 : {acc}",
+            f"%zeros = arith.constant {'0.0' if width == 1 else f'dense<0.0> : {acc_t}'}"
+            + (f" : {acc}" if width == 1 else ""),
             f"%width = arith.constant {width} : index",
             "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%tile = gpu.block_id y",
             f"%warps = arith.constant {BLOCK // WARP} : index",
@@ -173,44 +221,139 @@ def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim
             "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
             f"%tile_cols = arith.constant {WARP * width * per_lane} : index",
             "%tile_col = arith.muli %tile, %tile_cols : index"]
+    seeds = ["%zeros"] * per_lane  # where each accumulator starts: zero, or the bias
+    if bias_dim == 0:
+        body.append(f"%bias_raw = memref.load %bias[%safe_row] : {_memref((rows,), elt)}")
+        widen, seeds[0] = _convert("%bias_w", "%bias_raw", elt, acc)
+        body += widen
+        if width > 1:
+            body.append(f"%bias_seed = vector.broadcast {seeds[0]} : {acc} to {acc_t}")
+            seeds[0] = "%bias_seed"
+        seeds = [seeds[0]] * per_lane
     # lane's columns (whole vectors: cols is a multiple of the width), clamped for loads and guarded for stores
     for t in range(per_lane):
         body += [f"%off{t} = arith.constant {t * WARP * width} : index",
                  f"%cb{t} = arith.addi %tile_col, %off{t} : index",
                  f"%col{t} = arith.addi %cb{t}, %lane_col : index", f"%in{t} = arith.cmpi ult, %col{t}, %cols : index",
                  f"%safe{t} = arith.select %in{t}, %col{t}, %c0 : index"]
-        if bias_dim == 0:
-            scalar = f"%bias_row{t} = memref.load %bias[%safe_row] : {_memref((rows,), elt)}"
-            body += [scalar] if width == 1 else [scalar, f"%seed{t} = vector.broadcast %bias_row{t} : {elt} to {vec}"]
-            if width == 1:
-                body.append(f"%seed{t} = arith.addf %bias_row{t}, %zero : {elt}")
-        elif bias_dim == 1:
-            body.append(f"%seed{t} = {load('%bias', f'%safe{t}', _memref((cols,), elt))}")
-        else:
-            body.append(f"%seed{t} = arith.constant {'0.0' if width == 1 else f'dense<0.0> : {vec}'}"
-                        + (f" : {elt}" if width == 1 else ""))
-    acc_t = elt if width == 1 else vec
-    accs = ", ".join(f"%acc{t} = %seed{t}" for t in range(per_lane))
+        if bias_dim == 1:
+            body += load(f"%seed{t}", "%bias", f"%safe{t}", _memref((cols,), elt))
+            seeds[t] = f"%seed{t}"
+    accs = ", ".join(f"%acc{t} = {seeds[t]}" for t in range(per_lane))
     types = ", ".join([acc_t] * per_lane)
+    widen_a, a = _convert("%a_w", "%a", elt, acc)
     body += [f"%sums:{per_lane} = scf.for %k = %start to %end step %c1 iter_args({accs}) -> ({types}) {{",
              f"  %k_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
              f"  %kk = arith.index_castui %k_raw : {crd_t} to index",
-             f"  %a = memref.load %val[%k] : memref<?x{elt}>"]
+             f"  %a = memref.load %val[%k] : memref<?x{elt}>", *widen_a]
     if width > 1:
-        body.append(f"  %av = vector.broadcast %a : {elt} to {vec}")
+        body.append(f"  %av = vector.broadcast {a} : {acc} to {acc_t}")
+        a = "%av"
     for t in range(per_lane):
-        body += [f"  %b{t} = {load('%b', f'%kk, %safe{t}', b_t)}",
-                 f"  %n{t} = math.fma {'%a' if width == 1 else '%av'}, %b{t}, %acc{t} : {acc_t}"]
+        body += [*load(f"%b{t}", "%b", f"%kk, %safe{t}", b_t),
+                 f"  %n{t} = math.fma {a}, %b{t}, %acc{t} : {acc_t}"]
     body += [f"  scf.yield {', '.join(f'%n{t}' for t in range(per_lane))} : {types}", "}"]
     for t in range(per_lane):
-        store = (f"  memref.store %sums#{t}, %c[%row, %col{t}] : {c_t}" if width == 1 else
-                 f"  vector.store %sums#{t}, %c[%row, %col{t}] {{alignment = 16}} : {c_t}, {vec}")
-        body += [f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{", store, "}"]
+        narrow, value = _convert(f"%out{t}", f"%sums#{t}", acc_t, vec)
+        store = (f"  memref.store {value}, %c[%row, %col{t}] : {c_t}" if width == 1 else
+                 f"  vector.store {value}, %c[%row, %col{t}] {{alignment = 16}} : {c_t}, {vec}")
+        body += [*narrow, f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{", store, "}"]
     body.append("gpu.return")
     bias = "" if bias_dim < 0 else f"%bias: {_memref((rows,) if bias_dim == 0 else (cols,), elt)}, "
     params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, %b: {b_t}, {bias}"
               f"%c: {c_t}")
     return _module("spmm", params, body)
+
+
+def _sparse_tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str) -> str:
+    """2:4 SpMM on Sparse Tensor Cores: ``nvgpu.mma.sp.sync`` m16n8k32, float16 in, float32 sums.
+
+    A warp owns 16 rows and ``per_warp`` tiles of 8 columns and walks K in
+    steps of 32.  Per step each lane loads its A fragment (four pairs of
+    stored values), builds its sparsity metadata from the stored in-group
+    offsets (eight 2-bit fields per 16-bit half: no separate metadata
+    array), and for each column tile loads its B fragment (pairs along K)
+    and issues one MMA.  Fragment layouts follow the PTX ISA for
+    ``mma.sp.m16n8k32`` (as upstream's ``sparse-mma-2-4-f16`` test does):
+    lane ``l`` holds rows ``l/4`` and ``l/4 + 8``, stored columns
+    ``2*(l%4) + {0,1}`` and ``+8``; metadata comes from lanes 4i and 4i+1.
+    """
+    stored = inner // 2
+    c_t, b_t = _memref((rows, cols), "f16"), _memref((inner, cols), "f16")
+    acc_t = "vector<2x2xf32>"
+    body = [*(f"%c{c} = arith.constant {c} : index" for c in (0, 1, 2, 4, 8, 16, 32)),
+            f"%rows = arith.constant {rows} : index", f"%stored = arith.constant {stored} : index",
+            f"%steps = arith.constant {inner // 32} : index", f"%warps = arith.constant {BLOCK // WARP} : index",
+            f"%tile_cols = arith.constant {8 * per_warp} : index",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%nb = gpu.block_id y",
+            "%warp_in_block = arith.divui %tid, %c32 : index", "%lane = arith.remui %tid, %c32 : index",
+            "%warp = arith.muli %bid, %warps : index", "%warp_id = arith.addi %warp, %warp_in_block : index",
+            "%m0 = arith.muli %warp_id, %c16 : index", "%valid = arith.cmpi ult, %m0, %rows : index",
+            "%qr = arith.divui %lane, %c4 : index", "%q4 = arith.remui %lane, %c4 : index",
+            "%qc = arith.muli %q4, %c2 : index", "%pair = arith.remui %lane, %c2 : index",
+            "%r0 = arith.addi %m0, %qr : index", "%r1 = arith.addi %r0, %c8 : index",
+            "%base0 = arith.muli %r0, %stored : index", "%base1 = arith.muli %r1, %stored : index",
+            "%n_base = arith.muli %nb, %tile_cols : index",
+            "%pair8 = arith.muli %pair, %c8 : index",
+            "%shifts = arith.constant dense<[1, 4, 16, 64, 256, 1024, 4096, 16384]> : vector<8xi16>",
+            "%zero_acc = arith.constant dense<0.0> : vector<2x2xf32>",
+            "%zero_frag = arith.constant dense<0.0> : vector<4x2xf16>",
+            "%zero_meta = arith.constant dense<0> : vector<2xi16>",
+            "scf.if %valid {"]
+    accs = ", ".join(f"%acc{t} = %zero_acc" for t in range(per_warp))
+    types = ", ".join([acc_t] * per_warp)
+    loop = [f"%sums:{per_warp} = scf.for %s = %c0 to %steps step %c1 iter_args({accs}) -> ({types}) {{",
+            "%cs = arith.muli %s, %c16 : index", "%k0 = arith.muli %s, %c32 : index",
+            "%col_a = arith.addi %cs, %qc : index", "%col_b = arith.addi %col_a, %c8 : index"]
+    # A fragment: rows r0 / r1, stored columns col_a / col_b (pairs)
+    for name, base, col in (("a00", "%base0", "%col_a"), ("a10", "%base1", "%col_a"), ("a01", "%base0", "%col_b"),
+                            ("a11", "%base1", "%col_b")):
+        loop += [f"%i_{name} = arith.addi {base}, {col} : index",
+                 f"%{name} = vector.load %val[%i_{name}] {{alignment = 4}} : memref<?xf16>, vector<2xf16>"]
+    frag = "%zero_frag"
+    for i, name in enumerate(("a00", "a10", "a01", "a11")):
+        loop.append(f"%fa{i} = vector.insert %{name}, {frag} [{i}] : vector<2xf16> into vector<4x2xf16>")
+        frag = f"%fa{i}"
+    # metadata: the 8 stored offsets of this lane's half of the step, packed 2 bits each, rows r0 and r1
+    meta = "%zero_meta"
+    for h, base in enumerate(("%base0", "%base1")):
+        loop += [f"%mo{h} = arith.addi {base}, %cs : index", f"%mi{h} = arith.addi %mo{h}, %pair8 : index",
+                 f"%mb{h} = vector.load %crd[%mi{h}] {{alignment = 8}} : memref<?xi8>, vector<8xi8>",
+                 f"%mw{h} = arith.extui %mb{h} : vector<8xi8> to vector<8xi16>",
+                 f"%ms{h} = arith.muli %mw{h}, %shifts : vector<8xi16>",
+                 f"%mv{h} = vector.reduction <add>, %ms{h} : vector<8xi16> into i16",
+                 f"%meta{h} = vector.insert %mv{h}, {meta} [{h}] : i16 into vector<2xi16>"]
+        meta = f"%meta{h}"
+    results = []
+    for t in range(per_warp):
+        loop += [f"%tn{t} = arith.constant {8 * t} : index", f"%nt{t} = arith.addi %n_base, %tn{t} : index",
+                 f"%n{t} = arith.addi %nt{t}, %qr : index"]
+        bfrag = "%zero_frag"
+        for q in range(4):
+            loop += [f"%kq{t}_{q}o = arith.constant {8 * q} : index",
+                     f"%kq{t}_{q}a = arith.addi %k0, %qc : index",
+                     f"%kq{t}_{q} = arith.addi %kq{t}_{q}a, %kq{t}_{q}o : index",
+                     f"%kq{t}_{q}n = arith.addi %kq{t}_{q}, %c1 : index",
+                     f"%b{t}_{q}x = memref.load %b[%kq{t}_{q}, %n{t}] : {b_t}",
+                     f"%b{t}_{q}y = memref.load %b[%kq{t}_{q}n, %n{t}] : {b_t}",
+                     f"%b{t}_{q} = vector.from_elements %b{t}_{q}x, %b{t}_{q}y : vector<2xf16>",
+                     f"%fb{t}_{q} = vector.insert %b{t}_{q}, {bfrag} [{q}] : vector<2xf16> into vector<4x2xf16>"]
+            bfrag = f"%fb{t}_{q}"
+        loop.append(f"%d{t} = nvgpu.mma.sp.sync({frag}, {bfrag}, %acc{t}) metadata({meta}) "
+                    f"{{mmaShape = [16, 8, 32]}} : (vector<4x2xf16>, vector<4x2xf16>, {acc_t}) -> {acc_t}")
+        results.append(f"%d{t}")
+    loop += [f"scf.yield {', '.join(results)} : {types}", "}"]
+    body += loop
+    for t in range(per_warp):
+        body += [f"%ct{t} = arith.constant {8 * t} : index", f"%cn{t} = arith.addi %n_base, %ct{t} : index",
+                 f"%ccol{t} = arith.addi %cn{t}, %qc : index"]
+        for h, row in enumerate(("%r0", "%r1")):
+            body += [f"%o{t}_{h} = vector.extract %sums#{t}[{h}] : vector<2xf32> from {acc_t}",
+                     f"%h{t}_{h} = arith.truncf %o{t}_{h} : vector<2xf32> to vector<2xf16>",
+                     f"vector.store %h{t}_{h}, %c[{row}, %ccol{t}] {{alignment = 4}} : {c_t}, vector<2xf16>"]
+    body += ["}", "gpu.return"]
+    params = f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, %b: {b_t}, %c: {c_t}"
+    return _module("spmm_2to4", params, body)
 
 
 def _module(name: str, params: str, body: list[str]) -> str:

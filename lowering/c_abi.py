@@ -26,7 +26,7 @@ _INT = {1: "i8", 2: "i16", 4: "i32", 8: "i64"}
 
 
 def _llvm_type(dtype: np.dtype) -> str:
-    return {"float32": "f32", "float64": "f64"}.get(dtype.name) or _INT[dtype.itemsize]
+    return {"float16": "f16", "float32": "f32", "float64": "f64"}.get(dtype.name) or _INT[dtype.itemsize]
 
 
 def _descriptor_type(rank: int) -> str:

@@ -55,7 +55,7 @@ def _to_nvvm(chip: str) -> str:
     link = f" l={bitcode}" if (bitcode := cuda_toolkit.libdevice()) else ""
     return ("builtin.module("
             f"nvvm-attach-target{{chip={chip} features=+ptx80 O=3{link}}},"
-            "gpu.module(lower-affine,convert-scf-to-cf,convert-gpu-to-nvvm,canonicalize,cse),"
+            "gpu.module(lower-affine,convert-scf-to-cf,convert-nvgpu-to-nvvm,convert-gpu-to-nvvm,canonicalize,cse),"
             "reconcile-unrealized-casts)")
 
 

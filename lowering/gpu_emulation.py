@@ -27,7 +27,7 @@ from sparse_mlir.signature import Signature
 __all__ = ["EmulationError", "emulation_module"]
 
 _IDS = {"thread_id": "t", "block_id": "b", "block_dim": "bd", "grid_dim": "g"}
-_ELEMENT = {"float32": "f32", "float64": "f64", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64"}
+_ELEMENT = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64"}
 _ID_ARGS = [f"%emu_{k}{d}" for k in ("b", "t", "g", "bd") for d in "xyz"]
 
 
@@ -61,7 +61,7 @@ def _kernel_as_function(asm: str) -> str:
     body = re.sub(r"(%[\w$.-]+) = gpu\.(thread_id|block_id|block_dim|grid_dim)\s+([xyz])(?:\s+upper_bound\s+\d+)?",
                   lambda m: f"{m.group(1)} = arith.addi %emu_{_IDS[m.group(2)]}{m.group(3)}, %emu_zero : index", body)
     body = body.replace("gpu.return", "func.return")
-    if (left := re.search(r"gpu\.\w+", body)) is not None:
+    if (left := re.search(r"\b(?:nv)?gpu\.\w+", body)) is not None:
         raise EmulationError(f"the kernel uses {left.group(0)}")
     return (f"func.func private @{header.group(1)}({header.group(2)}, {ids}) {{\n"
             f"  %emu_zero = arith.constant 0 : index\n{body}")

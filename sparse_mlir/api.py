@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from .compiler import TARGETS
 from .dsl.plan import plan
-from .errors import DeviceError, DSLError
+from .errors import DeviceError, DSLError, DTypeError
 from .formats import Format
 from .knobs import knobs
 from .runtime.cuda import CudaKernel
@@ -42,6 +44,8 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     if formats is not None and not isinstance(formats, dict):
         raise DSLError(f"formats must be a dict of tensor name to format, got {type(formats).__name__}")
     spec = plan(expression, formats, dtype)
+    if spec.dtype == np.float16 and target != "cuda":
+        raise DTypeError("float16 kernels run on target='cuda' (accumulating in float32); on the CPU use float32")
     if target == "cuda":
         if schedule != "default":
             raise DSLError("schedule='auto' chooses among CPU variants; target 'cuda' takes schedule='default'")

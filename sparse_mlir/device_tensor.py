@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DeviceError, FormatError, InvalidIndicesError
-from .formats import CSR, Format, parse_format
+from .errors import DeviceError, FormatError, InvalidIndicesError, PatternError
+from .formats import CSR, NM, Format, parse_format
 from .tensor import SparseTensor
 
 __all__ = ["DeviceSparseTensor", "cupy"]
@@ -91,6 +91,32 @@ class DeviceSparseTensor:
         width = 32 if indptr.dtype == np.int32 and indices.dtype == np.int32 else 64
         return cls(fmt.with_widths(width, width), (rows, cols),
                    (indptr.astype(f"int{width}", copy=False), indices.astype(f"int{width}", copy=False), data))
+
+    @classmethod
+    def from_dense_nm(cls, array: Any, n: int = 2, m: int = 4, *, prune: bool = False) -> DeviceSparseTensor:
+        """Compress a 2-d CuPy array to ``NM(n, m)`` on the device: values plus 8-bit in-group offsets.
+
+        Each group of ``m`` along a row keeps its nonzeros (in order, padded
+        with stored zeros to ``n``); a group with more than ``n`` raises
+        ``PatternError`` (one flag read back), unless ``prune=True`` keeps the
+        ``n`` largest magnitudes instead (ties: the first).
+        """
+        cp = cupy()
+        if array.ndim != 2 or array.shape[1] % m:
+            raise FormatError(f"NM({n},{m}) needs a 2-d array with a multiple of {m} columns, got {array.shape}")
+        rows, cols = array.shape
+        groups = array.reshape(rows, cols // m, m)
+        if prune:
+            keep = cp.argsort(-cp.abs(groups), axis=2, kind="stable")[:, :, :n]
+        else:
+            if bool(cp.any(cp.count_nonzero(groups, axis=2) > n)):
+                raise PatternError(f"a group of {m} has more than {n} nonzeros: not an {n}:{m} matrix "
+                                   f"(prune=True keeps the {n} largest)")
+            keep = cp.argsort(groups == 0, axis=2, kind="stable")[:, :, :n]  # nonzeros first, in order
+        offsets = cp.sort(keep, axis=2)
+        values = cp.take_along_axis(groups, offsets, axis=2).reshape(-1)
+        fmt = NM(n, m)
+        return cls(fmt, (rows, cols), (offsets.astype(cp.int8).reshape(-1), cp.ascontiguousarray(values)))
 
     @property
     def nnz(self) -> int:

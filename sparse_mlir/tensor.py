@@ -19,7 +19,7 @@ from .formats import BSR, COO, CSC, CSR, Format, LevelKind, as_format
 
 __all__ = ["SparseTensor", "SUPPORTED_DTYPES", "check_dtype"]
 
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64", "float16"))
 
 
 def check_dtype(dtype: Any, what: str) -> np.dtype:

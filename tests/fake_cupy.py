@@ -1,9 +1,11 @@
 """A stand-in for the slice of CuPy the GPU runtime uses, backed by numpy, recording launches.
 
-It lets CI run ``CudaKernel`` / ``LoadedCudaKernel`` calls end to end (operand
-checks, module loading, parameter packing, output zeroing, launch order)
-without a GPU; what the kernels compute is checked by the emulation tests
-and on a device.  ``install(monkeypatch)`` puts it in ``sys.modules``.
+It lets CI run ``CudaKernel`` / ``LoadedCudaKernel`` calls and the device
+tensor constructors end to end (operand checks, module loading, parameter
+packing, output zeroing, launch order, device-side validation and N:M
+compression) without a GPU; what the kernels compute is checked by the
+emulation tests and on a device.  ``install(monkeypatch)`` puts it in
+``sys.modules``.
 """
 
 from __future__ import annotations
@@ -15,32 +17,39 @@ from typing import Any
 import numpy as np
 
 
-class FakeArray:
+class FakeArray(np.ndarray):
     """A numpy array with CuPy's ``.data.ptr`` and ``.get()``."""
 
-    __module__ = "cupy"
+    @property
+    def data(self) -> Any:  # type: ignore[override]
+        return types.SimpleNamespace(ptr=self.ctypes.data)
 
-    def __init__(self, array: np.ndarray):
-        self.host = np.ascontiguousarray(array)
-        self.data = types.SimpleNamespace(ptr=self.host.ctypes.data)
-
-    size = property(lambda self: self.host.size)
-    shape = property(lambda self: self.host.shape)
-    ndim = property(lambda self: self.host.ndim)
-    dtype = property(lambda self: self.host.dtype)
-    flags = property(lambda self: self.host.flags)
-
-    def fill(self, value: Any) -> None:
-        self.host.fill(value)
+    @property
+    def host(self) -> np.ndarray:
+        return np.asarray(self)
 
     def get(self) -> np.ndarray:
-        return self.host.copy()
+        return np.array(self)
 
-    def astype(self, dtype: Any, copy: bool = True) -> FakeArray:
-        return self if self.host.dtype == np.dtype(dtype) and not copy else FakeArray(self.host.astype(dtype))
 
-    def __mul__(self, other: Any) -> FakeArray:
-        return FakeArray(self.host * other)
+FakeArray.__module__ = "cupy"
+
+
+def device(array: Any) -> FakeArray:
+    return np.ascontiguousarray(array).view(FakeArray)
+
+
+class FakeCSR:
+    """``cupyx.scipy.sparse.csr_matrix`` over fake device arrays."""
+
+    format = "csr"
+
+    def __init__(self, matrix: Any):
+        self.shape = matrix.shape
+        self.indptr, self.indices, self.data = (device(matrix.indptr), device(matrix.indices), device(matrix.data))
+
+
+FakeCSR.__module__ = "cupyx.scipy.sparse._csr"
 
 
 class FakeFunction:
@@ -50,6 +59,18 @@ class FakeFunction:
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         assert all(isinstance(a, np.uint64) for a in args), "every parameter goes as one 64-bit word"
         self.launches.append((self.name, tuple(grid), tuple(block), [int(a) for a in args], shared_mem))
+
+
+def _numpy_function(name: str) -> Any:
+    found = getattr(np, name)
+    if isinstance(found, type) or not callable(found):
+        return found
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = found(*args, **kwargs)
+        return result.view(FakeArray) if isinstance(result, np.ndarray) else result
+
+    return call
 
 
 def install(monkeypatch: Any, capability: str = "90") -> types.SimpleNamespace:
@@ -64,19 +85,14 @@ def install(monkeypatch: Any, capability: str = "90") -> types.SimpleNamespace:
             return FakeFunction(name, record.launches)
 
     cp = types.ModuleType("cupy")
+    cp.__getattr__ = _numpy_function  # zeros, arange, argsort, diff, ... as numpy, returning fake arrays
     cp.__version__ = "fake"
     cp.RawModule = RawModule
     cp.cuda = types.SimpleNamespace(
         Device=lambda: types.SimpleNamespace(id=0, compute_capability=capability),
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError))
-    cp.zeros = lambda shape, dtype=float: FakeArray(np.zeros(shape, dtype))
-    cp.asarray = lambda a, dtype=None: FakeArray(np.asarray(a, dtype))
-    cp.arange = lambda n, dtype=None: FakeArray(np.arange(n, dtype=dtype))
-    cp.ndarray = FakeArray
+    cp.asarray = lambda a, dtype=None: device(np.asarray(a, dtype))
     monkeypatch.setitem(sys.modules, "cupy", cp)
-    from sparse_mlir.device_tensor import cupy
-
-    cupy.cache_clear()
     monkeypatch.setattr("sparse_mlir.device_tensor.cupy", lambda: cp)
     monkeypatch.setattr("sparse_mlir.runtime.cuda.cupy", lambda: cp)
     return record

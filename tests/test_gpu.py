@@ -236,7 +236,8 @@ def test_gpu_programs_compute_the_right_values_when_emulated(expr, fmt, shapes, 
     np.testing.assert_allclose(got, evaluate(spec, dense), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize(("dtype", "cols"), [("float32", 72), ("float32", 600), ("float32", 70), ("float64", 70)])
+@pytest.mark.parametrize(("dtype", "cols"), [("float32", 72), ("float32", 600), ("float32", 70), ("float64", 70),
+                                             ("float16", 64), ("float16", 70)])
 def test_vectorized_gpu_spmm_when_emulated(dtype, cols, tmp_path):
     """float4 / double2 accesses of B, C and a column bias, several tiles, and the scalar fallback."""
     rng = np.random.default_rng(3)
@@ -245,7 +246,8 @@ def test_vectorized_gpu_spmm_when_emulated(dtype, cols, tmp_path):
              "b": rng.standard_normal(cols).astype(dtype)}
     got, _ = _emulate("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", dense, tmp_path, dtype=dtype)
     ref = dense["A"].astype(np.float64) @ dense["B"] + dense["b"]
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    tol = 2e-3 if dtype == "float16" else 1e-5  # float16: summed in float32, rounded once at the end
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
 def test_emulation_refuses_what_threads_in_sequence_cannot_reproduce(tmp_path):
@@ -264,8 +266,8 @@ def test_calls_pack_device_pointers_and_zero_the_output(monkeypatch):
     kernel = sm.compile("C[i,j] = A[i,k]*B[k,j] + b[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
     a = sp.random(50, 40, density=0.2, format="csr", dtype=np.float32, random_state=0)
     A = sm.SparseTensor.from_scipy(a).to("cuda")
-    B = fake_cupy.FakeArray(np.ones((40, 64), np.float32))
-    bias = fake_cupy.FakeArray(np.ones(64, np.float32))
+    B = fake_cupy.device(np.ones((40, 64), np.float32))
+    bias = fake_cupy.device(np.ones(64, np.float32))
     out = kernel(A=A, B=B, b=bias)
     assert out.shape == (50, 64) and not out.host.any()  # zeroed for the kernel to accumulate into
     ((name, grid, block, words, shared),) = record.launches
@@ -279,7 +281,7 @@ def test_calls_pack_device_pointers_and_zero_the_output(monkeypatch):
     assert len(record.modules) == 1 and record.modules[0].endswith(".sm_90.ptx")  # on a 9.0 device
     kernel(A=A, B=B, b=bias)
     assert len(record.modules) == 1 and len(record.launches) == 2  # loaded once
-    offset = fake_cupy.FakeArray(np.ones(40 * 64 + 1, np.float32)[1:].reshape(40, 64))
+    offset = np.ones(40 * 64 + 1, np.float32)[1:].reshape(40, 64).view(fake_cupy.FakeArray)
     with pytest.raises(sm.errors.OperandError, match="16-byte boundary"):
         kernel(A=A, B=offset, b=bias)
     assert len(record.launches) == 2
@@ -294,13 +296,81 @@ def test_exported_kernels_load_cubins_and_size_the_grid_from_nnz(monkeypatch, tm
     paths = sm.export(kernel, tmp_path, "spmv", shapes={"A": (1000, 300), "x": (300,)})
     loaded = sm.load_kernel(paths["manifest"])
     a = sp.random(1000, 300, density=0.03, format="csr", dtype=np.float32, random_state=0)  # 9 per row: 16 lanes
-    y = loaded(A=sm.SparseTensor.from_scipy(a).to("cuda"), x=fake_cupy.FakeArray(np.ones(300, np.float32)))
+    y = loaded(A=sm.SparseTensor.from_scipy(a).to("cuda"), x=fake_cupy.device(np.ones(300, np.float32)))
     assert y.shape == (1000,)
     ((name, grid, block, words, _),) = record.launches
     assert name == "spmv" and words[-1] == 16 and grid == (125, 1, 1)  # 1000 rows x 16 lanes / 128
     assert record.modules[0].endswith("spmv.sm_90.cubin")
     with pytest.raises(sm.errors.ShapeError, match="exported for A of shape"):
-        loaded(A=sm.SparseTensor.from_scipy(a[:10]).to("cuda"), x=fake_cupy.FakeArray(np.ones(300, np.float32)))
+        loaded(A=sm.SparseTensor.from_scipy(a[:10]).to("cuda"), x=fake_cupy.device(np.ones(300, np.float32)))
+
+
+def test_device_tensors_from_cupyx_are_checked_on_the_device(monkeypatch):
+    import fake_cupy
+
+    from sparse_mlir.device_tensor import DeviceSparseTensor
+    from sparse_mlir.errors import InvalidIndicesError
+
+    fake_cupy.install(monkeypatch)
+    a = sp.random(30, 20, density=0.3, format="csr", dtype=np.float32, random_state=1)
+    t = DeviceSparseTensor.from_cupyx(fake_cupy.FakeCSR(a))
+    assert t.format.crd_width == 32 and t.shape == (30, 20) and t.nnz == a.nnz
+    np.testing.assert_array_equal(t.to("cpu").to_dense(), a.toarray())
+    bad = a.copy()
+    row = int(np.argmax(np.diff(a.indptr) >= 2))
+    first = bad.indptr[row]
+    bad.indices[[first, first + 1]] = bad.indices[[first + 1, first]]  # unsorted within a row
+    with pytest.raises(InvalidIndicesError, match="unsorted or duplicate"):
+        DeviceSparseTensor.from_cupyx(fake_cupy.FakeCSR(bad))
+    out_of_range = a.copy()
+    out_of_range.indices[-1] = 20
+    with pytest.raises(InvalidIndicesError, match="column indices >= 20"):
+        DeviceSparseTensor.from_cupyx(fake_cupy.FakeCSR(out_of_range))
+
+
+def test_dense_2to4_compressed_on_the_device_matches_the_host_format(monkeypatch, rng):
+    import fake_cupy
+
+    from sparse_mlir.device_tensor import DeviceSparseTensor
+    from sparse_mlir.errors import PatternError
+
+    fake_cupy.install(monkeypatch)
+    dense = prune_nm(rng.standard_normal((16, 32)), 2, 4).astype(np.float16)
+    dense[3, 4:8] = [0, 0, 0, 5]  # a group with one nonzero: padded with a stored zero, as on the host
+    t = DeviceSparseTensor.from_dense_nm(fake_cupy.device(dense))
+    host = sm.SparseTensor.from_dense(dense, "2:4")
+    assert t.format == host.format
+    for got, want in zip(t.buffers, host.buffers):
+        np.testing.assert_array_equal(got.get(), want)
+    with pytest.raises(PatternError, match="more than 2 nonzeros"):
+        DeviceSparseTensor.from_dense_nm(fake_cupy.device(np.ones((4, 8), np.float16)))
+    pruned = DeviceSparseTensor.from_dense_nm(fake_cupy.device(rng.standard_normal((4, 8)).astype(np.float16)),
+                                              prune=True)
+    assert pruned.nnz == 16
+
+
+def test_float16_2to4_spmm_runs_on_sparse_tensor_cores(tmp_path):
+    tool = _ptxas()
+    kernel = sm.compile("C[i,j] = A[i,k]*B[k,j]", formats={"A": "2:4"}, dtype="float16", target="cuda")
+    program = kernel.function({"A": sm.NM(2, 4)}, {"A": (64, 128), "B": (128, 96), "C": (64, 96)}).program
+    (launch,) = program.launches
+    assert launch.kernel == "spmm_2to4" and launch.grid == (1, 3, 1)  # 4 warps of 16 rows, 32-column tiles
+    for chip, ptx in program.ptx.items():
+        assert "mma.sp.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32" in ptx  # float16 in, float32 sums
+        (tmp_path / "k.ptx").write_text(ptx)
+        done = subprocess.run([tool, f"-arch={chip}", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert _entry_params(ptx)["spmm_2to4"] == launch.param_count()
+    with pytest.raises(DeviceError, match="float16 on cuda runs"):
+        kernel.function({"A": sm.NM(2, 4)}, {"A": (60, 128), "B": (128, 96), "C": (60, 96)})  # not whole tiles
+
+
+def test_float16_is_a_gpu_dtype():
+    from sparse_mlir.errors import DTypeError
+
+    with pytest.raises(DTypeError, match="float16 kernels run on target='cuda'"):
+        sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float16")
 
 
 # -- on a device --------------------------------------------------------------------------------------------

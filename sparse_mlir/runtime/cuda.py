@@ -131,12 +131,12 @@ def device_operands(expression: str, inputs: tuple[tuple[str, Format | None, int
         value = operands[name]
         if fmt is not None:
             value = _sparse_operand(name, value, fmt, dtype)
-        else:
-            if isinstance(value, np.ndarray) or isinstance(value, (SparseTensor, DeviceSparseTensor)):
+        elif not _is_cupy_array(value):
+            if isinstance(value, (np.ndarray, SparseTensor, DeviceSparseTensor)):
                 raise DeviceError(f"operand {name} is a {type(value).__name__}; this kernel runs on the GPU and "
                                   f"takes CuPy arrays for dense operands (cupy.asarray copies once)")
-            if not _is_cupy_array(value):
-                raise OperandError(f"operand {name} must be a CuPy array, got {type(value).__name__}")
+            raise OperandError(f"operand {name} must be a CuPy array, got {type(value).__name__}")
+        else:
             if value.dtype != dtype:
                 raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype}")
             if value.ndim != rank:
