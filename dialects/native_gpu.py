@@ -25,6 +25,7 @@ else is sparsified.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from mlir import ir
 
@@ -32,7 +33,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 from sparse_mlir.gpu_program import KernelArg, LaneRule, Launch
 
-from .patterns import is_csr, spmm_operands, spmv_operands
+from .patterns import dense_matmul_operands, is_csr, spmm_operands, spmv_operands
 
 __all__ = ["native_gpu", "WARP", "BLOCK"]
 
@@ -74,6 +75,8 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     spmm = spmm_operands(spec, formats)
     if spmm is not None and elt == "f16" and (found := _sparse_tensor_core(spec, formats, shapes, spmm)):
         return found
+    if elt == "f16" and (gemm := dense_matmul_operands(spec, formats)) is not None:
+        return _dense_tensor_core(spec, shapes, *gemm)
     if spmm is None or not is_csr(formats[spmm[0]]):
         return None
     a, b, bias, bias_dim = spmm
@@ -103,11 +106,27 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
             or cols is None or rows % 16 or inner % 32 or cols % 8:
         return None
     per_warp = 4 if cols % 32 == 0 else 1
-    text = _sparse_tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0])
+    text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0])
     args = tuple(_args(spec, a, (b, (inner, cols)), (spec.output, (rows, cols))))
     grid = (math.ceil(rows / 16 / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref))
     return ir.Module.parse(text), (launch,)
+
+
+def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], a: str, b: str
+                       ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+    """The float16 GEMM on Tensor Cores with the 2:4 kernel's tiling (its dense reference)."""
+    rows, inner = shapes[a]
+    cols = shapes[b][1]
+    if rows is None or inner is None or cols is None or rows % 16 or inner % 32 or cols % 8:
+        return None
+    per_warp = 4 if cols % 32 == 0 else 1
+    order = [*spec.inputs, spec.output]
+    args = (KernelArg("buffer", order.index(a), (rows, inner)), KernelArg("buffer", order.index(b), (inner, cols)),
+            KernelArg("buffer", order.index(spec.output), (rows, cols)))
+    grid = (math.ceil(rows / 16 / (BLOCK // WARP)), cols // (8 * per_warp), 1)
+    launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,))
+    return ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None)), (launch,)
 
 
 def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
@@ -265,22 +284,27 @@ def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim
     return _module("spmm", params, body)
 
 
-def _sparse_tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str) -> str:
-    """2:4 SpMM on Sparse Tensor Cores: ``nvgpu.mma.sp.sync`` m16n8k32, float16 in, float32 sums.
+_ACC = "vector<2x2xf32>"  # an m16n8 MMA's float32 accumulator fragment
+_FRAG = "vector<4x2xf16>"
+
+
+def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str | None) -> str:
+    """SpMM on Sparse Tensor Cores (``pos_t`` given: 2:4 ``A``) or GEMM on Tensor Cores (dense ``A``), same tiling.
 
     A warp owns 16 rows and ``per_warp`` tiles of 8 columns and walks K in
-    steps of 32.  Per step each lane loads its A fragment (four pairs of
-    stored values), builds its sparsity metadata from the stored in-group
-    offsets (eight 2-bit fields per 16-bit half: no separate metadata
-    array), and for each column tile loads its B fragment (pairs along K)
-    and issues one MMA.  Fragment layouts follow the PTX ISA for
-    ``mma.sp.m16n8k32`` (as upstream's ``sparse-mma-2-4-f16`` test does):
-    lane ``l`` holds rows ``l/4`` and ``l/4 + 8``, stored columns
-    ``2*(l%4) + {0,1}`` and ``+8``; metadata comes from lanes 4i and 4i+1.
+    steps of 32; float16 in, float32 sums, float16 out.  Per step and
+    column tile the 2:4 kernel issues one ``nvgpu.mma.sp.sync`` m16n8k32,
+    the dense one two ``nvgpu.mma.sync`` m16n8k16, so the pair isolates what
+    sparsity gains.  Fragment layouts follow the PTX ISA (as upstream's
+    ``sparse-mma-2-4-f16`` test does): lane ``l`` holds rows ``l/4`` and
+    ``l/4 + 8``, columns ``2*(l%4) + {0,1}`` and ``+8`` of A, and K pairs
+    ``2*(l%4) + {0,1} + 8q`` of B's column ``l/4``.  The 2:4 metadata is
+    built from the stored in-group offsets (eight 2-bit fields per 16-bit
+    half, lanes 4i and 4i+1 supply it): no separate metadata array.
     """
+    sparse = pos_t is not None
     stored = inner // 2
-    c_t, b_t = _memref((rows, cols), "f16"), _memref((inner, cols), "f16")
-    acc_t = "vector<2x2xf32>"
+    c_t, b_t, a_t = (_memref((rows, cols), "f16"), _memref((inner, cols), "f16"), _memref((rows, inner), "f16"))
     body = [*(f"%c{c} = arith.constant {c} : index" for c in (0, 1, 2, 4, 8, 16, 32)),
             f"%rows = arith.constant {rows} : index", f"%stored = arith.constant {stored} : index",
             f"%steps = arith.constant {inner // 32} : index", f"%warps = arith.constant {BLOCK // WARP} : index",
@@ -293,67 +317,105 @@ def _sparse_tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, po
             "%qc = arith.muli %q4, %c2 : index", "%pair = arith.remui %lane, %c2 : index",
             "%r0 = arith.addi %m0, %qr : index", "%r1 = arith.addi %r0, %c8 : index",
             "%base0 = arith.muli %r0, %stored : index", "%base1 = arith.muli %r1, %stored : index",
-            "%n_base = arith.muli %nb, %tile_cols : index",
-            "%pair8 = arith.muli %pair, %c8 : index",
+            "%n_base = arith.muli %nb, %tile_cols : index", "%pair8 = arith.muli %pair, %c8 : index",
             "%shifts = arith.constant dense<[1, 4, 16, 64, 256, 1024, 4096, 16384]> : vector<8xi16>",
-            "%zero_acc = arith.constant dense<0.0> : vector<2x2xf32>",
-            "%zero_frag = arith.constant dense<0.0> : vector<4x2xf16>",
+            f"%zero_acc = arith.constant dense<0.0> : {_ACC}", f"%zero_frag = arith.constant dense<0.0> : {_FRAG}",
+            "%zero_pair = arith.constant dense<0.0> : vector<2x2xf16>",
             "%zero_meta = arith.constant dense<0> : vector<2xi16>",
             "scf.if %valid {"]
     accs = ", ".join(f"%acc{t} = %zero_acc" for t in range(per_warp))
-    types = ", ".join([acc_t] * per_warp)
+    types = ", ".join([_ACC] * per_warp)
     loop = [f"%sums:{per_warp} = scf.for %s = %c0 to %steps step %c1 iter_args({accs}) -> ({types}) {{",
-            "%cs = arith.muli %s, %c16 : index", "%k0 = arith.muli %s, %c32 : index",
-            "%col_a = arith.addi %cs, %qc : index", "%col_b = arith.addi %col_a, %c8 : index"]
-    # A fragment: rows r0 / r1, stored columns col_a / col_b (pairs)
-    for name, base, col in (("a00", "%base0", "%col_a"), ("a10", "%base1", "%col_a"), ("a01", "%base0", "%col_b"),
-                            ("a11", "%base1", "%col_b")):
-        loop += [f"%i_{name} = arith.addi {base}, {col} : index",
-                 f"%{name} = vector.load %val[%i_{name}] {{alignment = 4}} : memref<?xf16>, vector<2xf16>"]
-    frag = "%zero_frag"
-    for i, name in enumerate(("a00", "a10", "a01", "a11")):
-        loop.append(f"%fa{i} = vector.insert %{name}, {frag} [{i}] : vector<2xf16> into vector<4x2xf16>")
-        frag = f"%fa{i}"
-    # metadata: the 8 stored offsets of this lane's half of the step, packed 2 bits each, rows r0 and r1
+            "%cs = arith.muli %s, %c16 : index", "%k0 = arith.muli %s, %c32 : index"]
+
+    def fragment(name: str, pairs: list[str], shape: str, zero: str) -> list[str]:
+        lines, value = [], zero
+        for i, pair in enumerate(pairs):
+            lines.append(f"%{name}{i} = vector.insert {pair}, {value} [{i}] : vector<2xf16> into {shape}")
+            value = f"%{name}{i}"
+        return lines
+
+    def a_pairs(tag: str, first_col: str, load: Callable[[str, str, str], list[str]]) -> tuple[list[str], list[str]]:
+        """A's four pairs for one MMA: rows r0/r1 x columns first_col + qc and + 8."""
+        lines = [f"%ca{tag} = arith.addi {first_col}, %qc : index", f"%cb{tag} = arith.addi %ca{tag}, %c8 : index"]
+        names = []
+        for name, row, col in (("00", "0", "a"), ("10", "1", "a"), ("01", "0", "b"), ("11", "1", "b")):
+            lines += load(f"%a{tag}_{name}", row, f"%c{col}{tag}")
+            names.append(f"%a{tag}_{name}")
+        return lines, names
+
+    def b_pair(tag: str, k: str, n: str) -> list[str]:
+        """``%{tag}`` = (B[k, n], B[k+1, n])."""
+        return [f"{tag}k1 = arith.addi {k}, %c1 : index", f"{tag}x = memref.load %b[{k}, {n}] : {b_t}",
+                f"{tag}y = memref.load %b[{tag}k1, {n}] : {b_t}",
+                f"{tag} = vector.from_elements {tag}x, {tag}y : vector<2xf16>"]
+
+    halves = [""] if sparse else ["h0", "h1"]  # one m16n8k32 MMA, or two m16n8k16 ones, per step
+    a_frags = {}
+    for h in halves:
+        if sparse:
+            def load(out: str, row: str, col: str) -> list[str]:
+                return [f"{out}_at = arith.addi %base{row}, {col} : index",
+                        f"{out} = vector.load %val[{out}_at] {{alignment = 4}} : memref<?xf16>, vector<2xf16>"]
+
+            lines, names = a_pairs(h, "%cs", load)
+        else:
+            def load(out: str, row: str, col: str) -> list[str]:
+                return [f"{out} = vector.load %a[%r{row}, {col}] {{alignment = 4}} : {a_t}, vector<2xf16>"]
+
+            loop.append(f"%k{h} = arith.addi %k0, %c{16 if h == 'h1' else 0} : index")
+            lines, names = a_pairs(h, f"%k{h}", load)
+        loop += lines + fragment(f"fa{h}_", names, _FRAG, "%zero_frag")
+        a_frags[h] = f"%fa{h}_3"
     meta = "%zero_meta"
-    for h, base in enumerate(("%base0", "%base1")):
-        loop += [f"%mo{h} = arith.addi {base}, %cs : index", f"%mi{h} = arith.addi %mo{h}, %pair8 : index",
-                 f"%mb{h} = vector.load %crd[%mi{h}] {{alignment = 8}} : memref<?xi8>, vector<8xi8>",
-                 f"%mw{h} = arith.extui %mb{h} : vector<8xi8> to vector<8xi16>",
-                 f"%ms{h} = arith.muli %mw{h}, %shifts : vector<8xi16>",
-                 f"%mv{h} = vector.reduction <add>, %ms{h} : vector<8xi16> into i16",
-                 f"%meta{h} = vector.insert %mv{h}, {meta} [{h}] : i16 into vector<2xi16>"]
-        meta = f"%meta{h}"
+    if sparse:  # the 8 stored offsets of this lane's half of the step, 2 bits each, rows r0 and r1
+        for r, base in enumerate(("%base0", "%base1")):
+            loop += [f"%mo{r} = arith.addi {base}, %cs : index", f"%mi{r} = arith.addi %mo{r}, %pair8 : index",
+                     f"%mb{r} = vector.load %crd[%mi{r}] {{alignment = 8}} : memref<?xi8>, vector<8xi8>",
+                     f"%mw{r} = arith.extui %mb{r} : vector<8xi8> to vector<8xi16>",
+                     f"%ms{r} = arith.muli %mw{r}, %shifts : vector<8xi16>",
+                     f"%mv{r} = vector.reduction <add>, %ms{r} : vector<8xi16> into i16",
+                     f"%meta{r} = vector.insert %mv{r}, {meta} [{r}] : i16 into vector<2xi16>"]
+            meta = f"%meta{r}"
     results = []
     for t in range(per_warp):
         loop += [f"%tn{t} = arith.constant {8 * t} : index", f"%nt{t} = arith.addi %n_base, %tn{t} : index",
                  f"%n{t} = arith.addi %nt{t}, %qr : index"]
-        bfrag = "%zero_frag"
-        for q in range(4):
-            loop += [f"%kq{t}_{q}o = arith.constant {8 * q} : index",
-                     f"%kq{t}_{q}a = arith.addi %k0, %qc : index",
-                     f"%kq{t}_{q} = arith.addi %kq{t}_{q}a, %kq{t}_{q}o : index",
-                     f"%kq{t}_{q}n = arith.addi %kq{t}_{q}, %c1 : index",
-                     f"%b{t}_{q}x = memref.load %b[%kq{t}_{q}, %n{t}] : {b_t}",
-                     f"%b{t}_{q}y = memref.load %b[%kq{t}_{q}n, %n{t}] : {b_t}",
-                     f"%b{t}_{q} = vector.from_elements %b{t}_{q}x, %b{t}_{q}y : vector<2xf16>",
-                     f"%fb{t}_{q} = vector.insert %b{t}_{q}, {bfrag} [{q}] : vector<2xf16> into vector<4x2xf16>"]
-            bfrag = f"%fb{t}_{q}"
-        loop.append(f"%d{t} = nvgpu.mma.sp.sync({frag}, {bfrag}, %acc{t}) metadata({meta}) "
-                    f"{{mmaShape = [16, 8, 32]}} : (vector<4x2xf16>, vector<4x2xf16>, {acc_t}) -> {acc_t}")
-        results.append(f"%d{t}")
+        acc = f"%acc{t}"
+        for h in halves:
+            k_first = "%k0" if sparse else f"%k{h}"
+            offsets = (0, 8, 16, 24) if sparse else (0, 8)
+            pairs = []
+            for q, offset in enumerate(offsets):
+                tag = f"%b{t}{h}_{q}"
+                loop += [f"{tag}o = arith.constant {offset} : index", f"{tag}a = arith.addi {k_first}, %qc : index",
+                         f"{tag}k = arith.addi {tag}a, {tag}o : index", *b_pair(tag, f"{tag}k", f"%n{t}")]
+                pairs.append(tag)
+            shape = _FRAG if sparse else "vector<2x2xf16>"
+            loop += fragment(f"fb{t}{h}_", pairs, shape, "%zero_frag" if sparse else "%zero_pair")
+            b_frag = f"%fb{t}{h}_{len(pairs) - 1}"
+            if sparse:
+                loop.append(f"%d{t}{h} = nvgpu.mma.sp.sync({a_frags[h]}, {b_frag}, {acc}) metadata({meta}) "
+                            f"{{mmaShape = [16, 8, 32]}} : ({_FRAG}, {_FRAG}, {_ACC}) -> {_ACC}")
+            else:
+                loop.append(f"%d{t}{h} = nvgpu.mma.sync({a_frags[h]}, {b_frag}, {acc}) {{mmaShape = [16, 8, 16]}} "
+                            f": ({_FRAG}, vector<2x2xf16>, {_ACC}) -> {_ACC}")
+            acc = f"%d{t}{h}"
+        results.append(acc)
     loop += [f"scf.yield {', '.join(results)} : {types}", "}"]
     body += loop
     for t in range(per_warp):
         body += [f"%ct{t} = arith.constant {8 * t} : index", f"%cn{t} = arith.addi %n_base, %ct{t} : index",
                  f"%ccol{t} = arith.addi %cn{t}, %qc : index"]
-        for h, row in enumerate(("%r0", "%r1")):
-            body += [f"%o{t}_{h} = vector.extract %sums#{t}[{h}] : vector<2xf32> from {acc_t}",
-                     f"%h{t}_{h} = arith.truncf %o{t}_{h} : vector<2xf32> to vector<2xf16>",
-                     f"vector.store %h{t}_{h}, %c[{row}, %ccol{t}] {{alignment = 4}} : {c_t}, vector<2xf16>"]
+        for r, row in enumerate(("%r0", "%r1")):
+            body += [f"%o{t}_{r} = vector.extract %sums#{t}[{r}] : vector<2xf32> from {_ACC}",
+                     f"%h{t}_{r} = arith.truncf %o{t}_{r} : vector<2xf32> to vector<2xf16>",
+                     f"vector.store %h{t}_{r}, %c[{row}, %ccol{t}] {{alignment = 4}} : {c_t}, vector<2xf16>"]
     body += ["}", "gpu.return"]
-    params = f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, %b: {b_t}, %c: {c_t}"
-    return _module("spmm_2to4", params, body)
+    if sparse:
+        return _module("spmm_2to4", f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, "
+                                    f"%b: {b_t}, %c: {c_t}", body)
+    return _module("gemm_f16", f"%a: {a_t}, %b: {b_t}, %c: {c_t}", body)
 
 
 def _module(name: str, params: str, body: list[str]) -> str:

@@ -11,7 +11,7 @@ from sparse_mlir.dsl.ast import Access, Binary
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import CSR, Format
 
-__all__ = ["is_csr", "spmv_operands", "spmm_operands"]
+__all__ = ["is_csr", "spmv_operands", "spmm_operands", "dense_matmul_operands"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -68,4 +68,20 @@ def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, st
         if fmt is not None and (fmt.with_widths(32, 32) == CSR or fmt.is_nm) and b.tensor not in formats \
                 and a.index == (i, k) and b.index == (k, j) and spec.output_indices == (i, j):
             return a.tensor, b.tensor, bias, bias_dim
+    return None
+
+
+def dense_matmul_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+    """``(A, B)`` when the kernel is ``C[i,j] = A[i,k] * B[k,j]`` with every operand dense."""
+    if formats or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or not isinstance(body, Binary) or body.op != "*":
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    a, b = body.lhs, body.rhs
+    if isinstance(a, Access) and isinstance(b, Access) and a.index == (i, k) and b.index == (k, j) \
+            and a.tensor != b.tensor and spec.output_indices == (i, j):
+        return a.tensor, b.tensor
     return None

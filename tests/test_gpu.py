@@ -366,6 +366,20 @@ def test_float16_2to4_spmm_runs_on_sparse_tensor_cores(tmp_path):
         kernel.function({"A": sm.NM(2, 4)}, {"A": (60, 128), "B": (128, 96), "C": (60, 96)})  # not whole tiles
 
 
+def test_float16_dense_gemm_runs_on_tensor_cores_with_the_same_tiling(tmp_path):
+    tool = _ptxas()
+    kernel = sm.compile("C[i,j] = A[i,k]*B[k,j]", dtype="float16", target="cuda")
+    program = kernel.function({}, {"A": (64, 128), "B": (128, 96), "C": (64, 96)}).program
+    (launch,) = program.launches
+    assert launch.kernel == "gemm_f16" and launch.grid == (1, 3, 1)
+    ptx = program.ptx["sm_90"]
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 8  # 2 per step and column tile
+    (tmp_path / "k.ptx").write_text(ptx)
+    done = subprocess.run([tool, "-arch=sm_90", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_float16_is_a_gpu_dtype():
     from sparse_mlir.errors import DTypeError
 
