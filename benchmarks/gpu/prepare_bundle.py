@@ -36,6 +36,7 @@ CHECK_SHAPES = {"spmv": {"A": (96, 64), "x": (64,)}, "spmm": {"A": (96, 64), "B"
                 "spmm_bias": {"A": (96, 64), "B": (64, 40), "b": (40,)}}
 EXPRESSIONS = {"spmv": "y[i] = A[i,j]*x[j]", "spmm": "C[i,j] = A[i,k]*B[k,j]",
                "spmm_bias": "C[i,j] = A[i,k]*B[k,j] + b[j]"}
+TENSOR_CORE = 8192  # 2:4 float16 SpMM and its dense Tensor Core reference, 8192^3
 SPMV_BIG = (2_000_000, 2_000_000)  # 25 nonzeros per row: 50M
 SPMM_BIG = 4096
 DLMC_N = 256
@@ -47,8 +48,8 @@ def smtx_shape(path: Path) -> tuple[int, int]:
     return rows, cols
 
 
-def export(out: Path, name: str, kind: str, fmt: str, dtype: str, shapes: dict, emitter: str = "auto") -> str:
-    kernel = sm.compile(EXPRESSIONS[kind], formats={"A": fmt}, dtype=dtype, target="cuda")
+def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes: dict, emitter: str = "auto") -> str:
+    kernel = sm.compile(EXPRESSIONS[kind], formats={"A": fmt} if fmt else {}, dtype=dtype, target="cuda")
     if emitter != "auto":
         from sparse_mlir.runtime.cuda import CudaKernel
 
@@ -64,13 +65,22 @@ def main() -> None:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(ROOT)], check=True)
-    plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": []}
+    plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": [], "tensor_core": []}
     for kind, shapes in CHECK_SHAPES.items():
         for fmt in CHECK_FORMATS if kind != "spmm_bias" else ("csr",):
             for dtype in ("float32", "float64"):
                 name = f"check_{kind}_{fmt.replace(':', 'of')}_{dtype}"
                 plan["check"].append({"name": export(out, name, kind, fmt, dtype, shapes), "kind": kind,
                                       "format": fmt, "dtype": dtype})
+    # float16: CSR kernels summing in float32, 2:4 on Sparse Tensor Cores, the dense Tensor Core GEMM
+    for kind, fmt in (("spmv", "csr"), ("spmm", "csr"), ("spmm", "2:4"), ("spmm", None)):
+        name = f"check_{kind}_{(fmt or 'dense').replace(':', 'of')}_float16"
+        shapes = {"A": (96, 64), "B": (64, 40)} if kind == "spmm" else CHECK_SHAPES["spmv"]
+        plan["check"].append({"name": export(out, name, kind, fmt, "float16", shapes), "kind": kind,
+                              "format": fmt or "dense", "dtype": "float16"})
+    n = TENSOR_CORE
+    plan["tensor_core"] = [export(out, "tc_2of4", "spmm", "2:4", "float16", {"A": (n, n), "B": (n, n)}),
+                           export(out, "tc_dense", "spmm", None, "float16", {"A": (n, n), "B": (n, n)})]
     for emitter in ("auto", "sparsifier"):
         plan["spmv_big"].append(export(out, f"spmv_big_{emitter}", "spmv", "csr", "float32",
                                        {"A": SPMV_BIG, "x": (SPMV_BIG[1],)}, emitter))
