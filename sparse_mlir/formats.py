@@ -14,6 +14,8 @@ This module is pure Python: MLIR attributes are built from it in
 
 from __future__ import annotations
 
+import functools
+
 import enum
 import re
 from dataclasses import dataclass, field, replace
@@ -170,9 +172,9 @@ class Format:
                     f"format {self} tiles dimension {dim} by {factor}, but its size {shape[dim]} is not a multiple")
 
     # -- buffers -------------------------------------------------------------
-    @property
+    @functools.cached_property
     def buffer_names(self) -> tuple[str, ...]:
-        """Level buffers in the order the sparse assembler passes them, then ``values``."""
+        """Level buffers in the order the sparse assembler passes them, then ``values`` (computed once)."""
         names: list[str] = []
         for i, lvl in enumerate(self.levels):
             if lvl.has_positions:

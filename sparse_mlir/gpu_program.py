@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "pack_params", "descriptor_words", "CHIPS"]
+__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "pack_params", "ParamPacker",
+           "descriptor_words", "CHIPS"]
 
 CHIPS = ("sm_80", "sm_90")
 
@@ -156,23 +157,45 @@ def pack_params(launch: Launch, buffers: list[tuple[int, int]], scratch: list[in
     Static sizes come from the manifest; a dynamic size (a sparse buffer) is
     the buffer's actual length.  Strides are row-major.
     """
-    words: list[int] = []
-    for arg in launch.args:
-        if arg.kind == "index":
-            words.append(arg.ref)
-            continue
-        if arg.kind == "lanes":
-            assert launch.lanes is not None, "a lanes argument needs the launch's LaneRule"
-            words.append(launch.lanes.lanes(buffers[launch.lanes.ref][1]))
-            continue
-        if arg.kind == "buffer":
-            ptr, length = buffers[arg.ref]
-        else:
-            ptr, length = scratch[arg.ref], math.prod(s or 0 for s in arg.shape)
-        sizes = [length if s is None else s for s in arg.shape]
-        strides, step = [], 1
-        for size in reversed(sizes):
-            strides.insert(0, step)
-            step *= size
-        words += [ptr, ptr, 0, *sizes, *strides]
-    return words
+    return ParamPacker(launch)(buffers, scratch)
+
+
+class ParamPacker:
+    """``pack_params`` for one launch, with every word that does not depend on the call computed once."""
+
+    def __init__(self, launch: Launch):
+        self.lanes = launch.lanes
+        # per argument: (kind, ref, words after the two pointers, or None when the size comes from the buffer)
+        self.items: list[tuple[str, int, list[int] | None]] = []
+        for arg in launch.args:
+            if arg.kind in ("index", "lanes"):
+                self.items.append((arg.kind, arg.ref, None))
+                continue
+            shape = arg.shape
+            if arg.kind == "scratch" or all(s is not None for s in shape):
+                sizes = [s or 0 for s in shape]
+                self.items.append((arg.kind, arg.ref, [0, *sizes, *_strides(sizes)]))
+            else:
+                assert len(shape) == 1, "only 1-d buffers have a run-time size"
+                self.items.append((arg.kind, arg.ref, None))
+
+    def __call__(self, buffers: list[tuple[int, int]], scratch: list[int]) -> list[int]:
+        words: list[int] = []
+        for kind, ref, tail in self.items:
+            if kind == "index":
+                words.append(ref)
+            elif kind == "lanes":
+                assert self.lanes is not None, "a lanes argument needs the launch's LaneRule"
+                words.append(self.lanes.lanes(buffers[self.lanes.ref][1]))
+            else:
+                ptr, length = buffers[ref] if kind == "buffer" else (scratch[ref], 0)
+                words += [ptr, ptr, *(tail if tail is not None else (0, length, 1))]
+        return words
+
+
+def _strides(sizes: list[int]) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(sizes):
+        strides.insert(0, step)
+        step *= size
+    return strides

@@ -39,19 +39,6 @@ def device(array: Any) -> FakeArray:
     return np.ascontiguousarray(array).view(FakeArray)
 
 
-class FakeCSR:
-    """``cupyx.scipy.sparse.csr_matrix`` over fake device arrays."""
-
-    format = "csr"
-
-    def __init__(self, matrix: Any):
-        self.shape = matrix.shape
-        self.indptr, self.indices, self.data = (device(matrix.indptr), device(matrix.indices), device(matrix.data))
-
-
-FakeCSR.__module__ = "cupyx.scipy.sparse._csr"
-
-
 class FakeFunction:
     def __init__(self, name: str, launches: list):
         self.name, self.launches = name, launches
@@ -73,8 +60,44 @@ def _numpy_function(name: str) -> Any:
     return call
 
 
-def install(monkeypatch: Any, capability: str = "90") -> types.SimpleNamespace:
-    """Make ``import cupy`` give the fake; returns a namespace with ``launches`` and ``modules`` (paths loaded)."""
+class _Event:
+    def __init__(self) -> None:
+        self.time = 0.0
+
+    def record(self) -> None:
+        import time
+
+        self.time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+
+class FakeSparseMatrix:
+    """``cupyx.scipy.sparse.csr_matrix((data, indices, indptr), shape)`` computing with scipy."""
+
+    format = "csr"
+
+    def __init__(self, arg: Any, shape: tuple[int, int] | None = None):
+        import scipy.sparse as sp
+
+        matrix = sp.csr_matrix(tuple(np.asarray(a) for a in arg), shape=shape) if isinstance(arg, tuple) else arg
+        self.shape = matrix.shape
+        self.host = matrix
+        self.indptr, self.indices, self.data = (device(matrix.indptr), device(matrix.indices), device(matrix.data))
+
+    def __matmul__(self, other: Any) -> FakeArray:
+        return device(self.host @ np.asarray(other))
+
+    def toarray(self) -> FakeArray:
+        return device(self.host.toarray())
+
+
+FakeSparseMatrix.__module__ = "cupyx.scipy.sparse._csr"
+
+
+def build(capability: str = "90") -> tuple[types.ModuleType, dict[str, types.ModuleType], types.SimpleNamespace]:
+    """The fake ``cupy`` module, the ``cupyx`` modules, and the record of module loads and launches."""
     record = types.SimpleNamespace(launches=[], modules=[])
 
     class RawModule:
@@ -84,15 +107,44 @@ def install(monkeypatch: Any, capability: str = "90") -> types.SimpleNamespace:
         def get_function(self, name: str) -> FakeFunction:
             return FakeFunction(name, record.launches)
 
+    rng = np.random.default_rng(0)
     cp = types.ModuleType("cupy")
     cp.__getattr__ = _numpy_function  # zeros, arange, argsort, diff, ... as numpy, returning fake arrays
     cp.__version__ = "fake"
     cp.RawModule = RawModule
     cp.cuda = types.SimpleNamespace(
-        Device=lambda: types.SimpleNamespace(id=0, compute_capability=capability),
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError))
+        Device=lambda: types.SimpleNamespace(id=0, compute_capability=capability, synchronize=lambda: None),
+        Event=_Event, get_elapsed_time=lambda start, stop: (stop.time - start.time) * 1e3,
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError,
+                                      getDeviceProperties=lambda i: {"name": b"stand-in"}))
     cp.asarray = lambda a, dtype=None: device(np.asarray(a, dtype))
+    cp.random = types.SimpleNamespace(
+        standard_normal=lambda size, dtype=np.float64: device(rng.standard_normal(size).astype(dtype)),
+        randint=lambda low, high, size, dtype=np.int64: device(rng.integers(low, high, size).astype(dtype)))
+    sparse = types.ModuleType("cupyx.scipy.sparse")
+    sparse.csr_matrix = FakeSparseMatrix
+    cupyx = {"cupyx": types.ModuleType("cupyx"), "cupyx.scipy": types.ModuleType("cupyx.scipy"),
+             "cupyx.scipy.sparse": sparse}
+    return cp, cupyx, record
+
+
+def install(monkeypatch: Any, capability: str = "90") -> types.SimpleNamespace:
+    """Make ``import cupy`` give the fake; returns a namespace with ``launches`` and ``modules`` (paths loaded)."""
+    cp, cupyx, record = build(capability)
     monkeypatch.setitem(sys.modules, "cupy", cp)
+    for name, module in cupyx.items():
+        monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr("sparse_mlir.device_tensor.cupy", lambda: cp)
     monkeypatch.setattr("sparse_mlir.runtime.cuda.cupy", lambda: cp)
     return record
+
+
+if __name__ == "__main__":  # python fake_cupy.py SCRIPT ARGS...: run a script against the stand-in
+    import runpy
+
+    cp, cupyx, _ = build()
+    sys.modules["cupy"] = cp
+    sys.modules.update(cupyx)
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")

@@ -313,7 +313,7 @@ def test_device_tensors_from_cupyx_are_checked_on_the_device(monkeypatch):
 
     fake_cupy.install(monkeypatch)
     a = sp.random(30, 20, density=0.3, format="csr", dtype=np.float32, random_state=1)
-    t = DeviceSparseTensor.from_cupyx(fake_cupy.FakeCSR(a))
+    t = DeviceSparseTensor.from_cupyx(fake_cupy.FakeSparseMatrix(a))
     assert t.format.crd_width == 32 and t.shape == (30, 20) and t.nnz == a.nnz
     np.testing.assert_array_equal(t.to("cpu").to_dense(), a.toarray())
     bad = a.copy()
@@ -321,11 +321,11 @@ def test_device_tensors_from_cupyx_are_checked_on_the_device(monkeypatch):
     first = bad.indptr[row]
     bad.indices[[first, first + 1]] = bad.indices[[first + 1, first]]  # unsorted within a row
     with pytest.raises(InvalidIndicesError, match="unsorted or duplicate"):
-        DeviceSparseTensor.from_cupyx(fake_cupy.FakeCSR(bad))
+        DeviceSparseTensor.from_cupyx(fake_cupy.FakeSparseMatrix(bad))
     out_of_range = a.copy()
     out_of_range.indices[-1] = 20
     with pytest.raises(InvalidIndicesError, match="column indices >= 20"):
-        DeviceSparseTensor.from_cupyx(fake_cupy.FakeCSR(out_of_range))
+        DeviceSparseTensor.from_cupyx(fake_cupy.FakeSparseMatrix(out_of_range))
 
 
 def test_dense_2to4_compressed_on_the_device_matches_the_host_format(monkeypatch, rng):
@@ -385,6 +385,23 @@ def test_float16_is_a_gpu_dtype():
 
     with pytest.raises(DTypeError, match="float16 kernels run on target='cuda'"):
         sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float16")
+
+
+def test_the_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
+    """A rehearsal of the one GPU run: small bundle, every step completes (kernels compute nothing here)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bundle = tmp_path / "bundle"
+    done = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gpu", "prepare_bundle.py"), str(bundle),
+                           "--small"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    env = {**os.environ, "OUT": str(tmp_path)}
+    run = subprocess.run([sys.executable, os.path.join(root, "tests", "fake_cupy.py"), str(bundle / "device_check.py"),
+                          str(bundle)], capture_output=True, text=True, env=env, cwd=root)
+    assert run.returncode == 1, run.stderr  # the stand-in's launches compute nothing: every check reports FAIL
+    results = json.loads((tmp_path / "gpu_results.json").read_text())
+    assert len(results["checks"]) == 30 and not any(str(v).startswith("failed") for v in results["bench"].values())
+    assert {"spmv_50M", "spmm_4096_90", "dlmc_geomean_vs_cusparse", "tensor_core_8192",
+            "launch_overhead_us"} <= results["bench"].keys()
 
 
 # -- on a device --------------------------------------------------------------------------------------------

@@ -11,12 +11,14 @@ Writes ``OUT/`` (default ``benchmarks/gpu/bundle``, git-ignored):
 * ``dlmc/``: the DLMC transformer matrices at 90% sparsity;
 * ``device_check.py``: the script to run there.
 
-Usage: ``python benchmarks/gpu/prepare_bundle.py [OUT]``, then on the device
-``python OUT/device_check.py OUT``.
+Usage: ``python benchmarks/gpu/prepare_bundle.py [OUT] [--small]``, then on
+the device ``python OUT/device_check.py OUT``.  ``--small`` shrinks every
+shape (a rehearsal of the script, e.g. against the tests' CuPy stand-in).
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import shutil
@@ -59,7 +61,12 @@ def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes:
 
 
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "gpu" / "bundle"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default=ROOT / "benchmarks" / "gpu" / "bundle", type=Path)
+    parser.add_argument("--small", action="store_true", help="small shapes: rehearse the device script")
+    args = parser.parse_args()
+    out = args.out
+    tensor_core, spmm_big, spmv_big = (128, 64, (2000, 2000)) if args.small else (TENSOR_CORE, SPMM_BIG, SPMV_BIG)
     shutil.rmtree(out, ignore_errors=True)
     (out / "kernels").mkdir(parents=True)
     start = time.perf_counter()
@@ -78,17 +85,17 @@ def main() -> None:
         shapes = {"A": (96, 64), "B": (64, 40)} if kind == "spmm" else CHECK_SHAPES["spmv"]
         plan["check"].append({"name": export(out, name, kind, fmt, "float16", shapes), "kind": kind,
                               "format": fmt or "dense", "dtype": "float16"})
-    n = TENSOR_CORE
+    n = tensor_core
     plan["tensor_core"] = [export(out, "tc_2of4", "spmm", "2:4", "float16", {"A": (n, n), "B": (n, n)}),
                            export(out, "tc_dense", "spmm", None, "float16", {"A": (n, n), "B": (n, n)})]
     for emitter in ("auto", "sparsifier"):
         plan["spmv_big"].append(export(out, f"spmv_big_{emitter}", "spmv", "csr", "float32",
-                                       {"A": SPMV_BIG, "x": (SPMV_BIG[1],)}, emitter))
+                                       {"A": spmv_big, "x": (spmv_big[1],)}, emitter))
         plan["spmm_big"].append(export(out, f"spmm_big_{emitter}", "spmm", "csr", "float32",
-                                       {"A": (SPMM_BIG, SPMM_BIG), "B": (SPMM_BIG, SPMM_BIG)}, emitter))
+                                       {"A": (spmm_big, spmm_big), "B": (spmm_big, spmm_big)}, emitter))
     (out / "dlmc").mkdir()
     shapes_done: dict[tuple[int, int], str] = {}
-    for path in sorted(DLMC.glob("*.smtx.gz")):
+    for path in sorted(DLMC.glob("*.smtx.gz"))[:3 if args.small else None]:
         shutil.copy(path, out / "dlmc" / path.name)
         shape = smtx_shape(path)
         if shape not in shapes_done:

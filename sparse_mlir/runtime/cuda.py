@@ -27,7 +27,7 @@ from ..device_tensor import DeviceSparseTensor, cupy
 from ..dsl.plan import KernelSpec
 from ..errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
 from ..formats import Format
-from ..gpu_program import CHIPS, GpuProgram, pack_params
+from ..gpu_program import CHIPS, GpuProgram, ParamPacker
 from ..signature import Signature
 from ..tensor import SparseTensor
 from . import cache
@@ -63,6 +63,13 @@ class GpuFunction:
         self._modules: dict[int, tuple[Any, list[Any]]] = {}
         self._lock = threading.Lock()
         self._arguments = sig.kernel_arguments()
+        # where each kernel argument comes from: (operand, buffer index), (output, -1) or (operand, None) for
+        # the implicit positions of an N:M operand
+        self._sources: list[tuple[Any, int | None]] = [
+            (op, -1) if op.output or not op.sparse else
+            (op, op.format.buffer_names.index(buf) if buf in op.format.buffer_names else None)
+            for op, buf in self._arguments]
+        self._packers = [ParamPacker(launch) for launch in program.launches]
         self._implicit: dict[int, Any] = {}  # N:M positions per device
 
     def _functions(self, cp: Any) -> list[Any]:
@@ -83,15 +90,13 @@ class GpuFunction:
         cp = cupy()
         functions = self._functions(cp)
         buffers: list[tuple[int, int]] = []
-        for op, buf in self._arguments:
-            if op.output:
-                value = out
-            elif not op.sparse:
-                value = args[op.name]
-            elif buf in op.format.buffer_names:
-                value = args[op.name].buffers[op.format.buffer_names.index(buf)]
-            else:
+        for op, index in self._sources:
+            if index == -1:
+                value = out if op.output else args[op.name]
+            elif index is None:
                 value = self._positions(cp, op)
+            else:
+                value = args[op.name].buffers[index]
             buffers.append((value.data.ptr, value.size))
         for launch in self.program.launches:  # before anything is launched
             for ref in launch.aligned:
@@ -101,8 +106,8 @@ class GpuFunction:
         scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
-        for launch, function in zip(self.program.launches, functions):
-            words = np.array([w & _MASK for w in pack_params(launch, buffers, scratch_ptrs)], dtype=np.uint64)
+        for launch, function, packer in zip(self.program.launches, functions, self._packers):
+            words = np.array([w & _MASK for w in packer(buffers, scratch_ptrs)], dtype=np.uint64)
             function(launch.grid_for(lengths), launch.block, tuple(words), shared_mem=launch.shared_bytes)
         return out
 
@@ -156,7 +161,7 @@ def _sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype) ->
     if not isinstance(value, DeviceSparseTensor):
         raise OperandError(f"operand {name} is declared {declared}; pass a DeviceSparseTensor or a cupyx sparse "
                            f"matrix, got {type(value).__name__}")
-    if value.format.with_widths(declared.pos_width, declared.crd_width) != declared:
+    if value.format != declared and value.format.with_widths(declared.pos_width, declared.crd_width) != declared:
         raise FormatError(f"operand {name} is declared {declared}, but the tensor is {value.format}")
     if value.dtype != dtype:
         raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype}")
