@@ -36,6 +36,15 @@ def test_show_every_stage():
     assert "tensor<8x6xf64, #sparse" in out and "llvm.func @sparse_mlir_kernel(" in out
 
 
+def test_show_and_export_for_the_gpu(tmp_path):
+    out = cli("show", "C[i,j] = A[i,k] * B[k,j]", "--format", "A=2:4", "--dtype", "float16", "--target", "cuda",
+              "--shape", "A=32x64", "--shape", "B=64x32", "--stage", "nvvm").stdout
+    assert "// ----- nvvm -----" in out and "mma.sp" in out
+    out = cli("export", "y[i] = A[i,j] * x[j]", "--format", "A=csr", "--target", "cuda", "--dtype", "float32",
+              "--shape", "A=100x50", "--shape", "x=50", "--name", "spmv", "-o", str(tmp_path)).stdout
+    assert "manifest" in out and (tmp_path / "spmv.sm_90.ptx").is_file()
+
+
 def test_show_without_shapes_prints_the_generic_module():
     out = cli("show", "C[i,j] = A[i,k] * B[k,j]", "--format", "A=2:4", "--stage", "input").stdout
     assert "tensor<?x?xf64, #sparse" in out

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -31,14 +32,22 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
         raise SparseMLIRError(f"--shape sizes are written like A=4096x4096: {exc}") from exc
 
 
-def _specialize(args: argparse.Namespace) -> sm.runtime.Kernel:
-    """Compile the expression and, when sparse shapes are given, run it once on empty operands to specialize."""
+def _specialize(args: argparse.Namespace) -> Any:
+    """Compile the expression and, when shapes are given, specialize it (on the CPU: run it on empty operands)."""
     kernel = sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
                         target=args.target)
     shapes = _shapes(args.shape)
     if not shapes:
         return kernel
     spec = kernel.spec
+    if args.target == "cuda":  # GPU kernels compile without a GPU: every operand's shape is needed
+        missing = [n for n in spec.inputs if n not in shapes]
+        if missing:
+            raise SparseMLIRError(f"--shape is needed for every operand to specialize; missing {', '.join(missing)}")
+        extents = {i: s for n in spec.inputs for i, s in zip(spec.operand_index(n), shapes[n])}
+        full = {**{n: shapes[n] for n in spec.inputs}, spec.output: tuple(extents[i] for i in spec.output_indices)}
+        kernel.function({n: spec.formats[n] for n in spec.inputs if spec.is_sparse(n)}, full)
+        return kernel
     operands = {}
     for name in spec.inputs:
         if name not in shapes:
@@ -66,7 +75,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     kernel = _specialize(args)
-    if not kernel.specializations:
+    if not (kernel.specializations if args.target == "cpu" else kernel.compiled):
         if args.stage not in ("input", "all"):
             raise SparseMLIRError(f"stage {args.stage!r} needs sparse shapes: pass --shape for every operand")
         print(kernel.mlir)
@@ -188,7 +197,7 @@ def _kernel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("expression", help="tensor index notation, e.g. 'C[i,j] = A[i,k] * B[k,j]'")
     p.add_argument("--format", action="append", default=[], metavar="NAME=FMT",
                    help="storage format of an operand: csr, csc, coo, dcsr, csf, bsr2x2, 2:4, ds:1,0 ...")
-    p.add_argument("--dtype", default="float64", choices=["float32", "float64", "int32", "int64"])
+    p.add_argument("--dtype", default="float64", choices=["float16", "float32", "float64", "int32", "int64"])
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--shape", action="append", default=[], metavar="NAME=RxC",
                    help="operand shape, e.g. A=4096x4096 (sparse shapes are compiled in)")
@@ -211,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_export)
     p = sub.add_parser("show", help="print the IR after each stage: input, sparsified, llvm")
     _kernel_args(p)
-    p.add_argument("--stage", default="all", choices=["all", "input", "sparsified", "llvm"])
+    p.add_argument("--stage", default="all", choices=["all", "input", "sparsified", "llvm", "gpu", "nvvm"])
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("info", help="versions, targets, GPU presence, cache location and size")
     p.add_argument("--openmp-library", action="store_true", help="print only the OpenMP runtime's path")

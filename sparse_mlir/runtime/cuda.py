@@ -213,6 +213,11 @@ class CudaKernel:
         return f"CudaKernel({self.spec.expression!r}, formats={{{fmts}}}, dtype={self.spec.dtype})"
 
     @property
+    def compiled(self) -> bool:
+        """Whether a specialization has been compiled (by a call or ``function``)."""
+        return bool(self._keys)
+
+    @property
     def ir(self) -> dict[str, str]:
         """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``gpu``, ``nvvm``)."""
         if not self._keys:
