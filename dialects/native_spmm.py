@@ -188,8 +188,10 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     tier_lines, tier_loops, start = [], [], "%c0"
     for t, count in enumerate(tiers):
         step = count * lanes
-        tier_lines += [f"%left{t} = arith.subi %N, {start} : index", f"%over{t} = arith.remui %left{t}, %c{step} : index",
-                       f"%fit{t} = arith.subi %left{t}, %over{t} : index", f"%end{t} = arith.addi {start}, %fit{t} : index"]
+        tier_lines += [f"%left{t} = arith.subi %N, {start} : index",
+                       f"%over{t} = arith.remui %left{t}, %c{step} : index",
+                       f"%fit{t} = arith.subi %left{t}, %over{t} : index",
+                       f"%end{t} = arith.addi {start}, %fit{t} : index"]
         tier_loops += tile_block(f"t{t}", count, start, f"%end{t}")
         start = f"%end{t}"
     offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})

@@ -12,13 +12,14 @@ used.  Instead:
    runtime allocates, and a body that is not just parallel loops runs as one
    single-thread kernel (correct, slow, reported in ``GpuProgram.notes``);
 3. each ``scf.parallel`` is tiled by ``BLOCK`` and mapped onto a grid of
-   blocks of threads, then outlined (``gpu-kernel-outlining``);
+   blocks of threads, then outlined (``gpu-kernel-outlining``) and the
+   outlined kernels merged into one ``gpu.module``;
 4. the host function, now only ``gpu.launch_func``s over its arguments and
    constants, is read into ``Launch`` records; the ``gpu.module`` is lowered
-   through NVVM to PTX for every chip.
+   through NVVM (libdevice for math) to PTX for every chip.
 
-Kernels with a hand-scheduled emitter (``dialects.native_gpu``) enter at
-step 4 with the same host-function shape.
+Hand-scheduled kernels (``dialects.native_gpu``) come as a ``gpu.module``
+with their ``Launch`` records and only take step 4's lowering.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ OK, NULL_POINTER, SIZE_MISMATCH, BAD_LEVELS = 0, 1, 2, 3
 STATUS_TEXT = {NULL_POINTER: "a NULL pointer", SIZE_MISMATCH: "a size that disagrees with the kernel's shapes",
                BAD_LEVELS: "inconsistent level buffer lengths"}
 
-C_TYPES = {"float16": "_Float16", "float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
-           "int64": "int64_t"}
+C_TYPES = {"float16": "_Float16", "float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
+           "int32": "int32_t", "int64": "int64_t"}
 
 
 @dataclass(frozen=True)
