@@ -81,12 +81,14 @@ def export(kernel: Kernel | CudaKernel, out_dir: str | Path, name: str,
 
 
 def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Path]:
-    """``NAME.json`` (signature, launches, checksums), ``NAME.<chip>.ptx`` and, with ptxas, ``NAME.<chip>.cubin``.
+    """``NAME.json`` (signature, launches, checksums), ``NAME.<chip>.ptx``, with ptxas ``NAME.<chip>.cubin``,
+    and ``NAME.h``, a C launcher over the CUDA Driver API (``gpu_header``).
 
     GPU kernels are specialized for every operand's shape, so ``shapes``
     must give all inputs (the output's follows).
     """
     from . import cuda_toolkit
+    from .gpu_header import cuda_header
     from .lowering.toolchain import tool_versions
     from .runtime.cuda import compile_program
 
@@ -108,13 +110,15 @@ def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, 
             (folder / f"{name}.{chip}.cubin").write_bytes(cuda_toolkit.assemble(ptx, chip))
             code[f"{chip}.cubin"] = f"{name}.{chip}.cubin"
     (folder / f"{name}.mlir").write_text(cache.load_ir(key)["input"])
+    header = folder / f"{name}.h"
+    header.write_text(cuda_header(sig, program))
     manifest = folder / f"{name}.json"
     data = {"schema": MANIFEST_SCHEMA, "kind": "cuda", "sparse_mlir": __version__, "tools": tool_versions(),
-            "code": code, "program": program.to_json(include_ptx=False),
-            "sha256": {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in code.values()},
+            "code": code, "header": header.name, "program": program.to_json(include_ptx=False),
+            "sha256": {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in (*code.values(), header.name)},
             "signature": sig.to_json()}
     manifest.write_text(json.dumps(data, indent=1))
-    return {"manifest": manifest, **{f"code:{chip}": folder / f for chip, f in code.items()}}
+    return {"manifest": manifest, "header": header, **{f"code:{chip}": folder / f for chip, f in code.items()}}
 
 
 def _static_extents(kernel: Kernel | CudaKernel, shapes: dict[str, tuple[int, ...]], *,

@@ -404,6 +404,54 @@ def test_the_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
             "launch_overhead_us"} <= results["bench"].keys()
 
 
+LAUNCHERS = [("y[i] = A[i,j]*x[j]", "csr", {"A": (100, 50), "x": (50,)}),  # lanes picked from nnz in C
+             ("C[i,j] = A[i,k]*B[k,j]", "2:4", {"A": (40, 64), "B": (64, 16)}),  # N:M positions made in C
+             ("C[i,j] = relu(A[i,k]*B[k,j] + b[i])", "csr", {"A": (40, 64), "B": (64, 16), "b": (40,)})]  # scratch
+
+
+@pytest.mark.parametrize(("expr", "fmt", "shapes"), LAUNCHERS, ids=[f"{e}|{f}" for e, f, _ in LAUNCHERS])
+def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, tmp_path):
+    """Compile the exported header against a recording stand-in for cuda.h and compare with ``ParamPacker``."""
+    from sparse_mlir.gpu_program import GpuProgram, ParamPacker
+    from sparse_mlir.signature import Signature
+
+    kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32", target="cuda")
+    paths = sm.export(kernel, tmp_path, "k", shapes=shapes)
+    manifest = json.loads(paths["manifest"].read_text())
+    sig, program = Signature.from_json(manifest["signature"]), GpuProgram.from_json(manifest["program"], ptx={})
+    given: dict[tuple[str, str], tuple[int, int]] = {}  # (operand, buffer) -> (fake pointer, length)
+    c_args = []
+    for n, op in enumerate(sig.operands):
+        for b, (buf, _) in enumerate(op.buffers() if op.sparse else [("", None)]):
+            pointer, length = 0x100000 * (n + 1) + 0x1000 * b, 321 + 7 * b
+            given[(op.name, buf)] = (pointer, length)
+            c_args += [str(pointer)] + ([str(length)] if op.sparse else [])
+    allocations = iter(range(0xA000, 0xB000, 0x100))  # the stand-in's order: scratch, then N:M positions
+    scratch = [next(allocations) for _ in program.scratch]
+    buffers = []
+    for op, buf in sig.kernel_arguments():
+        if op.sparse and (op.name, buf) not in given:  # implicit N:M positions: one per group, plus one
+            buffers.append((next(allocations), int(np.prod(op.format.level_sizes(op.shape)[:-1])) + 1))
+        else:
+            pointer, length = given[(op.name, buf if op.sparse else "")]
+            buffers.append((pointer, length if op.sparse else int(np.prod(op.shape))))
+    counts = "".join(f"fake_param_count[{i}] = {launch.param_count()}; " for i, launch in enumerate(program.launches))
+    (tmp_path / "main.c").write_text(f'#include "k.h"\nint main(void) {{ k_module m; k_load(&m, "k.ptx"); {counts}'
+                                     f'return (int)k(&m, 0, {", ".join(c_args)}); }}\n')
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{here}/fake_cuda", f"-I{tmp_path}", "-o",
+                    str(tmp_path / "main"), str(tmp_path / "main.c")], check=True)
+    out = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, check=True).stdout
+    launched = [line.split()[1:] for line in out.splitlines() if line.startswith("launch")]
+    assert len(launched) == len(program.launches)
+    for launch, line in zip(program.launches, launched):
+        name, dims, words = line[0], [int(v) for v in line[1:8]], [int(v) for v in line[8:]]
+        assert name == launch.kernel
+        assert dims[:3] == list(launch.grid_for([n for _, n in buffers])) and dims[3:6] == list(launch.block)
+        assert words == ParamPacker(launch)(buffers, scratch)
+    assert f"memset {given[(sig.output.name, '')][0]} 0 {int(np.prod(sig.output.shape)) * 4}" in out
+
+
 # -- on a device --------------------------------------------------------------------------------------------
 def _cupy():
     cp = pytest.importorskip("cupy", reason="CuPy is not installed")
