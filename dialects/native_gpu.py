@@ -31,7 +31,7 @@ from mlir import ir
 
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
-from sparse_mlir.gpu_program import KernelArg, LaneRule, Launch
+from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch
 
 from .patterns import dense_matmul_operands, is_csr, spmm_operands, spmv_operands
 
@@ -40,6 +40,7 @@ __all__ = ["native_gpu", "WARP", "BLOCK"]
 WARP = 32
 BLOCK = 128  # threads per block: four warps
 _TILE = 4  # most vectors a lane owns in one SpMM column tile
+SPLIT_CHUNK = 16  # nonzeros per thread in the row-splitting SpMV
 _FLOAT = {"float16": "f16", "float32": "f32", "float64": "f64"}
 _BYTES = {"f16": 2, "f32": 4, "f64": 8}
 
@@ -57,9 +58,15 @@ def _convert(name: str, value: str, source: str, target: str) -> tuple[list[str]
     return [f"{name} = arith.{'extf' if wider else 'truncf'} {value} : {source} to {target}"], name
 
 
-def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
-               ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
-    """The module and launches of a hand-scheduled kernel for ``spec``, or ``None`` if none applies."""
+def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+               deterministic: bool = False) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+    """The module and launches of a hand-scheduled kernel for ``spec``, or ``None`` if none applies.
+
+    Unless ``deterministic``, a CSR SpMV also gets a row-splitting kernel for
+    skewed matrices, whose atomic additions make float sums run-to-run
+    different in their last bits.
+    """
+    split = not deterministic
     if spec.dtype.name not in _FLOAT:
         return None
     elt = _FLOAT[spec.dtype.name]
@@ -67,11 +74,15 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
         a, x = found
         fmt = formats[a]
         rows, cols = shapes[a]
-        text = _spmv_text(elt, fmt, rows, cols)
         args = tuple(_args(spec, a, (x, (cols,)), (spec.output, (rows,))))
-        launch = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)),
-                        lanes=LaneRule(ref=args[1].ref, rows=rows))
-        return ir.Module.parse(text), (launch,)
+        balanced = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)),
+                          lanes=LaneRule(ref=args[1].ref, rows=rows), when="balanced" if split else "")
+        launches, functions = (balanced,), [_spmv_text(elt, fmt, rows, cols)]
+        if split:  # skewed rows: fixed chunks of nonzeros per thread, partial row sums added atomically
+            chunks = GridRule(ref=args[1].ref, per_block=BLOCK * SPLIT_CHUNK)
+            launches += (Launch("spmv_split", chunks, (BLOCK, 1, 1), args, when="skewed"),)
+            functions.append(_spmv_split_text(elt, fmt, rows, cols))
+        return ir.Module.parse(_module_of(*functions)), launches
     spmm = spmm_operands(spec, formats)
     if spmm is not None and elt == "f16" and (found := _sparse_tensor_core(spec, formats, shapes, spmm)):
         return found
@@ -197,7 +208,86 @@ def _spmv_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
              "scf.if %write {", f"  memref.store {value}, %y[%row] : {_memref((rows,), elt)}", "}", "gpu.return"]
     params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
               f"%x: {_memref((cols,), elt)}, %y: {_memref((rows,), elt)}, %lanes: index")
-    return _module("spmv", params, body)
+    return _function("spmv", params, body)
+
+
+def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
+    """SpMV over fixed chunks of nonzeros: balanced whatever the row lengths (the merge-path idea, per thread).
+
+    Thread ``t`` takes nonzeros ``[16 t, 16 t + 16)``, finds the row of its
+    first one by binary search over the positions, and walks them, adding
+    each finished row's partial sum to ``y`` atomically (rows cut by a chunk
+    border get several additions); ``y`` starts zeroed.
+    """
+    pos_t, crd_t = _index_types(fmt)
+    acc = _accumulator(elt)
+    widen_a, a = _convert("%a_w", "%a", elt, acc)
+    widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
+    y_t = _memref((rows,), elt)
+
+    def pos(name: str, at: str) -> list[str]:
+        return [f"{name}_raw = memref.load %pos[{at}] : memref<?x{pos_t}>",
+                f"{name} = arith.index_castui {name}_raw : {pos_t} to index"]
+
+    def flush(tag: str, value: str, row: str) -> list[str]:
+        """Add a row's partial sum ``value`` to ``y[row]`` atomically."""
+        narrow, out = _convert(f"%{tag}_out", value, acc, elt)
+        return [*narrow, f"%{tag}_old = memref.atomic_rmw addf {out}, %y[{row}] : ({elt}, {y_t}) -> {elt}"]
+
+    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index", "%c2 = arith.constant 2 : index",
+            f"%rows = arith.constant {rows} : index", f"%chunk = arith.constant {SPLIT_CHUNK} : index",
+            f"%zero = arith.constant 0.0 : {acc}",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
+            "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
+            f"%nnz = memref.dim %crd, %c0 : memref<?x{crd_t}>",
+            "%k0 = arith.muli %gtid, %chunk : index", "%k0c = arith.addi %k0, %chunk : index",
+            "%k1 = arith.minui %k0c, %nnz : index", "%work = arith.cmpi ult, %k0, %nnz : index",
+            "scf.if %work {",
+            # the last row r with pos[r] <= k0: binary search over [0, rows - 1]
+            "%rows1 = arith.subi %rows, %c1 : index",
+            "%found:2 = scf.while (%lo = %c0, %hi = %rows1) : (index, index) -> (index, index) {",
+            "  %more = arith.cmpi ult, %lo, %hi : index",
+            "  scf.condition(%more) %lo, %hi : index, index",
+            "} do {", "^bb0(%l: index, %h: index):",
+            "  %span = arith.subi %h, %l : index", "  %half = arith.addi %span, %c1 : index",
+            "  %half2 = arith.divui %half, %c2 : index", "  %mid = arith.addi %l, %half2 : index",
+            *("  " + line for line in pos("%pm", "%mid")),
+            "  %left = arith.cmpi ule, %pm, %k0 : index",
+            "  %mid1 = arith.subi %mid, %c1 : index",
+            "  %nl = arith.select %left, %mid, %l : index", "  %nh = arith.select %left, %h, %mid1 : index",
+            "  scf.yield %nl, %nh : index, index", "}",
+            "%r0 = arith.addi %found#0, %c1 : index", *pos("%end0", "%r0"),
+            # walk the chunk: (sum, row, end of row)
+            f"%walk:3 = scf.for %k = %k0 to %k1 step %c1 iter_args(%s = %zero, %r = %found#0, %e = %end0) "
+            f"-> ({acc}, index, index) {{",
+            f"  %j_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
+            f"  %j = arith.index_castui %j_raw : {crd_t} to index",
+            f"  %a = memref.load %val[%k] : memref<?x{elt}>",
+            f"  %xj = memref.load %x[%j] : {_memref((cols,), elt)}", *widen_a, *widen_x,
+            f"  %s1 = math.fma {a}, {xj}, %s : {acc}",
+            "  %k_next = arith.addi %k, %c1 : index", "  %row_done = arith.cmpi eq, %k_next, %e : index",
+            f"  %next:3 = scf.if %row_done -> ({acc}, index, index) {{",
+            *("    " + line for line in flush("done", "%s1", "%r")),
+            # the next row that holds nonzero k_next (skipping empty rows)
+            "    %adv:2 = scf.while (%rr = %r, %ee = %e) : (index, index) -> (index, index) {",
+            "      %rn = arith.addi %rr, %c1 : index", "      %in = arith.cmpi ult, %rn, %rows : index",
+            "      %at_end = arith.cmpi ule, %ee, %k_next : index", "      %go = arith.andi %in, %at_end : i1",
+            "      scf.condition(%go) %rr, %ee : index, index",
+            "    } do {", "    ^bb0(%rr2: index, %ee2: index):",
+            "      %rq = arith.addi %rr2, %c1 : index", "      %rq1 = arith.addi %rq, %c1 : index",
+            *("      " + line for line in pos("%eq", "%rq1")),
+            "      scf.yield %rq, %eq : index, index", "    }",
+            f"    scf.yield %zero, %adv#0, %adv#1 : {acc}, index, index",
+            "  } else {", f"    scf.yield %s1, %r, %e : {acc}, index, index", "  }",
+            f"  scf.yield %next#0, %next#1, %next#2 : {acc}, index, index", "}",
+            # what is left belongs to a row the chunk did not finish (a zero sum adds nothing)
+            f"%tail_sum = arith.cmpf one, %walk#0, %zero : {acc}",
+            "%tail_row = arith.cmpi ult, %walk#1, %rows : index", "%tail = arith.andi %tail_sum, %tail_row : i1",
+            "scf.if %tail {", *("  " + line for line in flush("tail", "%walk#0", "%walk#1")), "}",
+            "}", "gpu.return"]
+    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
+              f"%x: {_memref((cols,), elt)}, %y: {y_t}")
+    return _function("spmv_split", params, body)
 
 
 def _spmm_shape(elt: str, cols: int) -> tuple[int, int]:
@@ -418,9 +508,14 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
     return _module("gemm_f16", f"%a: {a_t}, %b: {b_t}, %c: {c_t}", body)
 
 
-def _module(name: str, params: str, body: list[str]) -> str:
+def _function(name: str, params: str, body: list[str]) -> str:
     inner = "\n".join("      " + line for line in body)
-    return ("module attributes {gpu.container_module} {\n"
-            "  gpu.module @kernels {\n"
-            f"    gpu.func @{name}({params}) kernel {{\n{inner}\n    }}\n"
-            "  }\n}\n")
+    return f"    gpu.func @{name}({params}) kernel {{\n{inner}\n    }}\n"
+
+
+def _module_of(*functions: str) -> str:
+    return "module attributes {gpu.container_module} {\n  gpu.module @kernels {\n" + "".join(functions) + "  }\n}\n"
+
+
+def _module(name: str, params: str, body: list[str]) -> str:
+    return _module_of(_function(name, params, body))

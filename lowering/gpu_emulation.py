@@ -10,18 +10,20 @@ very records the CUDA runtime reads, so a wrong grid, a wrong argument
 order or a wrong index in the mapped loops gives wrong numbers here.
 
 Threads run one after another, so kernels that talk between threads
-(``gpu.shuffle``, barriers) or size grids at launch time cannot be
-emulated; ``EmulationError`` says so.
+(``gpu.shuffle``, barriers, warp-wide MMAs) or pick threads per row at
+launch time cannot be emulated; ``EmulationError`` says so.  Atomics are
+emulated (sequentially, they are plain read-modify-writes).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from mlir import ir
 
 from sparse_mlir.dialects.kernel import KERNEL_NAME
-from sparse_mlir.gpu_program import GpuProgram
+from sparse_mlir.gpu_program import GpuProgram, GridRule
 from sparse_mlir.signature import Signature
 
 __all__ = ["EmulationError", "emulation_module"]
@@ -36,14 +38,21 @@ class EmulationError(Exception):
     """The program uses something sequential threads cannot reproduce."""
 
 
-def emulation_module(program: GpuProgram, gpu_stage: str, sig: Signature) -> ir.Module:
-    """A CPU module for ``program`` from the IR that holds its ``gpu.module`` (the ``gpu`` stage)."""
+def emulation_module(program: GpuProgram, gpu_stage: str, sig: Signature, skewed: bool = False) -> ir.Module:
+    """A CPU module for ``program`` from the IR that holds its ``gpu.module`` (the ``gpu`` stage).
+
+    ``skewed`` chooses the launches a skewed operand gets (``Launch.when``).
+    """
+    program = replace(program, launches=tuple(launch for launch in program.launches if launch.runs(skewed)))
     source = ir.Module.parse(gpu_stage)
     kernels = {}
+    used = {launch.kernel for launch in program.launches}
     for op in source.body.operations:
         if op.operation.name == "gpu.module":
             for fn in op.regions[0].blocks[0].operations:
                 name = ir.StringAttr(fn.attributes["sym_name"]).value
+                if name not in used:
+                    continue
                 kernels[name] = (fn.operation.get_asm(), ir.FunctionType(
                     ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
     functions = "\n".join(_kernel_as_function(asm) for asm, _ in kernels.values())
@@ -95,8 +104,8 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
                   f"linalg.fill ins(%z{s} : {elt}) outs(%s{s} : {mtype})"]
     fresh = iter(range(10**6))
     for n, launch in enumerate(program.launches):
-        if not isinstance(launch.grid, tuple) or launch.lanes is not None:
-            raise EmulationError("the launch's grid depends on run-time sizes")
+        if launch.lanes is not None:
+            raise EmulationError("the launch's threads per row are picked at run time")
         param_types = kernels[launch.kernel]
         args: list[str] = []
         for arg, ptype in zip(launch.args, param_types):
@@ -113,11 +122,17 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
                 lines.append(f"{cast} = memref.cast {value} : {vtype} to {ptype}")
                 value = cast
             args.append(value)
-        dims = [*launch.grid, *launch.block]
         bounds = []
-        for k, d in enumerate(dims):
+        for k, d in enumerate([*(launch.grid if isinstance(launch.grid, tuple) else (0, 1, 1)), *launch.block]):
             lines.append(f"%dim{n}_{k} = arith.constant {d} : index")
             bounds.append(f"%dim{n}_{k}")
+        if isinstance(launch.grid, GridRule):  # blocks from the buffer's length, as GridRule.blocks
+            rule = launch.grid
+            lines += [f"%len{n} = memref.dim %k{rule.ref}, %c0 : {types[rule.ref]}",
+                      f"%per{n} = arith.constant {rule.per_block} : index",
+                      f"%need{n} = arith.ceildivui %len{n}, %per{n} : index",
+                      f"%grid{n} = arith.maxui %need{n}, %c1 : index"]
+            bounds[0] = f"%grid{n}"
         ivs = [f"%iv{n}_{k}" for k in range(6)]
         for k in range(6):
             lines.append(f"scf.for {ivs[k]} = %c0 to {bounds[k]} step %c1 {{")

@@ -24,7 +24,7 @@ _lock = threading.Lock()
 
 
 def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",
-            target: str = "cpu", schedule: str = "default") -> Kernel | CudaKernel:  # noqa: A001 - as in re.compile
+            target: str = "cpu", schedule: str = "default", deterministic: bool = False) -> Kernel | CudaKernel:  # noqa: A001 - as in re.compile
     """Compile tensor index notation to a native kernel.
 
     ``formats`` maps tensor names to formats (``sm.CSR`` or ``"csr"``);
@@ -36,6 +36,8 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     ``CudaKernel`` that runs on CuPy arrays and ``DeviceSparseTensor``s; it
     compiles to PTX without a GPU or CuPy (``CudaKernel.function``), and
     raises ``DeviceError`` only when asked to run without them.
+    ``deterministic=True`` keeps results bit-identical from run to run on
+    the GPU (no atomic additions); CPU kernels always are.
     """
     if schedule not in ("default", "auto"):
         raise DSLError(f"schedule must be 'default' or 'auto', got {schedule!r}")
@@ -49,11 +51,11 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     if target == "cuda":
         if schedule != "default":
             raise DSLError("schedule='auto' chooses among CPU variants; target 'cuda' takes schedule='default'")
-        key = (spec.key(), "cuda")
+        key = (spec.key(), "cuda", deterministic)
         with _lock:
             kernel = _kernels.get(key)
             if kernel is None:
-                kernel = _kernels[key] = CudaKernel(spec)
+                kernel = _kernels[key] = CudaKernel(spec, deterministic=deterministic)
         return kernel
     options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
     key = (spec.key(), options, schedule)

@@ -67,7 +67,8 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
 
 
 def build_gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature,
-                      out_path: Path, chips: tuple[str, ...], emitter: str = "auto") -> dict[str, str]:
+                      out_path: Path, chips: tuple[str, ...], emitter: str = "auto",
+                      deterministic: bool = False) -> dict[str, str]:
     """Compile one specialization to PTX for ``chips``; write its ``GpuProgram`` as JSON to ``out_path``.
 
     ``emitter="auto"`` takes a hand-scheduled kernel where one applies,
@@ -77,13 +78,13 @@ def build_gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]
     from mlir import ir
 
     with ir.Context():
-        program, stages = _gpu_program(spec, shapes, sig, chips, emitter)
+        program, stages = _gpu_program(spec, shapes, sig, chips, emitter, deterministic)
     out_path.write_text(program.dumps())
     return stages
 
 
 def build_gpu_emulation(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature,
-                        out_path: Path, emitter: str = "auto") -> dict[str, str]:
+                        out_path: Path, emitter: str = "auto", skewed: bool = False) -> dict[str, str]:
     """A CPU library that runs the GPU program of one specialization thread by thread (``gpu_emulation``).
 
     It exports ``sig`` like any CPU kernel, so tests call it with numpy
@@ -94,20 +95,20 @@ def build_gpu_emulation(spec: KernelSpec, shapes: dict[str, tuple[int | None, ..
     from .lowering import cpu, gpu_emulation, toolchain
 
     with ir.Context():
-        program, stages = _gpu_program(spec, shapes, sig, (), emitter)
-        module = gpu_emulation.emulation_module(program, stages["gpu"], sig)
+        program, stages = _gpu_program(spec, shapes, sig, (), emitter, False)
+        module = gpu_emulation.emulation_module(program, stages["gpu"], sig, skewed)
         stages["llvm"] = cpu.loops_to_llvm(module, sig)
     toolchain.compile_shared_library(stages["llvm"], out_path, cpu="native", opt_level=1)
     return stages
 
 
 def _gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature,
-                 chips: tuple[str, ...], emitter: str) -> tuple[Any, dict[str, str]]:
+                 chips: tuple[str, ...], emitter: str, deterministic: bool) -> tuple[Any, dict[str, str]]:
     from .dialects.kernel import build_kernel_module
     from .dialects.native_gpu import native_gpu
     from .lowering import gpu
 
-    found = native_gpu(spec, spec.formats, shapes) if emitter == "auto" else None
+    found = native_gpu(spec, spec.formats, shapes, deterministic) if emitter == "auto" else None
     if found is not None:
         return gpu.lower_to_ptx(found[0], sig, native=found[1], chips=chips)
     if spec.dtype.name == "float16":  # the sparsifier would sum in float16

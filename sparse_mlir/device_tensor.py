@@ -42,19 +42,25 @@ def cupy() -> Any:
 class DeviceSparseTensor:
     """Level buffers on the GPU (read-only by convention: kernels never write inputs)."""
 
-    __slots__ = ("format", "shape", "dtype", "buffers", "__weakref__")
+    __slots__ = ("format", "shape", "dtype", "buffers", "longest_row", "__weakref__")
 
-    def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[Any, ...]):
+    def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[Any, ...], longest_row: int | None = None):
         self.format = fmt
         self.shape = tuple(int(s) for s in shape)
         self.buffers = buffers
         self.dtype = np.dtype(buffers[-1].dtype)
+        # entries of the longest row (CSR), known when the tensor was checked: lets the runtime pick a
+        # row-splitting kernel for skewed rows without reading the device
+        self.longest_row = longest_row
 
     @classmethod
     def from_host(cls, tensor: SparseTensor) -> DeviceSparseTensor:
         """Copy a (validated) ``SparseTensor`` to the current device."""
         cp = cupy()
-        return cls(tensor.format, tensor.shape, tuple(cp.asarray(b) for b in tensor.buffers))
+        longest = None
+        if tensor.format.with_widths(32, 32) == CSR and tensor.shape[0]:
+            longest = int(np.diff(tensor.buffers[0]).max())
+        return cls(tensor.format, tensor.shape, tuple(cp.asarray(b) for b in tensor.buffers), longest)
 
     @classmethod
     def from_cupyx(cls, matrix: Any, format: Format | str = "csr") -> DeviceSparseTensor:
@@ -80,8 +86,9 @@ class DeviceSparseTensor:
         bad = cp.stack([indptr[0] != 0, indptr[-1] != nnz, cp.any(steps < 0),
                         cp.any(indices < 0) if nnz else cp.bool_(False),
                         cp.any(indices >= cols) if nnz else cp.bool_(False),
-                        cp.any((gaps <= 0) & ~starts) if nnz > 1 else cp.bool_(False)])
-        problems = bad.get()  # the one read-back
+                        cp.any((gaps <= 0) & ~starts) if nnz > 1 else cp.bool_(False)]).astype(cp.int64)
+        longest = cp.max(steps) if rows else cp.zeros((), cp.int64)
+        *problems, longest_row = cp.concatenate([bad, longest.astype(cp.int64).reshape(1)]).get()  # one read-back
         names = ["indptr[0] != 0", "indptr[-1] != nnz", "indptr decreases", "negative column indices",
                  f"column indices >= {cols}", "unsorted or duplicate column indices within a row"]
         found = [n for n, p in zip(names, problems) if p]
@@ -90,7 +97,8 @@ class DeviceSparseTensor:
                                       f"(call .sum_duplicates() / .sort_indices())")
         width = 32 if indptr.dtype == np.int32 and indices.dtype == np.int32 else 64
         return cls(fmt.with_widths(width, width), (rows, cols),
-                   (indptr.astype(f"int{width}", copy=False), indices.astype(f"int{width}", copy=False), data))
+                   (indptr.astype(f"int{width}", copy=False), indices.astype(f"int{width}", copy=False), data),
+                   int(longest_row))
 
     @classmethod
     def from_dense_nm(cls, array: Any, n: int = 2, m: int = 4, *, prune: bool = False) -> DeviceSparseTensor:

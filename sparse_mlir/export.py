@@ -99,7 +99,7 @@ def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, 
     full = {n: tuple(int(s) for s in shapes[n]) for n in spec.inputs}
     full[spec.output] = tuple(extents[i] for i in spec.output_indices)
     formats = {n: spec.formats[n] for n in spec.inputs if spec.is_sparse(n)}
-    key, program, sig = compile_program(spec, formats, full, kernel.chips, kernel.emitter)
+    key, program, sig = compile_program(spec, formats, full, kernel.chips, kernel.emitter, kernel.deterministic)
     sig = Signature(name, sig.expression, sig.operands)
     folder.mkdir(parents=True, exist_ok=True)
     code: dict[str, str] = {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from . import __version__
-from .gpu_program import GpuProgram, GridRule, Launch
+from .gpu_program import SKEWED_ROW, GpuProgram, GridRule, Launch
 from .signature import OperandABI, Signature
 
 __all__ = ["cuda_header"]
@@ -41,12 +41,21 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
     lines += ["  return CUDA_SUCCESS;", "}", "",
               f"static inline CUresult {name}_unload({name}_module* m) {{ return cuModuleUnload(m->module); }}", ""]
     params, arguments = _parameters(sig)
-    lines += ["/* Enqueues the kernel on `stream` (device pointers; shapes as exported, see NAME.json). */",
+    conditional = any(launch.when for launch in program.launches)
+    if conditional:
+        params.append("int skewed")
+    lines += ["/* Enqueues the kernel on `stream` (device pointers; shapes as exported, see NAME.json)."
+              + (f" `skewed`: nonzero when the longest row has at least {SKEWED_ROW} entries and more than 32"
+                 " times the mean: rows are then split across threads (atomic additions). */" if conditional
+                 else " */"),
               f"static inline CUresult {name}({name}_module* m, CUstream stream,\n    {', '.join(params)}) {{",
               "  CUresult r;"]
     lines += _prologue(sig, program)
     for i, launch in enumerate(program.launches):
-        lines += _launch(i, launch, arguments)
+        body = _launch(i, launch, arguments)
+        if launch.when:
+            body = [f"  if ({'' if launch.when == 'skewed' else '!'}skewed)", *body]
+        lines += body
     lines += ["done:", *(f"  if (s{s}) cuMemFreeAsync(s{s}, stream);" for s in range(len(program.scratch))),
               *(f"  if ({ptr}) cuMemFreeAsync({ptr}, stream);" for ptr, _ in _implicit(sig)),
               "  return r;", "}", "", "#ifdef __cplusplus", "}", "#endif", f"#endif /* {guard} */", ""]

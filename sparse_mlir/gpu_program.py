@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "pack_params", "ParamPacker",
-           "descriptor_words", "CHIPS"]
+           "descriptor_words", "is_skewed", "CHIPS"]
 
 CHIPS = ("sm_80", "sm_90")
 
@@ -89,6 +89,10 @@ class Launch:
     shared_bytes: int = 0
     lanes: LaneRule | None = None
     aligned: tuple[int, ...] = ()  # kernel arguments accessed with 16-byte vectors: their pointers must be aligned
+    when: str = ""  # "", or "skewed" / "balanced": run only when the sparse operand's rows are (not) skewed
+
+    def runs(self, skewed: bool) -> bool:
+        return not self.when or (self.when == "skewed") == skewed
 
     def grid_for(self, lengths: list[int]) -> tuple[int, int, int]:
         """The grid given each kernel argument's length (entries)."""
@@ -101,6 +105,17 @@ class Launch:
 
     def param_count(self) -> int:
         return sum(descriptor_words(len(a.shape)) if a.kind in ("buffer", "scratch") else 1 for a in self.args)
+
+
+def is_skewed(longest_row: int | None, entries: int, rows: int) -> bool:
+    """Rows so uneven that one group of threads per row would leave most of the GPU waiting on a few rows.
+
+    ``longest_row`` is ``None`` when unknown (then: not skewed).
+    """
+    return longest_row is not None and longest_row >= SKEWED_ROW and longest_row > 32 * entries / max(rows, 1)
+
+
+SKEWED_ROW = 4096  # a row this long keeps one warp busy for 128 steps while short rows finish in one
 
 
 @dataclass(frozen=True)
@@ -122,7 +137,7 @@ class GpuProgram:
                                 "launches": [{"kernel": k.kernel, "grid": grid(k.grid), "block": list(k.block),
                                               "shared_bytes": k.shared_bytes,
                                               "lanes": [k.lanes.ref, k.lanes.rows] if k.lanes else None,
-                                              "aligned": list(k.aligned),
+                                              "aligned": list(k.aligned), "when": k.when,
                                               "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
                                              for k in self.launches]}
         if include_ptx:
@@ -137,7 +152,7 @@ class GpuProgram:
         launches = tuple(Launch(k["kernel"], grid(k["grid"]), tuple(k["block"]),
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
                                 k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None,
-                                tuple(k.get("aligned", ())))
+                                tuple(k.get("aligned", ())), k.get("when", ""))
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))

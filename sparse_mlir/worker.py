@@ -101,7 +101,14 @@ def _serve() -> None:
             reply = (True, getattr(compiler, function)(*args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - sent back and raised in the caller
             reply = (False, exc)
-        pickle.dump(reply, stdout)
+        try:
+            data = pickle.dumps(reply)
+        except Exception:  # noqa: BLE001 - e.g. the bindings' MLIRError: send its text instead
+            data = pickle.dumps((False, LoweringError(str(reply[1]).splitlines()[0] if str(reply[1]) else
+                                                      type(reply[1]).__name__, stage=function,
+                                                      target="cuda" if "gpu" in function else "cpu",
+                                                      diagnostics=str(reply[1]))))
+        stdout.write(data)
         stdout.flush()
 
 

@@ -102,8 +102,10 @@ def test_reduction_outer_loops_run_as_one_thread():
 
 def test_csr_spmv_and_spmm_take_the_load_balanced_kernels():
     spmv = _function("y[i] = A[i,j]*x[j]", "csr", {"A": (1000, 500), "x": (500,)}).program
-    (launch,) = spmv.launches
+    launch, split = spmv.launches
     assert spmv.notes == ("native",) and launch.kernel == "spmv" and launch.lanes == LaneRule(1, 1000)
+    assert (launch.when, split.kernel, split.when, split.grid) == ("balanced", "spmv_split", "skewed",
+                                                                   GridRule(ref=1, per_block=128 * 16))
     spmm = _function("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", {"A": (1000, 500), "B": (500, 300), "b": (300,)})
     (launch,) = spmm.program.launches
     # 4 rows per block; lanes own float4 vectors: 300 columns are one tile of 3 vectors per lane
@@ -192,7 +194,8 @@ except DeviceError as exc:
 
 
 # -- emulated on the CPU: the kernels and launch records that become PTX, run thread by thread -----------------
-def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", dtype: str = "float64"):
+def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", dtype: str = "float64",
+             skewed: bool = False):
     """Run the GPU program of ``expr`` on dense operands (``A`` converted to ``fmt``) through ``gpu_emulation``."""
     from sparse_mlir import worker
     from sparse_mlir.compiler import specialize
@@ -209,8 +212,8 @@ def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", 
     shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
     special = specialize(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "emulated")
-    path = tmp_path / f"emulated_{emitter}_{fmt.replace(':', '_')}.so"
-    worker.call("build_gpu_emulation", special, shapes, sig, path, emitter)
+    path = tmp_path / f"emulated_{emitter}_{fmt.replace(':', '_')}_{skewed}.so"
+    worker.call("build_gpu_emulation", special, shapes, sig, path, emitter, skewed)
     out = np.empty(shapes[spec.output], dtype=dtype)
     return NativeFunction(path, sig)(args, out, out.shape), spec
 
@@ -248,6 +251,47 @@ def test_vectorized_gpu_spmm_when_emulated(dtype, cols, tmp_path):
     ref = dense["A"].astype(np.float64) @ dense["B"] + dense["b"]
     tol = 2e-3 if dtype == "float16" else 1e-5  # float16: summed in float32, rounded once at the end
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_row_splitting_spmv_for_skewed_rows_when_emulated(dtype, tmp_path):
+    """Chunks of 16 nonzeros cut rows anywhere: a 3000-entry row, empty rows (first and last too), short rows."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 6, 300)
+    lengths[[0, 299, 150, 151]] = 0
+    lengths[77] = 3000
+    cols = 4000
+    a = np.zeros((300, cols))
+    for row, n in enumerate(lengths):
+        a[row, rng.choice(cols, n, replace=False)] = rng.integers(1, 4, n)
+    x = rng.integers(-2, 3, cols).astype(float)
+    got, _ = _emulate("y[i] = A[i,j]*x[j]", "csr", {"A": a.astype(dtype), "x": x.astype(dtype)}, tmp_path,
+                      dtype=dtype, skewed=True)
+    np.testing.assert_array_equal(got, (a @ x).astype(dtype))  # small integers: exact in any order
+
+
+def test_skew_picks_the_row_splitting_kernel_unless_deterministic(monkeypatch):
+    import fake_cupy
+
+    from sparse_mlir.gpu_program import SKEWED_ROW
+
+    record = fake_cupy.install(monkeypatch)
+    rows, cols = 1000, 2 * SKEWED_ROW
+    dense = np.zeros((rows, cols), np.float32)
+    dense[np.arange(rows), np.arange(rows)] = 1
+    dense[3, :] = 1  # one row far longer than the others
+    skewed = sm.SparseTensor.from_dense(dense, "csr").to("cuda")
+    assert skewed.longest_row == cols
+    balanced = sm.SparseTensor.from_dense(np.eye(rows, cols, dtype=np.float32), "csr").to("cuda")
+    x = fake_cupy.device(np.ones(cols, np.float32))
+    kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    kernel(A=skewed, x=x)
+    kernel(A=balanced, x=x)
+    assert [(name, grid) for name, grid, *_ in record.launches] == [
+        ("spmv_split", (-(-skewed.nnz // (128 * 16)), 1, 1)), ("spmv", (8, 1, 1))]  # 1000 rows x 1 lane
+    exact = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda", deterministic=True)
+    exact(A=skewed, x=x)
+    assert record.launches[-1][0] == "spmv"
 
 
 def test_emulation_refuses_what_threads_in_sequence_cannot_reproduce(tmp_path):
@@ -315,6 +359,7 @@ def test_device_tensors_from_cupyx_are_checked_on_the_device(monkeypatch):
     a = sp.random(30, 20, density=0.3, format="csr", dtype=np.float32, random_state=1)
     t = DeviceSparseTensor.from_cupyx(fake_cupy.FakeSparseMatrix(a))
     assert t.format.crd_width == 32 and t.shape == (30, 20) and t.nnz == a.nnz
+    assert t.longest_row == np.diff(a.indptr).max()  # read back with the checks, for the choice of kernels
     np.testing.assert_array_equal(t.to("cpu").to_dense(), a.toarray())
     bad = a.copy()
     row = int(np.argmax(np.diff(a.indptr) >= 2))
@@ -435,7 +480,10 @@ def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, t
         else:
             pointer, length = given[(op.name, buf if op.sparse else "")]
             buffers.append((pointer, length if op.sparse else int(np.prod(op.shape))))
-    counts = "".join(f"fake_param_count[{i}] = {launch.param_count()}; " for i, launch in enumerate(program.launches))
+    launches = [launch for launch in program.launches if launch.runs(skewed=False)]
+    if len(launches) < len(program.launches):
+        c_args.append("0")  # not skewed: the balanced kernels run
+    counts = "".join(f"fake_param_count[{i}] = {launch.param_count()}; " for i, launch in enumerate(launches))
     (tmp_path / "main.c").write_text(f'#include "k.h"\nint main(void) {{ k_module m; k_load(&m, "k.ptx"); {counts}'
                                      f'return (int)k(&m, 0, {", ".join(c_args)}); }}\n')
     here = os.path.dirname(os.path.abspath(__file__))
@@ -443,8 +491,8 @@ def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, t
                     str(tmp_path / "main"), str(tmp_path / "main.c")], check=True)
     out = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, check=True).stdout
     launched = [line.split()[1:] for line in out.splitlines() if line.startswith("launch")]
-    assert len(launched) == len(program.launches)
-    for launch, line in zip(program.launches, launched):
+    assert len(launched) == len(launches)
+    for launch, line in zip(launches, launched):
         name, dims, words = line[0], [int(v) for v in line[1:8]], [int(v) for v in line[8:]]
         assert name == launch.kernel
         assert dims[:3] == list(launch.grid_for([n for _, n in buffers])) and dims[3:6] == list(launch.block)

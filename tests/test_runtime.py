@@ -230,19 +230,34 @@ def test_threads_share_one_compile(rng):
 
 
 def test_a_compiler_crash_becomes_a_lowering_error(tmp_path):
-    """A request the MLIR libraries die on (a negative static size); the compiler process absorbs it."""
+    """The sparsifier segfaults co-iterating CSC A twice with a dense x (see test_kernels); asked directly,
+    without the densified retry, the compiler process dies and this one gets a LoweringError."""
     from sparse_mlir import worker
     from sparse_mlir.dsl import plan
     from sparse_mlir.errors import LoweringError
     from sparse_mlir.signature import Signature
 
-    spec = plan("y[i] = A[i,j]*x[j]", {"A": "csc"})  # sparsified (the hand-scheduled CSR SpMV takes any size)
-    sig = Signature.from_spec(spec, spec.formats, {"A": (4, 4), "x": (4,), "y": (4,)}, "k")
+    spec = plan("z[j] = -(A[i,j] + (A[i,j] + x[j]))", {"A": "csc"})
+    shapes = {"A": (2, 3), "x": (None,), "z": (None,)}
+    sig = Signature.from_spec(spec, spec.formats, shapes, "k")
     with pytest.raises(LoweringError, match="compiler process died"):
-        worker.call("build_library", spec, {"A": (-3, 4), "x": (4,), "y": (-3,)}, sig, tmp_path / "k.so", "cpu",
-                    "native")
+        worker.call("build_library", spec, shapes, sig, tmp_path / "k.so", "cpu", "native")
     k = sm.compile("s[] = A[i,j] * 2", formats={"A": "csr"})  # the next compile gets a fresh process
     assert k(A=sm.SparseTensor.from_dense(np.eye(3), "csr")) == 6.0
+
+
+def test_an_unpicklable_compiler_error_still_arrives_as_a_lowering_error(tmp_path):
+    """The bindings' MLIRError cannot be pickled; the compiler process sends its text instead of dying."""
+    from sparse_mlir import worker
+    from sparse_mlir.dsl import plan
+    from sparse_mlir.errors import LoweringError
+    from sparse_mlir.signature import Signature
+
+    spec = plan("y[i] = A[i,j]*x[j]", {"A": "csc"})
+    sig = Signature.from_spec(spec, spec.formats, {"A": (4, 4), "x": (4,), "y": (4,)}, "k")
+    with pytest.raises(LoweringError, match="invalid tensor dimension size"):
+        worker.call("build_library", spec, {"A": (-3, 4), "x": (4,), "y": (-3,)}, sig, tmp_path / "k.so", "cpu",
+                    "native")
 
 
 def test_out_must_not_overlap_an_operand(spmm, rng):

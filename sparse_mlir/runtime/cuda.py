@@ -27,7 +27,7 @@ from ..device_tensor import DeviceSparseTensor, cupy
 from ..dsl.plan import KernelSpec
 from ..errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
 from ..formats import Format
-from ..gpu_program import CHIPS, GpuProgram, ParamPacker
+from ..gpu_program import CHIPS, GpuProgram, ParamPacker, is_skewed
 from ..signature import Signature
 from ..tensor import SparseTensor
 from . import cache
@@ -70,6 +70,9 @@ class GpuFunction:
             (op, op.format.buffer_names.index(buf) if buf in op.format.buffer_names else None)
             for op, buf in self._arguments]
         self._packers = [ParamPacker(launch) for launch in program.launches]
+        # the operand whose row lengths decide between "balanced" and "skewed" launches, if any
+        self._skew_operand = next((op for op in sig.inputs if op.sparse), None) \
+            if any(launch.when for launch in program.launches) else None
         self._implicit: dict[int, Any] = {}  # N:M positions per device
 
     def _functions(self, cp: Any) -> list[Any]:
@@ -106,7 +109,13 @@ class GpuFunction:
         scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
+        skewed = False
+        if self._skew_operand is not None:
+            tensor = args[self._skew_operand.name]
+            skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, self._skew_operand.shape[0])
         for launch, function, packer in zip(self.program.launches, functions, self._packers):
+            if not launch.runs(skewed):
+                continue
             words = np.array([w & _MASK for w in packer(buffers, scratch_ptrs)], dtype=np.uint64)
             function(launch.grid_for(lengths), launch.block, tuple(words), shared_mem=launch.shared_bytes)
         return out
@@ -188,12 +197,15 @@ class CudaKernel:
     """A kernel compiled for ``target="cuda"``; call it with CuPy / device operands.
 
     ``emitter="sparsifier"`` skips the hand-scheduled SpMV/SpMM kernels (for
-    comparing them).
+    comparing them).  ``deterministic=True`` leaves out kernels whose atomic
+    additions order float sums differently from run to run (the row-splitting
+    SpMV for skewed rows).
     """
 
     target = "cuda"
 
-    def __init__(self, spec: KernelSpec, chips: tuple[str, ...] = CHIPS, emitter: str = "auto"):
+    def __init__(self, spec: KernelSpec, chips: tuple[str, ...] = CHIPS, emitter: str = "auto",
+                 deterministic: bool = False):
         if emitter not in EMITTERS:
             raise DeviceError(f"emitter must be one of {', '.join(EMITTERS)}, got {emitter!r}")
         if spec.sparse_output:
@@ -202,6 +214,7 @@ class CudaKernel:
         self.spec = spec
         self.chips = chips
         self.emitter = emitter
+        self.deterministic = deterministic
         self._inputs = tuple((n, spec.formats.get(n), spec.ranks[n]) for n in spec.inputs)
         self._sources = tuple((idx, tuple(places)) for idx, places in spec.extent_sources().items())
         self._functions: dict[tuple, GpuFunction] = {}
@@ -241,7 +254,8 @@ class CudaKernel:
         found = self._functions.get(local)
         if found is None:
             with self._lock:
-                key, program, sig = compile_program(self.spec, formats, shapes, self.chips, self.emitter)
+                key, program, sig = compile_program(self.spec, formats, shapes, self.chips, self.emitter,
+                                                    self.deterministic)
                 files = write_ptx_files(program, cache.entry_paths(key, PROGRAM_SUFFIX)[0].parent, key)
                 found = self._functions[local] = GpuFunction(program, sig, files)
                 self._keys.append(key)
@@ -275,7 +289,8 @@ class LoadedCudaKernel:
 
 
 def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]],
-                    chips: tuple[str, ...], emitter: str) -> tuple[str, GpuProgram, Signature]:
+                    chips: tuple[str, ...], emitter: str, deterministic: bool = False
+                    ) -> tuple[str, GpuProgram, Signature]:
     """Compile (or load from the disk cache) the program of one specialization: ``(key, program, signature)``."""
     from .. import worker
     from ..compiler import source_hash, specialize
@@ -284,7 +299,7 @@ def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
     special = specialize(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "kernel")
     text = repr((spec.key(), sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
-                 sorted(shapes.items()), "cuda", chips, emitter, source_hash(), tool_versions()))
+                 sorted(shapes.items()), "cuda", chips, emitter, deterministic, source_hash(), tool_versions()))
     key = hashlib.sha256(text.encode()).hexdigest()
     entry = cache.load_entry(key, PROGRAM_SUFFIX)
     if entry is None:
@@ -292,7 +307,7 @@ def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
             entry = cache.load_entry(key, PROGRAM_SUFFIX)
             if entry is None:
                 path, _ = cache.entry_paths(key, PROGRAM_SUFFIX)
-                stages = worker.call("build_gpu_program", special, shapes, sig, path, chips, emitter)
+                stages = worker.call("build_gpu_program", special, shapes, sig, path, chips, emitter, deterministic)
                 cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages,
                                      PROGRAM_SUFFIX)
                 entry = cache.load_entry(key, PROGRAM_SUFFIX)
