@@ -120,7 +120,8 @@ def build(capability: str = "90") -> tuple[types.ModuleType, dict[str, types.Mod
     cp.asarray = lambda a, dtype=None: device(np.asarray(a, dtype))
     cp.random = types.SimpleNamespace(
         standard_normal=lambda size, dtype=np.float64: device(rng.standard_normal(size).astype(dtype)),
-        randint=lambda low, high, size, dtype=np.int64: device(rng.integers(low, high, size).astype(dtype)))
+        randint=lambda low, high, size, dtype=np.int64: device(rng.integers(low, high, size).astype(dtype)),
+        random_sample=lambda size: device(rng.random(size)))
     sparse = types.ModuleType("cupyx.scipy.sparse")
     sparse.csr_matrix = FakeSparseMatrix
     cupyx = {"cupyx": types.ModuleType("cupyx"), "cupyx.scipy": types.ModuleType("cupyx.scipy"),

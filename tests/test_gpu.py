@@ -445,7 +445,7 @@ def test_the_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
     assert run.returncode == 1, run.stderr  # the stand-in's launches compute nothing: every check reports FAIL
     results = json.loads((tmp_path / "gpu_results.json").read_text())
     assert len(results["checks"]) == 30 and not any(str(v).startswith("failed") for v in results["bench"].values())
-    assert {"spmv_50M", "spmm_4096_90", "dlmc_geomean_vs_cusparse", "tensor_core_8192",
+    assert {"spmv_50M", "spmv_skewed", "spmm_4096_90", "dlmc_geomean_vs_cusparse", "tensor_core_8192",
             "launch_overhead_us"} <= results["bench"].keys()
 
 

@@ -138,6 +138,33 @@ def bench_spmv_big() -> None:
           f"{lib / ours:.2f}x, {100 * nbytes / ours / HBM_BYTES_PER_S:.0f}% of 4.3 TB/s, max err {err:.1e}")
 
 
+def bench_spmv_skewed() -> None:
+    """Zipf row lengths (a few rows with hundreds of thousands of entries): row splitting vs not vs cuSPARSE."""
+    auto_k, exact_k = (kernel(n) for n in PLAN["spmv_skewed"])
+    rows, cols = PLAN_SHAPES["spmv_skewed"]
+    lengths = np.minimum(np.random.default_rng(3).zipf(1.6, rows), cols // 2).astype(np.int64)
+    indptr = cp.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    lengths_d = cp.asarray(lengths)
+    starts = (cp.random.random_sample(rows) * (cols - lengths_d)).astype(cp.int64)  # a run of columns per row
+    row_of = cp.repeat(cp.arange(rows), lengths_d)
+    offsets = cp.arange(int(lengths.sum())) - cp.repeat(indptr[:-1].astype(cp.int64), lengths_d)
+    indices = (starts[row_of] + offsets).astype(cp.int32)
+    data = cp.random.standard_normal(indices.size, dtype=cp.float32)
+    a = DeviceSparseTensor(sm.CSR, (rows, cols), (indptr, indices, data), int(lengths.max()))
+    ref = csp.csr_matrix((data, indices, indptr), shape=(rows, cols))
+    x = cp.random.standard_normal(cols, dtype=cp.float32)
+    expect = ref @ x
+    errors = [float(cp.max(cp.abs(k(A=a, x=x) - expect)) / cp.max(cp.abs(expect))) for k in (auto_k, exact_k)]
+    split, exact = (gpu_time(lambda k=k: k(A=a, x=x)) for k in (auto_k, exact_k))
+    lib = gpu_time(lambda: ref @ x)
+    RESULTS["bench"]["spmv_skewed"] = {"nnz": int(lengths.sum()), "longest_row": int(lengths.max()),
+                                       "split_s": split, "deterministic_s": exact, "cupyx_s": lib,
+                                       "rel_err": errors}
+    print(f"SpMV skewed {rows} rows, longest {int(lengths.max())}, nnz {int(lengths.sum()) / 1e6:.1f}M: "
+          f"split {split * 1e3:.3f} ms, deterministic {exact * 1e3:.3f} ms, cupyx {lib * 1e3:.3f} ms "
+          f"({lib / split:.2f}x), rel err {errors[0]:.1e}/{errors[1]:.1e}")
+
+
 def bench_spmm_big() -> None:
     n = PLAN_SHAPES["spmm_big"]
     a, ref = csr_on_device(n, n, n // 10)
@@ -224,10 +251,10 @@ def bench_launch_overhead() -> None:
 
 def shapes_from_plan() -> dict:
     out = {}
-    for key in ("spmv_big", "spmm_big", "tensor_core"):
+    for key in ("spmv_big", "spmv_skewed", "spmm_big", "tensor_core"):
         manifest = json.loads((BUNDLE / "kernels" / PLAN[key][0] / f"{PLAN[key][0]}.json").read_text())
         shape = manifest["signature"]["operands"][0]["shape"]
-        out[key] = tuple(shape) if key == "spmv_big" else shape[0]
+        out[key] = tuple(shape) if key.startswith("spmv") else shape[0]
     return out
 
 
@@ -236,7 +263,8 @@ PLAN_SHAPES = shapes_from_plan()
 if __name__ == "__main__":
     print(f"device: {RESULTS['device']}, CuPy {cp.__version__}")
     ok = check_all()
-    for step in (bench_launch_overhead, bench_spmv_big, bench_spmm_big, bench_dlmc, bench_tensor_cores):
+    for step in (bench_launch_overhead, bench_spmv_big, bench_spmv_skewed, bench_spmm_big, bench_dlmc,
+                 bench_tensor_cores):
         try:
             step()
         except Exception as exc:  # report and go on: device time is too short to rerun

@@ -72,7 +72,8 @@ def main() -> None:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(ROOT)], check=True)
-    plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": [], "tensor_core": []}
+    plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": [], "tensor_core": [],
+                             "spmv_skewed": []}
     for kind, shapes in CHECK_SHAPES.items():
         for fmt in CHECK_FORMATS if kind != "spmm_bias" else ("csr",):
             for dtype in ("float32", "float64"):
@@ -88,6 +89,14 @@ def main() -> None:
     n = tensor_core
     plan["tensor_core"] = [export(out, "tc_2of4", "spmm", "2:4", "float16", {"A": (n, n), "B": (n, n)}),
                            export(out, "tc_dense", "spmm", None, "float16", {"A": (n, n), "B": (n, n)})]
+    # skewed rows: the row-splitting kernel (auto) against the one without atomics (deterministic)
+    skewed_shape = (spmv_big[0] // 2, spmv_big[1] // 2)
+    for deterministic in (False, True):
+        name = f"spmv_skewed_{'deterministic' if deterministic else 'auto'}"
+        kernel = sm.compile(EXPRESSIONS["spmv"], formats={"A": "csr"}, dtype="float32", target="cuda",
+                            deterministic=deterministic)
+        sm.export(kernel, out / "kernels" / name, name, shapes={"A": skewed_shape, "x": (skewed_shape[1],)})
+        plan["spmv_skewed"].append(name)
     for emitter in ("auto", "sparsifier"):
         plan["spmv_big"].append(export(out, f"spmv_big_{emitter}", "spmv", "csr", "float32",
                                        {"A": spmv_big, "x": (spmv_big[1],)}, emitter))
