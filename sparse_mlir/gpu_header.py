@@ -140,7 +140,7 @@ def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]]) -> lis
     lines = [f"  {{ /* launch {index}: {launch.kernel} */"]
     if launch.lanes is not None:
         nnz = arguments[launch.lanes.ref][1]
-        lines += [f"    double mean = (double)({nnz}) / {max(launch.lanes.rows, 1)};",
+        lines += [f"    double mean = (double)({nnz}) / {max(launch.lanes.rows, 1)} / 2; /* as LaneRule.lanes */",
                   "    uint64_t lanes = 1;", "    while (lanes < 32 && lanes < mean) lanes *= 2;",
                   f"    unsigned gx = (unsigned)(({launch.lanes.rows} * lanes + {launch.block[0] - 1}) "
                   f"/ {launch.block[0]});", "    if (gx == 0) gx = 1;", "    unsigned gy = 1, gz = 1;"]

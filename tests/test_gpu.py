@@ -108,20 +108,20 @@ def test_csr_spmv_and_spmm_take_the_load_balanced_kernels():
                                                                    GridRule(ref=1, per_block=128 * 16))
     spmm = _function("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", {"A": (1000, 500), "B": (500, 300), "b": (300,)})
     (launch,) = spmm.program.launches
-    # 4 rows per block; lanes own float4 vectors: 300 columns are one tile of 3 vectors per lane
-    assert launch.kernel == "spmm" and launch.grid == (250, 1, 1)
+    # 4 rows per block; lanes own one float4 each (few rows): 300 columns are 3 tiles of 128
+    assert launch.kernel == "spmm" and launch.grid == (250, 3, 1)
     assert [a.ref for a in launch.args] == [0, 1, 2, 3, 4, 5] and launch.aligned == (3, 4, 5)
     odd = _function("C[i,j] = A[i,k]*B[k,j]", "csr", {"A": (1000, 500), "B": (500, 301)}).program.launches[0]
-    assert odd.grid == (250, 3, 1) and odd.aligned == ()  # single floats, 128-column tiles
+    assert odd.grid == (250, 10, 1) and odd.aligned == ()  # single floats, one per lane: 32-column tiles
 
 
 def test_lane_rule_follows_the_mean_row_length():
     rule = LaneRule(ref=1, rows=100)
-    assert [rule.lanes(n) for n in (0, 100, 250, 1600, 100_000)] == [1, 1, 4, 16, 32]
+    assert [rule.lanes(n) for n in (0, 100, 250, 1600, 100_000)] == [1, 1, 2, 8, 32]  # half the mean row
     launch = Launch("spmv", (1, 1, 1), (128, 1, 1), (KernelArg("buffer", 0, (None,)), KernelArg("lanes", 0)),
                     lanes=rule)
-    assert launch.grid_for([101, 1600]) == (13, 1, 1)  # 100 rows x 16 lanes / 128
-    assert pack_params(launch, [(0x1000, 101), (0x2000, 1600)], [])[-1] == 16
+    assert launch.grid_for([101, 1600]) == (7, 1, 1)  # 100 rows x 8 lanes / 128
+    assert pack_params(launch, [(0x1000, 101), (0x2000, 1600)], [])[-1] == 8
 
 
 def test_pack_params_expands_memref_descriptors():
@@ -339,11 +339,11 @@ def test_exported_kernels_load_cubins_and_size_the_grid_from_nnz(monkeypatch, tm
     kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
     paths = sm.export(kernel, tmp_path, "spmv", shapes={"A": (1000, 300), "x": (300,)})
     loaded = sm.load_kernel(paths["manifest"])
-    a = sp.random(1000, 300, density=0.03, format="csr", dtype=np.float32, random_state=0)  # 9 per row: 16 lanes
+    a = sp.random(1000, 300, density=0.03, format="csr", dtype=np.float32, random_state=0)  # 9 per row: 8 lanes
     y = loaded(A=sm.SparseTensor.from_scipy(a).to("cuda"), x=fake_cupy.device(np.ones(300, np.float32)))
     assert y.shape == (1000,)
     ((name, grid, block, words, _),) = record.launches
-    assert name == "spmv" and words[-1] == 16 and grid == (125, 1, 1)  # 1000 rows x 16 lanes / 128
+    assert name == "spmv" and words[-1] == 8 and grid == (63, 1, 1)  # 1000 rows x 8 lanes / 128
     assert record.modules[0].endswith("spmv.sm_90.cubin")
     with pytest.raises(sm.errors.ShapeError, match="exported for A of shape"):
         loaded(A=sm.SparseTensor.from_scipy(a[:10]).to("cuda"), x=fake_cupy.device(np.ones(300, np.float32)))
