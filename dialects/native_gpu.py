@@ -117,12 +117,18 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
     if bias is not None or not fmt.is_nm or (fmt.levels[-1].n, fmt.levels[-1].m) != (2, 4) or fmt.crd_width != 8 \
             or cols is None or rows % 16 or inner % 32 or cols % 8:
         return None
-    per_warp = 4 if cols % 32 == 0 else 1
-    text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0])
+    per_warp, m_tiles = _tensor_core_tiles(rows, cols)
+    text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0], m_tiles)
     args = tuple(_args(spec, a, (b, (inner, cols)), (spec.output, (rows, cols))))
-    grid = (math.ceil(rows / 16 / (BLOCK // WARP)), cols // (8 * per_warp), 1)
+    grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref))
     return ir.Module.parse(text), (launch,)
+
+
+def _tensor_core_tiles(rows: int, cols: int) -> tuple[int, int]:
+    """(column tiles of 8, row tiles of 16) per warp: 4 x 4 where the shape allows, so each B fragment serves 4
+    MMAs (loading B, not the MMAs, bounded both kernels at 1 x 4: 2:4 only 1.09x the dense one on an H200)."""
+    return (4 if cols % 32 == 0 else 1), (4 if rows % 64 == 0 else 1)
 
 
 def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], a: str, b: str
@@ -132,13 +138,13 @@ def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...
     cols = shapes[b][1]
     if rows is None or inner is None or cols is None or rows % 16 or inner % 32 or cols % 8:
         return None
-    per_warp = 4 if cols % 32 == 0 else 1
+    per_warp, m_tiles = _tensor_core_tiles(rows, cols)
     order = [*spec.inputs, spec.output]
     args = (KernelArg("buffer", order.index(a), (rows, inner)), KernelArg("buffer", order.index(b), (inner, cols)),
             KernelArg("buffer", order.index(spec.output), (rows, cols)))
-    grid = (math.ceil(rows / 16 / (BLOCK // WARP)), cols // (8 * per_warp), 1)
+    grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,))
-    return ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None)), (launch,)
+    return ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles)), (launch,)
 
 
 def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
@@ -384,19 +390,22 @@ _ACC = "vector<2x2xf32>"  # an m16n8 MMA's float32 accumulator fragment
 _FRAG = "vector<4x2xf16>"
 
 
-def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str | None) -> str:
+def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str | None, m_tiles: int = 1) -> str:
     """SpMM on Sparse Tensor Cores (``pos_t`` given: 2:4 ``A``) or GEMM on Tensor Cores (dense ``A``), same tiling.
 
-    A warp owns 16 rows and ``per_warp`` tiles of 8 columns and walks K in
-    steps of 32; float16 in, float32 sums, float16 out.  Per step and
-    column tile the 2:4 kernel issues one ``nvgpu.mma.sp.sync`` m16n8k32,
-    the dense one two ``nvgpu.mma.sync`` m16n8k16, so the pair isolates what
-    sparsity gains.  Fragment layouts follow the PTX ISA (as upstream's
-    ``sparse-mma-2-4-f16`` test does): lane ``l`` holds rows ``l/4`` and
-    ``l/4 + 8``, columns ``2*(l%4) + {0,1}`` and ``+8`` of A, and K pairs
-    ``2*(l%4) + {0,1} + 8q`` of B's column ``l/4``.  The 2:4 metadata is
-    built from the stored in-group offsets (eight 2-bit fields per 16-bit
-    half, lanes 4i and 4i+1 supply it): no separate metadata array.
+    A warp owns ``m_tiles`` tiles of 16 rows and ``per_warp`` tiles of 8
+    columns and walks K in steps of 32; float16 in, float32 sums, float16
+    out.  Each B fragment is loaded once per step and used by all the
+    warp's row tiles, each A fragment by all its column tiles.  Per step,
+    row tile and column tile the 2:4 kernel issues one
+    ``nvgpu.mma.sp.sync`` m16n8k32, the dense one two ``nvgpu.mma.sync``
+    m16n8k16, so the pair isolates what sparsity gains.  Fragment layouts
+    follow the PTX ISA (as upstream's ``sparse-mma-2-4-f16`` test does):
+    lane ``l`` holds rows ``l/4`` and ``l/4 + 8``, columns ``2*(l%4) + {0,1}``
+    and ``+8`` of A, and K pairs ``2*(l%4) + {0,1} + 8q`` of B's column
+    ``l/4``.  The 2:4 metadata is built from the stored in-group offsets
+    (eight 2-bit fields per 16-bit half, lanes 4i and 4i+1 supply it): no
+    separate metadata array.
     """
     sparse = pos_t is not None
     stored = inner // 2
@@ -404,24 +413,28 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
     body = [*(f"%c{c} = arith.constant {c} : index" for c in (0, 1, 2, 4, 8, 16, 32)),
             f"%rows = arith.constant {rows} : index", f"%stored = arith.constant {stored} : index",
             f"%steps = arith.constant {inner // 32} : index", f"%warps = arith.constant {BLOCK // WARP} : index",
-            f"%tile_cols = arith.constant {8 * per_warp} : index",
+            f"%tile_cols = arith.constant {8 * per_warp} : index", f"%warp_rows = arith.constant {16 * m_tiles} : index",
             "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%nb = gpu.block_id y",
             "%warp_in_block = arith.divui %tid, %c32 : index", "%lane = arith.remui %tid, %c32 : index",
             "%warp = arith.muli %bid, %warps : index", "%warp_id = arith.addi %warp, %warp_in_block : index",
-            "%m0 = arith.muli %warp_id, %c16 : index", "%valid = arith.cmpi ult, %m0, %rows : index",
+            "%m0 = arith.muli %warp_id, %warp_rows : index", "%valid = arith.cmpi ult, %m0, %rows : index",
             "%qr = arith.divui %lane, %c4 : index", "%q4 = arith.remui %lane, %c4 : index",
             "%qc = arith.muli %q4, %c2 : index", "%pair = arith.remui %lane, %c2 : index",
-            "%r0 = arith.addi %m0, %qr : index", "%r1 = arith.addi %r0, %c8 : index",
-            "%base0 = arith.muli %r0, %stored : index", "%base1 = arith.muli %r1, %stored : index",
             "%n_base = arith.muli %nb, %tile_cols : index", "%pair8 = arith.muli %pair, %c8 : index",
             "%shifts = arith.constant dense<[1, 4, 16, 64, 256, 1024, 4096, 16384]> : vector<8xi16>",
             f"%zero_acc = arith.constant dense<0.0> : {_ACC}", f"%zero_frag = arith.constant dense<0.0> : {_FRAG}",
             "%zero_pair = arith.constant dense<0.0> : vector<2x2xf16>",
-            "%zero_meta = arith.constant dense<0> : vector<2xi16>",
-            "scf.if %valid {"]
-    accs = ", ".join(f"%acc{t} = %zero_acc" for t in range(per_warp))
-    types = ", ".join([_ACC] * per_warp)
-    loop = [f"%sums:{per_warp} = scf.for %s = %c0 to %steps step %c1 iter_args({accs}) -> ({types}) {{",
+            "%zero_meta = arith.constant dense<0> : vector<2xi16>"]
+    for mi in range(m_tiles):  # this lane's two rows in each row tile, and where their stored values start
+        body += [f"%mt{mi} = arith.constant {16 * mi + 0} : index", f"%m{mi}b = arith.addi %m0, %mt{mi} : index",
+                 f"%r0_{mi} = arith.addi %m{mi}b, %qr : index", f"%r1_{mi} = arith.addi %r0_{mi}, %c8 : index",
+                 f"%base0_{mi} = arith.muli %r0_{mi}, %stored : index",
+                 f"%base1_{mi} = arith.muli %r1_{mi}, %stored : index"]
+    body.append("scf.if %valid {")
+    slots = [(mi, t) for mi in range(m_tiles) for t in range(per_warp)]
+    accs = ", ".join(f"%acc{mi}_{t} = %zero_acc" for mi, t in slots)
+    types = ", ".join([_ACC] * len(slots))
+    loop = [f"%sums:{len(slots)} = scf.for %s = %c0 to %steps step %c1 iter_args({accs}) -> ({types}) {{",
             "%cs = arith.muli %s, %c16 : index", "%k0 = arith.muli %s, %c32 : index"]
 
     def fragment(name: str, pairs: list[str], shape: str, zero: str) -> list[str]:
@@ -431,12 +444,13 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
             value = f"%{name}{i}"
         return lines
 
-    def a_pairs(tag: str, first_col: str, load: Callable[[str, str, str], list[str]]) -> tuple[list[str], list[str]]:
-        """A's four pairs for one MMA: rows r0/r1 x columns first_col + qc and + 8."""
+    def a_pairs(tag: str, mi: int, first_col: str, load: Callable[[str, str, str], list[str]]
+                ) -> tuple[list[str], list[str]]:
+        """A's four pairs for one MMA: rows r0/r1 of row tile ``mi`` x columns first_col + qc and + 8."""
         lines = [f"%ca{tag} = arith.addi {first_col}, %qc : index", f"%cb{tag} = arith.addi %ca{tag}, %c8 : index"]
         names = []
         for name, row, col in (("00", "0", "a"), ("10", "1", "a"), ("01", "0", "b"), ("11", "1", "b")):
-            lines += load(f"%a{tag}_{name}", row, f"%c{col}{tag}")
+            lines += load(f"%a{tag}_{name}", f"{row}_{mi}", f"%c{col}{tag}")
             names.append(f"%a{tag}_{name}")
         return lines, names
 
@@ -447,66 +461,78 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
                 f"{tag} = vector.from_elements {tag}x, {tag}y : vector<2xf16>"]
 
     halves = [""] if sparse else ["h0", "h1"]  # one m16n8k32 MMA, or two m16n8k16 ones, per step
-    a_frags = {}
-    for h in halves:
+    if not sparse:
+        loop += ["%kh0 = arith.addi %k0, %c0 : index", "%kh1 = arith.addi %k0, %c16 : index"]
+    a_frags: dict[tuple[str, int], str] = {}
+    for mi in range(m_tiles):
+        for h in halves:
+            if sparse:
+                def load(out: str, row: str, col: str) -> list[str]:
+                    return [f"{out}_at = arith.addi %base{row}, {col} : index",
+                            f"{out} = vector.load %val[{out}_at] {{alignment = 4}} : memref<?xf16>, vector<2xf16>"]
+
+                lines, names = a_pairs(f"{h}m{mi}", mi, "%cs", load)
+            else:
+                def load(out: str, row: str, col: str) -> list[str]:
+                    return [f"{out} = vector.load %a[%r{row}, {col}] {{alignment = 4}} : {a_t}, vector<2xf16>"]
+
+                lines, names = a_pairs(f"{h}m{mi}", mi, f"%k{h}", load)
+            loop += lines + fragment(f"fa{h}m{mi}_", names, _FRAG, "%zero_frag")
+            a_frags[(h, mi)] = f"%fa{h}m{mi}_3"
+    metas = {}
+    for mi in range(m_tiles):  # the 8 stored offsets of this lane's half of the step, 2 bits each, rows r0, r1
+        meta = "%zero_meta"
         if sparse:
-            def load(out: str, row: str, col: str) -> list[str]:
-                return [f"{out}_at = arith.addi %base{row}, {col} : index",
-                        f"{out} = vector.load %val[{out}_at] {{alignment = 4}} : memref<?xf16>, vector<2xf16>"]
-
-            lines, names = a_pairs(h, "%cs", load)
-        else:
-            def load(out: str, row: str, col: str) -> list[str]:
-                return [f"{out} = vector.load %a[%r{row}, {col}] {{alignment = 4}} : {a_t}, vector<2xf16>"]
-
-            loop.append(f"%k{h} = arith.addi %k0, %c{16 if h == 'h1' else 0} : index")
-            lines, names = a_pairs(h, f"%k{h}", load)
-        loop += lines + fragment(f"fa{h}_", names, _FRAG, "%zero_frag")
-        a_frags[h] = f"%fa{h}_3"
-    meta = "%zero_meta"
-    if sparse:  # the 8 stored offsets of this lane's half of the step, 2 bits each, rows r0 and r1
-        for r, base in enumerate(("%base0", "%base1")):
-            loop += [f"%mo{r} = arith.addi {base}, %cs : index", f"%mi{r} = arith.addi %mo{r}, %pair8 : index",
-                     f"%mb{r} = vector.load %crd[%mi{r}] {{alignment = 8}} : memref<?xi8>, vector<8xi8>",
-                     f"%mw{r} = arith.extui %mb{r} : vector<8xi8> to vector<8xi16>",
-                     f"%ms{r} = arith.muli %mw{r}, %shifts : vector<8xi16>",
-                     f"%mv{r} = vector.reduction <add>, %ms{r} : vector<8xi16> into i16",
-                     f"%meta{r} = vector.insert %mv{r}, {meta} [{r}] : i16 into vector<2xi16>"]
-            meta = f"%meta{r}"
-    results = []
-    for t in range(per_warp):
+            for r in range(2):
+                tag = f"{r}_{mi}"
+                loop += [f"%mo{tag} = arith.addi %base{tag}, %cs : index",
+                         f"%mi{tag} = arith.addi %mo{tag}, %pair8 : index",
+                         f"%mb{tag} = vector.load %crd[%mi{tag}] {{alignment = 8}} : memref<?xi8>, vector<8xi8>",
+                         f"%mw{tag} = arith.extui %mb{tag} : vector<8xi8> to vector<8xi16>",
+                         f"%ms{tag} = arith.muli %mw{tag}, %shifts : vector<8xi16>",
+                         f"%mv{tag} = vector.reduction <add>, %ms{tag} : vector<8xi16> into i16",
+                         f"%meta{tag} = vector.insert %mv{tag}, {meta} [{r}] : i16 into vector<2xi16>"]
+                meta = f"%meta{tag}"
+        metas[mi] = meta
+    b_frags: dict[tuple[int, str], str] = {}
+    for t in range(per_warp):  # B fragments: loaded once, used by every row tile
         loop += [f"%tn{t} = arith.constant {8 * t} : index", f"%nt{t} = arith.addi %n_base, %tn{t} : index",
                  f"%n{t} = arith.addi %nt{t}, %qr : index"]
-        acc = f"%acc{t}"
         for h in halves:
             k_first = "%k0" if sparse else f"%k{h}"
-            offsets = (0, 8, 16, 24) if sparse else (0, 8)
             pairs = []
-            for q, offset in enumerate(offsets):
+            for q, offset in enumerate((0, 8, 16, 24) if sparse else (0, 8)):
                 tag = f"%b{t}{h}_{q}"
                 loop += [f"{tag}o = arith.constant {offset} : index", f"{tag}a = arith.addi {k_first}, %qc : index",
                          f"{tag}k = arith.addi {tag}a, {tag}o : index", *b_pair(tag, f"{tag}k", f"%n{t}")]
                 pairs.append(tag)
-            shape = _FRAG if sparse else "vector<2x2xf16>"
-            loop += fragment(f"fb{t}{h}_", pairs, shape, "%zero_frag" if sparse else "%zero_pair")
-            b_frag = f"%fb{t}{h}_{len(pairs) - 1}"
+            loop += fragment(f"fb{t}{h}_", pairs, _FRAG if sparse else "vector<2x2xf16>",
+                             "%zero_frag" if sparse else "%zero_pair")
+            b_frags[(t, h)] = f"%fb{t}{h}_{len(pairs) - 1}"
+    results = []
+    for mi, t in slots:
+        acc = f"%acc{mi}_{t}"
+        for h in halves:
+            out = f"%d{mi}_{t}{h}"
             if sparse:
-                loop.append(f"%d{t}{h} = nvgpu.mma.sp.sync({a_frags[h]}, {b_frag}, {acc}) metadata({meta}) "
-                            f"{{mmaShape = [16, 8, 32]}} : ({_FRAG}, {_FRAG}, {_ACC}) -> {_ACC}")
+                loop.append(f"{out} = nvgpu.mma.sp.sync({a_frags[(h, mi)]}, {b_frags[(t, h)]}, {acc}) "
+                            f"metadata({metas[mi]}) {{mmaShape = [16, 8, 32]}} : ({_FRAG}, {_FRAG}, {_ACC}) -> {_ACC}")
             else:
-                loop.append(f"%d{t}{h} = nvgpu.mma.sync({a_frags[h]}, {b_frag}, {acc}) {{mmaShape = [16, 8, 16]}} "
-                            f": ({_FRAG}, vector<2x2xf16>, {_ACC}) -> {_ACC}")
-            acc = f"%d{t}{h}"
+                loop.append(f"{out} = nvgpu.mma.sync({a_frags[(h, mi)]}, {b_frags[(t, h)]}, {acc}) "
+                            f"{{mmaShape = [16, 8, 16]}} : ({_FRAG}, vector<2x2xf16>, {_ACC}) -> {_ACC}")
+            acc = out
         results.append(acc)
     loop += [f"scf.yield {', '.join(results)} : {types}", "}"]
     body += loop
     for t in range(per_warp):
         body += [f"%ct{t} = arith.constant {8 * t} : index", f"%cn{t} = arith.addi %n_base, %ct{t} : index",
                  f"%ccol{t} = arith.addi %cn{t}, %qc : index"]
-        for r, row in enumerate(("%r0", "%r1")):
-            body += [f"%o{t}_{r} = vector.extract %sums#{t}[{r}] : vector<2xf32> from {_ACC}",
-                     f"%h{t}_{r} = arith.truncf %o{t}_{r} : vector<2xf32> to vector<2xf16>",
-                     f"vector.store %h{t}_{r}, %c[{row}, %ccol{t}] {{alignment = 4}} : {c_t}, vector<2xf16>"]
+    for slot, (mi, t) in enumerate(slots):
+        for r in range(2):
+            tag = f"{mi}_{t}_{r}"
+            body += [f"%o{tag} = vector.extract %sums#{slot}[{r}] : vector<2xf32> from {_ACC}",
+                     f"%h{tag} = arith.truncf %o{tag} : vector<2xf32> to vector<2xf16>",
+                     f"vector.store %h{tag}, %c[%r{r}_{mi}, %ccol{t}] {{alignment = 4}} : {c_t}, vector<2xf16>"]
     body += ["}", "gpu.return"]
     if sparse:
         return _module("spmm_2to4", f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, "

@@ -418,7 +418,7 @@ def test_float16_dense_gemm_runs_on_tensor_cores_with_the_same_tiling(tmp_path):
     (launch,) = program.launches
     assert launch.kernel == "gemm_f16" and launch.grid == (1, 3, 1)
     ptx = program.ptx["sm_90"]
-    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 8  # 2 per step and column tile
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 32  # 2 per step, 4 x 4 tiles
     (tmp_path / "k.ptx").write_text(ptx)
     done = subprocess.run([tool, "-arch=sm_90", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
                           capture_output=True, text=True)
