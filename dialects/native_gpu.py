@@ -413,7 +413,8 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
     body = [*(f"%c{c} = arith.constant {c} : index" for c in (0, 1, 2, 4, 8, 16, 32)),
             f"%rows = arith.constant {rows} : index", f"%stored = arith.constant {stored} : index",
             f"%steps = arith.constant {inner // 32} : index", f"%warps = arith.constant {BLOCK // WARP} : index",
-            f"%tile_cols = arith.constant {8 * per_warp} : index", f"%warp_rows = arith.constant {16 * m_tiles} : index",
+            f"%tile_cols = arith.constant {8 * per_warp} : index",
+            f"%warp_rows = arith.constant {16 * m_tiles} : index",
             "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%nb = gpu.block_id y",
             "%warp_in_block = arith.divui %tid, %c32 : index", "%lane = arith.remui %tid, %c32 : index",
             "%warp = arith.muli %bid, %warps : index", "%warp_id = arith.addi %warp, %warp_in_block : index",
@@ -426,7 +427,7 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
             "%zero_pair = arith.constant dense<0.0> : vector<2x2xf16>",
             "%zero_meta = arith.constant dense<0> : vector<2xi16>"]
     for mi in range(m_tiles):  # this lane's two rows in each row tile, and where their stored values start
-        body += [f"%mt{mi} = arith.constant {16 * mi + 0} : index", f"%m{mi}b = arith.addi %m0, %mt{mi} : index",
+        body += [f"%mt{mi} = arith.constant {16 * mi} : index", f"%m{mi}b = arith.addi %m0, %mt{mi} : index",
                  f"%r0_{mi} = arith.addi %m{mi}b, %qr : index", f"%r1_{mi} = arith.addi %r0_{mi}, %c8 : index",
                  f"%base0_{mi} = arith.muli %r0_{mi}, %stored : index",
                  f"%base1_{mi} = arith.muli %r1_{mi}, %stored : index"]
