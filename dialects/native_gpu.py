@@ -1,25 +1,30 @@
-"""Load-balanced CUDA kernels for CSR SpMV and SpMM, emitted as ``gpu.func``s instead of sparsified.
+"""Hand-scheduled CUDA kernels, emitted as ``gpu.func``s instead of sparsified.
 
 The sparsified kernels map one row to one thread: neighbouring threads read
 far-apart nonzeros (uncoalesced) and one long row stalls its warp.  These
-follow the vector-CSR and Sputnik layouts instead:
+follow the vector-CSR, merge-path and Sputnik layouts instead:
 
-* **SpMV** ``y[i] = A[i,j] * x[j]``: a row is a group of ``lanes`` threads
-  (a power of two up to a warp, picked at launch from the mean row length:
-  ``LaneRule``) that read the row's nonzeros contiguously and combine
-  their partial sums with warp shuffles.
-* **SpMM** ``C[i,j] = A[i,k] * B[k,j] (+ bias)``: a warp per row and column
-  tile; lane ``l`` owns 16-byte vectors ``l, l+32, ...`` of the tile (single
-  elements when the row length is not a multiple of 16 bytes), so every
-  load of a B row and every store of C is one coalesced 128-bit access per
-  lane, and each nonzero is read once per warp (a broadcast).  The bias
+* **SpMV** ``y[i] = A[i,j] * x[j]`` (CSR): a row is a group of ``lanes``
+  threads (a power of two up to a warp, picked at launch from the mean row
+  length: ``LaneRule``) that read the row's nonzeros contiguously and
+  combine their partial sums with warp shuffles.  For skewed rows a second
+  kernel gives every thread 16 nonzeros, whatever rows they belong to, and
+  adds partial row sums atomically (``Launch.when`` picks one at launch;
+  ``deterministic`` drops it).
+* **SpMM** ``C[i,j] = A[i,k] * B[k,j] (+ bias)`` (CSR): a warp per row and
+  column tile; lane ``l`` owns 16-byte vectors ``l, l+32, ...`` of the tile
+  (single elements when the row length is not a multiple of 16 bytes), so
+  every load of a B row and every store of C is one coalesced 128-bit access
+  per lane, and each nonzero is read once per warp (a broadcast).  The bias
   seeds the sums.  Vector accesses need 16-byte aligned B, C and bias
   (``Launch.aligned``; the runtime checks).
+* **float16**: the kernels above sum in float32; a 2:4 ``A`` runs on Sparse
+  Tensor Cores (``mma.sp``) and a dense one on Tensor Cores, with the same
+  tiling (``_tensor_core_text``).
 
-Both produce the same ``gpu.module`` + ``Launch`` records as the generic
-path, so PTX generation, manifests and the runtime are shared.  Only CSR
-``float32``/``float64`` with 32- or 64-bit indices take this path; everything
-else is sparsified.
+All produce a ``gpu.module`` and ``Launch`` records like the generic path, so
+PTX generation, manifests, the runtime and the emulation are shared.
+Everything else is sparsified.
 """
 
 from __future__ import annotations
