@@ -4,8 +4,9 @@ Everything stays on the device and on CuPy's current stream: operands are
 CuPy arrays and ``DeviceSparseTensor``s (a host array or matrix is refused,
 never copied behind the caller's back), a dense result is a new CuPy array
 (or ``out=``) zeroed on the stream, each ``Launch`` of the program is
-launched in order, and nothing synchronizes.  Parameters are packed as
-64-bit words (``gpu_program.pack_params``).  CuPy is imported on first use.
+launched in order (those whose ``when`` matches the operand's row skew),
+and nothing synchronizes.  Parameters are packed as 64-bit words
+(``gpu_program.ParamPacker``).  CuPy is imported on first use.
 
 ``CudaKernel`` is what ``sm.compile(..., target="cuda")`` returns: PTX is
 specialized per operand shape (every size is static, so launch grids are
@@ -234,7 +235,7 @@ class CudaKernel:
     def ir(self) -> dict[str, str]:
         """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``gpu``, ``nvvm``)."""
         if not self._keys:
-            raise ShapeError("the kernel has not been specialized yet: call it (or use .program(shapes)) first")
+            raise ShapeError("the kernel has not been specialized yet: call it (or use .function(formats, shapes)) first")
         return cache.load_ir(self._keys[-1])
 
     def __call__(self, out: Any = None, **operands: Any) -> Any:
