@@ -15,7 +15,7 @@ data, not code:
 
 A memref parameter is passed as MLIR's expanded descriptor (allocated and
 aligned pointer, offset, sizes, strides: ``3 + 2 * rank`` 64-bit words);
-``pack_params`` produces exactly the PTX entry's parameter list from it.
+``ParamPacker`` produces exactly the PTX entry's parameter list from it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "pack_params", "ParamPacker",
+__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "ParamPacker",
            "descriptor_words", "is_skewed", "CHIPS"]
 
 CHIPS = ("sm_80", "sm_90")
@@ -169,17 +169,13 @@ def descriptor_words(rank: int) -> int:
     return 3 + 2 * rank
 
 
-def pack_params(launch: Launch, buffers: list[tuple[int, int]], scratch: list[int]) -> list[int]:
-    """The launch's parameters as 64-bit words, given ``(device pointer, entries)`` per kernel argument.
+class ParamPacker:
+    """A launch's parameters as 64-bit words, given ``(device pointer, entries)`` per kernel argument.
 
     Static sizes come from the manifest; a dynamic size (a sparse buffer) is
-    the buffer's actual length.  Strides are row-major.
+    the buffer's actual length.  Strides are row-major.  Every word that does
+    not depend on the call is computed once, at construction.
     """
-    return ParamPacker(launch)(buffers, scratch)
-
-
-class ParamPacker:
-    """``pack_params`` for one launch, with every word that does not depend on the call computed once."""
 
     def __init__(self, launch: Launch):
         self.lanes = launch.lanes

@@ -20,7 +20,7 @@ from conftest import prune_nm
 import sparse_mlir as sm
 from sparse_mlir import cuda_toolkit
 from sparse_mlir.errors import DeviceError, DSLError, FormatError
-from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch, pack_params
+from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch, ParamPacker
 from sparse_mlir.runtime.cuda import pick_chip
 
 # (expression, format of A, shapes of every input): the core kernels of the CPU tests
@@ -121,14 +121,14 @@ def test_lane_rule_follows_the_mean_row_length():
     launch = Launch("spmv", (1, 1, 1), (128, 1, 1), (KernelArg("buffer", 0, (None,)), KernelArg("lanes", 0)),
                     lanes=rule)
     assert launch.grid_for([101, 1600]) == (7, 1, 1)  # 100 rows x 8 lanes / 128
-    assert pack_params(launch, [(0x1000, 101), (0x2000, 1600)], [])[-1] == 8
+    assert ParamPacker(launch)([(0x1000, 101), (0x2000, 1600)], [])[-1] == 8
 
 
-def test_pack_params_expands_memref_descriptors():
+def test_parameters_are_expanded_memref_descriptors():
     launch = Launch("k", GridRule(ref=1, per_block=256), (256, 1, 1),
                     (KernelArg("buffer", 1, (None,)), KernelArg("buffer", 0, (3, 4)), KernelArg("index", 7),
                      KernelArg("scratch", 0, (5,))))
-    words = pack_params(launch, [(0xA0, 12), (0xB0, 1000)], [0xC0])
+    words = ParamPacker(launch)([(0xA0, 12), (0xB0, 1000)], [0xC0])
     assert words == [0xB0, 0xB0, 0, 1000, 1,  # 1-d, size from the buffer
                      0xA0, 0xA0, 0, 3, 4, 4, 1,  # 2-d static, row-major strides
                      7,
