@@ -457,7 +457,7 @@ LAUNCHERS = [("y[i] = A[i,j]*x[j]", "csr", {"A": (100, 50), "x": (50,)}),  # lan
 @pytest.mark.parametrize(("expr", "fmt", "shapes"), LAUNCHERS, ids=[f"{e}|{f}" for e, f, _ in LAUNCHERS])
 def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, tmp_path):
     """Compile the exported header against a recording stand-in for cuda.h and compare with ``ParamPacker``."""
-    from sparse_mlir.gpu_program import GpuProgram, ParamPacker
+    from sparse_mlir.gpu_program import GpuProgram
     from sparse_mlir.signature import Signature
 
     kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32", target="cuda")
