@@ -235,7 +235,8 @@ class CudaKernel:
     def ir(self) -> dict[str, str]:
         """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``gpu``, ``nvvm``)."""
         if not self._keys:
-            raise ShapeError("the kernel has not been specialized yet: call it (or use .function(formats, shapes)) first")
+            raise ShapeError("the kernel has not been specialized yet: call it (or use .function(formats, shapes)) "
+                             "first")
         return cache.load_ir(self._keys[-1])
 
     def __call__(self, out: Any = None, **operands: Any) -> Any:
