@@ -10,6 +10,11 @@
 # generates the kernel at build time (like Halide's add_halide_library) and
 # makes <name> a static library target: link it, include "<name>.h", call
 # int32_t <name>(...).  Needs the sparse-mlir command at build time only.
+#
+# With TARGET cuda (SHAPES for every input), <name> is an interface target
+# instead: "<name>.h" is a launcher over the CUDA Driver API (links
+# CUDA::cuda_driver when the toolkit is found) and <NAME>_CODE_DIR names the
+# folder of <name>.<chip>.cubin / .ptx to pass to <name>_load.
 include_guard(GLOBAL)
 
 find_program(SPARSE_MLIR_EXECUTABLE NAMES sparse-mlir
@@ -53,6 +58,28 @@ function(sparse_mlir_add_kernel name)
     list(APPEND flags --threads)
   endif()
   set(out "${CMAKE_CURRENT_BINARY_DIR}/sparse_mlir/${name}")
+  if(ARG_TARGET STREQUAL "cuda")
+    add_custom_command(
+      OUTPUT "${out}/${name}.h" "${out}/${name}.json"
+      COMMAND "${SPARSE_MLIR_EXECUTABLE}" export "${ARG_EXPR}" ${flags} --dtype "${ARG_DTYPE}" --target cuda
+              --name "${name}" -o "${out}"
+      COMMENT "sparse-mlir: generating ${name} = ${ARG_EXPR} (PTX, cubin, launcher)"
+      VERBATIM)
+    add_custom_target(${name}_generated DEPENDS "${out}/${name}.h" "${out}/${name}.json")
+    add_library(${name} INTERFACE)
+    add_dependencies(${name} ${name}_generated)
+    target_include_directories(${name} INTERFACE "${out}")
+    string(TOUPPER "${name}" upper)
+    target_compile_definitions(${name} INTERFACE "${upper}_CODE_DIR=\"${out}\"")
+    find_package(CUDAToolkit QUIET)
+    if(CUDAToolkit_FOUND)
+      target_include_directories(${name} INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
+    endif()
+    if(TARGET CUDA::cuda_driver)
+      target_link_libraries(${name} INTERFACE CUDA::cuda_driver)
+    endif()
+    return()
+  endif()
   add_custom_command(
     OUTPUT "${out}/${name}.o" "${out}/${name}.h"
     COMMAND "${SPARSE_MLIR_EXECUTABLE}" export "${ARG_EXPR}" ${flags} --dtype "${ARG_DTYPE}"
