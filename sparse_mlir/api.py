@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,15 +50,21 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     spec = plan(expression, formats, dtype)
     if spec.dtype == np.float16 and target != "cuda":
         raise DTypeError("float16 kernels run on target='cuda' (accumulating in float32); on the CPU use float32")
+    make: Callable[[], Kernel | CudaKernel]
     if target == "cuda":
         if schedule != "default":
             raise DSLError("schedule='auto' chooses among CPU variants; target 'cuda' takes schedule='default'")
-        key = (spec.key(), "cuda", deterministic)
-        with _lock:
-            kernel = _kernels.get(key)
-            if kernel is None:
-                kernel = _kernels[key] = CudaKernel(spec, deterministic=deterministic)
-        return kernel
+        key: tuple = (spec.key(), "cuda", deterministic)
+        make = functools.partial(CudaKernel, spec, deterministic=deterministic)
+    else:
+        options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
+        key = (spec.key(), options, schedule)
+        make = functools.partial(AutoKernel if schedule == "auto" else Kernel, spec, options)
+    with _lock:
+        kernel = _kernels.get(key)
+        if kernel is None:
+            kernel = _kernels[key] = make()
+    return kernel
     options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
     key = (spec.key(), options, schedule)
     with _lock:

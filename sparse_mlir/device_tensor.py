@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import DeviceError, FormatError, InvalidIndicesError, PatternError
 from .formats import CSR, NM, Format, parse_format
-from .tensor import SparseTensor
+from .tensor import LevelBuffers, SparseTensor
 
 __all__ = ["DeviceSparseTensor", "cupy"]
 
@@ -39,7 +39,7 @@ def cupy() -> Any:
     return cp
 
 
-class DeviceSparseTensor:
+class DeviceSparseTensor(LevelBuffers):
     """Level buffers on the GPU (read-only by convention: kernels never write inputs)."""
 
     __slots__ = ("format", "shape", "dtype", "buffers", "longest_row", "__weakref__")
@@ -125,14 +125,6 @@ class DeviceSparseTensor:
         values = cp.take_along_axis(groups, offsets, axis=2).reshape(-1)
         fmt = NM(n, m)
         return cls(fmt, (rows, cols), (offsets.astype(cp.int8).reshape(-1), cp.ascontiguousarray(values)))
-
-    @property
-    def nnz(self) -> int:
-        return int(self.buffers[-1].size)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
     def to(self, device: str) -> DeviceSparseTensor | SparseTensor:
         """``"cpu"``: a ``SparseTensor`` with host copies of the buffers; ``"cuda"``: ``self``."""

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from . import __version__
 from .errors import DeviceError, FormatError, ShapeError
-from .runtime import cache
 from .runtime.artifact import MANIFEST_SCHEMA
 from .runtime.cuda import CudaKernel
 from .runtime.kernel import Kernel
@@ -90,17 +89,9 @@ def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, 
     from . import cuda_toolkit
     from .gpu_header import cuda_header
     from .lowering.toolchain import tool_versions
-    from .runtime.cuda import compile_program
 
-    spec = kernel.spec
-    if missing := [n for n in spec.inputs if n not in shapes]:
-        raise ShapeError(f"exporting for cuda needs the shape of every input: give shapes for {', '.join(missing)}")
-    extents = _static_extents(kernel, shapes, every_index=True)
-    full = {n: tuple(int(s) for s in shapes[n]) for n in spec.inputs}
-    full[spec.output] = tuple(extents[i] for i in spec.output_indices)
-    formats = {n: spec.formats[n] for n in spec.inputs if spec.is_sparse(n)}
-    key, program, sig = compile_program(spec, formats, full, kernel.chips, kernel.emitter, kernel.deterministic)
-    sig = Signature(name, sig.expression, sig.operands)
+    function = kernel.specialize(shapes)
+    program, sig = function.program, Signature(name, function.signature.expression, function.signature.operands)
     folder.mkdir(parents=True, exist_ok=True)
     code: dict[str, str] = {}
     for chip, ptx in program.ptx.items():
@@ -109,7 +100,7 @@ def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, 
         if cuda_toolkit.ptxas() is not None:
             (folder / f"{name}.{chip}.cubin").write_bytes(cuda_toolkit.assemble(ptx, chip))
             code[f"{chip}.cubin"] = f"{name}.{chip}.cubin"
-    (folder / f"{name}.mlir").write_text(cache.load_ir(key)["input"])
+    (folder / f"{name}.mlir").write_text(kernel.ir["input"])
     header = folder / f"{name}.h"
     header.write_text(cuda_header(sig, program))
     manifest = folder / f"{name}.json"
@@ -121,12 +112,8 @@ def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, 
     return {"manifest": manifest, "header": header, **{f"code:{chip}": folder / f for chip, f in code.items()}}
 
 
-def _static_extents(kernel: Kernel | CudaKernel, shapes: dict[str, tuple[int, ...]], *,
-                    every_index: bool = False) -> dict[str, int]:
-    """Sizes of the indices a sparse operand fixes (``every_index``: all), from the given shapes.
-
-    Errors name what is missing or inconsistent.
-    """
+def _static_extents(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Sizes of the indices a sparse operand fixes, from the given shapes; errors name what is missing."""
     spec = kernel.spec
     extents: dict[str, tuple[int, str]] = {}
     for name, shape in shapes.items():
@@ -142,14 +129,13 @@ def _static_extents(kernel: Kernel | CudaKernel, shapes: dict[str, tuple[int, ..
                 raise ShapeError(f"index {idx!r}: {extents[idx][1]} gives size {extents[idx][0]} but {name} "
                                  f"gives {size}")
             extents[idx] = (int(size), name)
-    wanted = set(spec.extent_sources()) if every_index else spec.static_indices
-    missing = sorted(wanted - extents.keys())
+    missing = sorted(spec.static_indices - extents.keys())
     if missing:
         need = sorted({n for n in (*spec.inputs, spec.output) if set(spec.operand_index(n)) & set(missing)
                        and spec.is_sparse(n)}) or missing
         raise ShapeError(f"exporting needs the shape of every sparse operand (the sparse ABI is shape-specialized):"
                          f" give shapes for {', '.join(need)}")
-    return {i: extents[i][0] for i in wanted}
+    return {i: extents[i][0] for i in spec.static_indices}
 
 
 def c_header(sig: Signature, openmp: Path | None = None) -> str:

@@ -52,7 +52,24 @@ def _fit_widths(fmt: Format, shape: tuple[int, ...], nnz: int) -> Format:
     return fmt.with_widths(64 if need_pos else None, 64 if need_crd else None)
 
 
-class SparseTensor:
+class LevelBuffers:
+    """What a sparse tensor reads off its shape and level buffers, wherever the buffers live."""
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+    buffers: tuple[Any, ...]
+
+    @property
+    def nnz(self) -> int:
+        """Stored entries, explicit zeros included (as scipy counts them)."""
+        return int(self.buffers[-1].size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class SparseTensor(LevelBuffers):
     """A sparse tensor of order 1 to 3 in any :class:`~sparse_mlir.formats.Format`."""
 
     __slots__ = ("format", "shape", "dtype", "buffers", "__weakref__")
@@ -136,15 +153,6 @@ class SparseTensor:
         return cls.from_coo(np.vstack([coo.row, coo.col]), coo.data, matrix.shape, fmt)
 
     # -- views ------------------------------------------------------------------
-    @property
-    def nnz(self) -> int:
-        """Stored entries, explicit zeros included (as scipy counts them)."""
-        return int(self.buffers[-1].size)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     @property
     def values(self) -> np.ndarray:
         return self.buffers[-1]

@@ -61,13 +61,7 @@ def _entry_params(ptx: str) -> dict[str, int]:
 
 def _function(expr: str, fmt: str, shapes: dict, dtype: str = "float32"):
     expr = expr.replace("A_", "Z")
-    kernel = sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda")
-    spec = kernel.spec
-    extents = {}
-    for name, shape in shapes.items():
-        extents.update(zip(spec.operand_index(name), shape))
-    full = {**shapes, spec.output: tuple(extents[i] for i in spec.output_indices)}
-    return kernel.function({"A": spec.formats["A"]}, full)
+    return sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda").specialize(shapes)
 
 
 @pytest.mark.parametrize(("expr", "fmt", "shapes"), CASES, ids=[f"{e}|{f}" for e, f, _ in CASES])

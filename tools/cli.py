@@ -41,12 +41,7 @@ def _specialize(args: argparse.Namespace) -> Any:
         return kernel
     spec = kernel.spec
     if args.target == "cuda":  # GPU kernels compile without a GPU: every operand's shape is needed
-        missing = [n for n in spec.inputs if n not in shapes]
-        if missing:
-            raise SparseMLIRError(f"--shape is needed for every operand to specialize; missing {', '.join(missing)}")
-        extents = {i: s for n in spec.inputs for i, s in zip(spec.operand_index(n), shapes[n])}
-        full = {**{n: shapes[n] for n in spec.inputs}, spec.output: tuple(extents[i] for i in spec.output_indices)}
-        kernel.function({n: spec.formats[n] for n in spec.inputs if spec.is_sparse(n)}, full)
+        kernel.specialize(shapes)
         return kernel
     operands = {}
     for name in spec.inputs:

@@ -24,7 +24,7 @@ from typing import Any
 from ..knobs import knobs
 
 __all__ = ["cache_dir", "entry_paths", "ir_path", "load_ir", "entry_lock", "load_entry", "store_metadata",
-           "sha256_file"]
+           "sha256_file", "write_atomically"]
 
 
 def cache_dir() -> Path:
@@ -81,7 +81,8 @@ def load_ir(key: str) -> dict[str, str]:
     return json.loads(ir_path(key).read_text())
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temporary name, then move into place: readers see the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -90,5 +91,5 @@ def _write_atomically(path: Path, text: str) -> None:
 def store_metadata(key: str, meta: dict[str, Any], ir: dict[str, str], suffix: str = ".so") -> None:
     """Record a freshly written library (its checksum is added here) and its IR; last step of a store."""
     lib, meta_path = entry_paths(key, suffix)
-    _write_atomically(ir_path(key), json.dumps(ir))
-    _write_atomically(meta_path, json.dumps({**meta, "sha256": sha256_file(lib)}))
+    write_atomically(ir_path(key), json.dumps(ir))
+    write_atomically(meta_path, json.dumps({**meta, "sha256": sha256_file(lib)}))

@@ -16,10 +16,10 @@ compiler process and the disk cache like CPU kernels.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from ..gpu_program import CHIPS, GpuProgram, ParamPacker, is_skewed
 from ..signature import Signature
 from ..tensor import SparseTensor
 from . import cache
+from .kernel import cache_key
 from .operands import check_extents, check_names
 
 __all__ = ["CudaKernel", "LoadedCudaKernel", "GpuFunction", "device_operands", "pick_chip", "PROGRAM_SUFFIX"]
@@ -242,12 +243,38 @@ class CudaKernel:
     def __call__(self, out: Any = None, **operands: Any) -> Any:
         spec = self.spec
         args = device_operands(spec.expression, self._inputs, operands, spec.dtype)
-        extents = check_extents(self._sources, args)
         formats = {n: args[n].format for n in spec.inputs if spec.is_sparse(n)}
-        shapes = {n: tuple(args[n].shape) for n in spec.inputs}
-        shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
+        shapes = self._shapes(args)
         function = self.function(formats, shapes)
         return function(args, dense_device_output(spec.output, out, shapes[spec.output], spec.dtype, cupy()))
+
+    def specialize(self, shapes: dict[str, tuple[int, ...]]) -> GpuFunction:
+        """Compile (or load) the specialization for these input shapes and the declared formats, without a GPU.
+
+        ``ShapeError`` names missing, unknown and inconsistent shapes.
+        """
+        spec = self.spec
+        if missing := [n for n in spec.inputs if n not in shapes]:
+            raise ShapeError(f"a GPU kernel is specialized on every input's shape: give shapes for "
+                             f"{', '.join(missing)}")
+        if unknown := sorted(set(shapes) - set(spec.inputs) - {spec.output}):
+            raise ShapeError(f"shapes names {', '.join(unknown)}, not an input of {spec.expression!r}")
+        operands = {}
+        for name in spec.inputs:
+            shape = tuple(int(s) for s in shapes[name])
+            if len(shape) != spec.ranks[name]:
+                raise ShapeError(f"{name} has {spec.ranks[name]} dimensions, but its shape is {shape}")
+            if spec.is_sparse(name):
+                spec.formats[name].check_shape(shape)
+            operands[name] = SimpleNamespace(shape=shape)
+        return self.function({n: spec.formats[n] for n in spec.inputs if spec.is_sparse(n)}, self._shapes(operands))
+
+    def _shapes(self, operands: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Every operand's shape (the output's from the index sizes), checked where an index repeats."""
+        extents = check_extents(self._sources, operands)
+        shapes = {n: tuple(operands[n].shape) for n in self.spec.inputs}
+        shapes[self.spec.output] = tuple(extents[i] for i in self.spec.output_indices)
+        return shapes
 
     def function(self, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]]) -> GpuFunction:
         """The loaded specialization for these formats and shapes (compiled or read from the cache)."""
@@ -295,14 +322,11 @@ def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
                     ) -> tuple[str, GpuProgram, Signature]:
     """Compile (or load from the disk cache) the program of one specialization: ``(key, program, signature)``."""
     from .. import worker
-    from ..compiler import source_hash, specialize
-    from ..lowering.toolchain import tool_versions
+    from ..compiler import specialize
 
     special = specialize(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "kernel")
-    text = repr((spec.key(), sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
-                 sorted(shapes.items()), "cuda", chips, emitter, deterministic, source_hash(), tool_versions()))
-    key = hashlib.sha256(text.encode()).hexdigest()
+    key = cache_key(spec, formats, shapes, f"cuda;{chips};{emitter};{deterministic}")
     entry = cache.load_entry(key, PROGRAM_SUFFIX)
     if entry is None:
         with cache.entry_lock(key):
@@ -323,9 +347,7 @@ def write_ptx_files(program: GpuProgram, folder: Path, stem: str) -> dict[str, P
     for chip, ptx in program.ptx.items():
         path = folder / f"{stem}.{chip}.ptx"
         if not path.exists() or path.read_text() != ptx:
-            tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
-            tmp.write_text(ptx)
-            tmp.replace(path)
+            cache.write_atomically(path, ptx)
         files[chip] = path
     return files
 

@@ -27,7 +27,7 @@ from . import cache
 from .library import NativeFunction
 from .operands import check_extents, dense_output, prepare
 
-__all__ = ["Kernel", "Specialization", "BuildOptions", "ENTRY_NAME"]
+__all__ = ["Kernel", "Specialization", "BuildOptions", "ENTRY_NAME", "cache_key"]
 
 ENTRY_NAME = "sparse_mlir_kernel"
 _compile_lock = threading.Lock()
@@ -137,13 +137,14 @@ class Kernel:
         return special
 
 
-def _cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-               options: BuildOptions) -> str:
+def cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+              options: str) -> str:
+    """The content hash naming a compiled specialization (``options``: what else decides the code)."""
     from ..compiler import source_hash
     from ..lowering.toolchain import tool_versions
 
     text = repr((spec.key(), sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
-                 sorted(shapes.items()), options.key(), source_hash(), tool_versions()))
+                 sorted(shapes.items()), options, source_hash(), tool_versions()))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -173,7 +174,7 @@ def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shape
 
 def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                      options: BuildOptions) -> Specialization:
-    key = _cache_key(spec, formats, shapes, options)
+    key = cache_key(spec, formats, shapes, options.key())
     with _compile_lock:
         special = _loaded.get(key)
         if special is not None:
