@@ -8,7 +8,11 @@ from mlir.dialects import sparse_tensor as st
 
 from sparse_mlir.formats import Format
 
-__all__ = ["encoding_attr", "element_type", "tensor_type"]
+__all__ = ["encoding_attr", "element_type", "tensor_type", "TYPE_NAMES"]
+
+# MLIR (and LLVM dialect) element type of each numpy dtype kernels and buffers use
+TYPE_NAMES = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "i8", "int16": "i16", "int32": "i32",
+              "int64": "i64"}
 
 
 def encoding_attr(fmt: Format) -> st.EncodingAttr | None:
@@ -19,9 +23,7 @@ def encoding_attr(fmt: Format) -> st.EncodingAttr | None:
 
 
 def element_type(dtype: np.dtype) -> ir.Type:
-    return {"float32": ir.F32Type.get, "float64": ir.F64Type.get, "float16": ir.F16Type.get,
-            "int32": lambda: ir.IntegerType.get_signless(32),
-            "int64": lambda: ir.IntegerType.get_signless(64)}[np.dtype(dtype).name]()
+    return ir.Type.parse(TYPE_NAMES[np.dtype(dtype).name])
 
 
 def tensor_type(shape: tuple[int | None, ...], dtype: np.dtype, fmt: Format) -> ir.RankedTensorType:

@@ -38,6 +38,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch
 
+from .encoding import TYPE_NAMES
 from .patterns import dense_matmul_operands, is_csr, spmm_operands, spmv_operands
 
 __all__ = ["native_gpu", "WARP", "BLOCK"]
@@ -47,7 +48,6 @@ BLOCK = 128  # threads per block: four warps
 _TILE = 4  # most vectors a lane owns in one SpMM column tile
 SPLIT_CHUNK = 16  # nonzeros per thread in the row-splitting SpMV
 FEW_ROWS = 2048  # SpMM below this many rows: one vector per lane, more column tiles
-_FLOAT = {"float16": "f16", "float32": "f32", "float64": "f64"}
 _BYTES = {"f16": 2, "f32": 4, "f64": 8}
 
 
@@ -73,9 +73,9 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     different in their last bits.
     """
     split = not deterministic
-    if spec.dtype.name not in _FLOAT:
+    if spec.dtype.kind != "f":
         return None
-    elt = _FLOAT[spec.dtype.name]
+    elt = TYPE_NAMES[spec.dtype.name]
     if (found := spmv_operands(spec, formats)) is not None:
         a, x = found
         fmt = formats[a]

@@ -22,6 +22,7 @@ from mlir import ir
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
+from .encoding import TYPE_NAMES
 from .kernel import KERNEL_NAME
 from .patterns import spmm_operands
 
@@ -94,7 +95,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     fmt = formats[a_name].codegen_format if formats[a_name].is_nm else formats[a_name]
     rows, cols = shapes[a_name]
     stream = _Stream(formats[a_name], cols)
-    elt = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}[spec.dtype.name]
+    elt = TYPE_NAMES[spec.dtype.name]
     lanes = vector_bits // 8 // spec.dtype.itemsize  # one vector register
     vec = f"vector<{lanes}x{elt}>"
     is_float = elt.startswith("f")

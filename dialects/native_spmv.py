@@ -19,6 +19,7 @@ from mlir import ir
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
+from .encoding import TYPE_NAMES
 from .kernel import KERNEL_NAME
 from .patterns import spmv_operands
 
@@ -27,19 +28,17 @@ __all__ = ["native_spmv", "UNROLL", "DISTANCE"]
 UNROLL = 4
 DISTANCE = 128  # nonzeros ahead, hundreds of cycles of memory latency (best of 32-256 on 1M x 1M)
 
-_ELEMENT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
-
 
 def native_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
                 ) -> ir.Module | None:
     """The SpMV module for ``spec`` in the current context, or ``None`` when it does not apply."""
     found = spmv_operands(spec, formats)
-    if found is None or spec.dtype.name not in _ELEMENT:
+    if found is None:
         return None
     a_name, x_name = found
     fmt = formats[a_name]
     rows, _ = shapes[a_name]
-    elt = _ELEMENT[spec.dtype.name]
+    elt = TYPE_NAMES[spec.dtype.name]
     is_float = elt.startswith("f")
     pos_t, crd_t = f"i{fmt.pos_width or 64}", f"i{fmt.crd_width or 64}"
     add, mul = ("arith.addf", "arith.mulf") if is_float else ("arith.addi", "arith.muli")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from mlir import ir
 
+from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.formats import LevelKind
 from sparse_mlir.signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, OperandABI, Signature
 
@@ -26,7 +27,7 @@ _INT = {1: "i8", 2: "i16", 4: "i32", 8: "i64"}
 
 
 def _llvm_type(dtype: np.dtype) -> str:
-    return {"float16": "f16", "float32": "f32", "float64": "f64"}.get(dtype.name) or _INT[dtype.itemsize]
+    return TYPE_NAMES[dtype.name]
 
 
 def _descriptor_type(rank: int) -> str:

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from mlir import ir
 
+from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.kernel import KERNEL_NAME
 from sparse_mlir.gpu_program import GpuProgram, GridRule
 from sparse_mlir.signature import Signature
@@ -29,8 +30,6 @@ from sparse_mlir.signature import Signature
 __all__ = ["EmulationError", "emulation_module"]
 
 _IDS = {"thread_id": "t", "block_id": "b", "block_dim": "bd", "grid_dim": "g"}
-_ELEMENT = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "i8", "int16": "i16", "int32": "i32",
-            "int64": "i64"}
 _ID_ARGS = [f"%emu_{k}{d}" for k in ("b", "t", "g", "bd") for d in "xyz"]
 
 
@@ -81,11 +80,11 @@ def _buffer_types(sig: Signature) -> list[str]:
     out = []
     for op, buf in sig.kernel_arguments():
         if not op.sparse:
-            out.append(f"memref<{''.join(f'{s}x' for s in op.shape)}{_ELEMENT[op.dtype.name]}>")
+            out.append(f"memref<{''.join(f'{s}x' for s in op.shape)}{TYPE_NAMES[op.dtype.name]}>")
             continue
         dtypes = dict(op.buffers())
         if buf in dtypes:
-            out.append(f"memref<?x{_ELEMENT[dtypes[buf].name]}>")
+            out.append(f"memref<?x{TYPE_NAMES[dtypes[buf].name]}>")
         else:  # the implicit positions of an N:M level
             out.append(f"memref<?xi{op.format.pos_width or 64}>")
     return out
@@ -97,7 +96,7 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
     lines = [f"func.func @{KERNEL_NAME}({params}) -> {types[-1]} attributes {{llvm.emit_c_interface}} {{",
              "%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index"]
     for s, (shape, dtype) in enumerate(program.scratch):
-        elt = _ELEMENT[dtype]
+        elt = TYPE_NAMES[dtype]
         mtype = f"memref<{''.join(f'{d}x' for d in shape)}{elt}>"
         zero = "0.0" if elt.startswith("f") else "0"
         lines += [f"%s{s} = memref.alloc() : {mtype}", f"%z{s} = arith.constant {zero} : {elt}",
@@ -116,7 +115,7 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
                 continue
             value, vtype = (f"%k{arg.ref}", types[arg.ref]) if arg.kind == "buffer" else \
                 (f"%s{arg.ref}", f"memref<{''.join(f'{d}x' for d in program.scratch[arg.ref][0])}"
-                                 f"{_ELEMENT[program.scratch[arg.ref][1]]}>")
+                                 f"{TYPE_NAMES[program.scratch[arg.ref][1]]}>")
             if vtype != str(ptype):
                 cast = f"%a{next(fresh)}"
                 lines.append(f"{cast} = memref.cast {value} : {vtype} to {ptype}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, memref, scf
 
+from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.kernel import KERNEL_NAME
 
 __all__ = ["host_function", "forward_argument_views", "hoist_allocations", "only_parallel_loops",
@@ -19,8 +20,7 @@ __all__ = ["host_function", "forward_argument_views", "hoist_allocations", "only
 GPU_MODULE = "kernels"
 
 _LAUNCHABLE = {"arith.constant", "memref.cast", "scf.parallel", "func.return"}
-_NUMPY = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i8": "int8",
-          "i16": "int16", "i32": "int32", "i64": "int64", "index": "int64"}
+_NUMPY = {**{mlir: numpy for numpy, mlir in TYPE_NAMES.items()}, "index": "int64"}
 
 
 def host_function(module: ir.Module) -> ir.Operation:

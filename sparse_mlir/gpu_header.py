@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from . import __version__
 from .gpu_program import SKEWED_ROW, GpuProgram, GridRule, Launch
 from .signature import OperandABI, Signature
@@ -101,8 +103,7 @@ def _prologue(sig: Signature, program: GpuProgram) -> list[str]:
              *(f"  CUdeviceptr {ptr} = 0;" for ptr, _ in _implicit(sig)),
              f"  r = cuMemsetD8Async({out.name}, 0, {nbytes}, stream);", "  if (r != CUDA_SUCCESS) goto done;"]
     for s, (shape, dtype) in enumerate(program.scratch):
-        size = math.prod(shape) * {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4,
-                                   "int64": 8}[dtype]
+        size = math.prod(shape) * np.dtype(dtype).itemsize
         lines += [f"  r = cuMemAllocAsync(&s{s}, {max(size, 1)}, stream);", "  if (r != CUDA_SUCCESS) goto done;",
                   f"  r = cuMemsetD8Async(s{s}, 0, {max(size, 1)}, stream);", "  if (r != CUDA_SUCCESS) goto done;"]
     for ptr, op in _implicit(sig):
