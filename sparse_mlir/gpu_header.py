@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from . import __version__
-from .gpu_program import SKEWED_ROW, GpuProgram, GridRule, Launch
+from .gpu_program import SKEWED_ROW, GpuProgram, GridRule, Launch, ParamPacker
 from .signature import OperandABI, Signature
 
 __all__ = ["cuda_header"]
@@ -54,7 +54,7 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
               "  CUresult r;"]
     lines += _prologue(sig, program)
     for i, launch in enumerate(program.launches):
-        body = _launch(i, launch, arguments)
+        body = _launch(i, launch, arguments, [f"s{s}" for s in range(len(program.scratch))])
         if launch.when:
             body = [f"  if ({'' if launch.when == 'skewed' else '!'}skewed)", *body]
         lines += body
@@ -122,22 +122,9 @@ def _prologue(sig: Signature, program: GpuProgram) -> list[str]:
     return lines
 
 
-def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]]) -> list[str]:
-    """One launch: its grid (rules evaluated in C), its parameter words (as ``ParamPacker``), the call."""
-    words: list[str] = []
-    for arg in launch.args:
-        if arg.kind == "index":
-            words.append(f"(uint64_t){arg.ref}")
-        elif arg.kind == "lanes":
-            words.append("lanes")
-        else:
-            ptr, length = arguments[arg.ref] if arg.kind == "buffer" else (f"s{arg.ref}", "0")
-            sizes = [length if s is None else str(s) for s in arg.shape]
-            strides, step = [], "1"
-            for size in reversed(sizes):
-                strides.insert(0, step)
-                step = f"{step} * {size}" if step != "1" else size
-            words += [ptr, ptr, "0", *sizes, *strides]
+def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], scratch: list[str]) -> list[str]:
+    """One launch: its grid (rules evaluated in C), its parameter words (``ParamPacker`` over C names), the call."""
+    words = ParamPacker(launch)(arguments, scratch, lanes="lanes")
     lines = [f"  {{ /* launch {index}: {launch.kernel} */"]
     if launch.lanes is not None:
         nnz = arguments[launch.lanes.ref][1]

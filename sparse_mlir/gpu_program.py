@@ -193,14 +193,15 @@ class ParamPacker:
                 assert len(shape) == 1, "only 1-d buffers have a run-time size"
                 self.items.append((arg.kind, arg.ref, None))
 
-    def __call__(self, buffers: list[tuple[int, int]], scratch: list[int]) -> list[int]:
-        words: list[int] = []
+    def __call__(self, buffers: list[tuple[Any, Any]], scratch: list[Any], lanes: Any = None) -> list[Any]:
+        """The words; ``lanes`` overrides the lane rule's value (the C launcher passes names, not numbers)."""
+        words: list[Any] = []
         for kind, ref, tail in self.items:
             if kind == "index":
                 words.append(ref)
             elif kind == "lanes":
                 assert self.lanes is not None, "a lanes argument needs the launch's LaneRule"
-                words.append(self.lanes.lanes(buffers[self.lanes.ref][1]))
+                words.append(lanes if lanes is not None else self.lanes.lanes(buffers[self.lanes.ref][1]))
             else:
                 ptr, length = buffers[ref] if kind == "buffer" else (scratch[ref], 0)
                 words += [ptr, ptr, *(tail if tail is not None else (0, length, 1))]
