@@ -17,14 +17,14 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..knobs import knobs
 
 __all__ = ["cache_dir", "entry_paths", "ir_path", "load_ir", "entry_lock", "load_entry", "store_metadata",
-           "sha256_file", "write_atomically"]
+           "sha256_file", "write_atomically", "load_or_build"]
 
 
 def cache_dir() -> Path:
@@ -86,6 +86,24 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def load_or_build(key: str, meta: dict[str, Any], build: Callable[[Path], dict[str, str]],
+                  suffix: str = ".so") -> tuple[Path, dict[str, Any]]:
+    """An intact entry; when absent, ``build(artifact path)`` writes it and returns its IR, under the entry's lock.
+
+    A process that finds the lock held waits, then finds the entry the holder built: one build per key.
+    """
+    entry = load_entry(key, suffix)
+    if entry is None:
+        with entry_lock(key):
+            entry = load_entry(key, suffix)
+            if entry is None:
+                path, _ = entry_paths(key, suffix)
+                store_metadata(key, meta, build(path), suffix)
+                entry = load_entry(key, suffix)
+                assert entry is not None, "cache entry vanished right after it was written"
+    return entry
 
 
 def store_metadata(key: str, meta: dict[str, Any], ir: dict[str, str], suffix: str = ".so") -> None:

@@ -327,18 +327,11 @@ def compile_program(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
     special = specialize(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "kernel")
     key = cache_key(spec, formats, shapes, f"cuda;{chips};{emitter};{deterministic}")
-    entry = cache.load_entry(key, PROGRAM_SUFFIX)
-    if entry is None:
-        with cache.entry_lock(key):
-            entry = cache.load_entry(key, PROGRAM_SUFFIX)
-            if entry is None:
-                path, _ = cache.entry_paths(key, PROGRAM_SUFFIX)
-                stages = worker.call("build_gpu_program", special, shapes, sig, path, chips, emitter, deterministic)
-                cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages,
-                                     PROGRAM_SUFFIX)
-                entry = cache.load_entry(key, PROGRAM_SUFFIX)
-                assert entry is not None, "GPU program cache entry vanished right after it was written"
-    return key, GpuProgram.from_json(json.loads(entry[0].read_text())), sig
+    path, _ = cache.load_or_build(
+        key, {"expression": spec.expression, "signature": sig.to_json()},
+        lambda path: worker.call("build_gpu_program", special, shapes, sig, path, chips, emitter, deterministic),
+        PROGRAM_SUFFIX)
+    return key, GpuProgram.from_json(json.loads(path.read_text())), sig
 
 
 def write_ptx_files(program: GpuProgram, folder: Path, stem: str) -> dict[str, Path]:

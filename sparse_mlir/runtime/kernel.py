@@ -148,12 +148,12 @@ def cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tu
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                   sig: Signature, options: BuildOptions) -> tuple[Any, dict[str, Any]]:
+def _compile(lib_path: Path, spec: KernelSpec, formats: dict[str, Format],
+             shapes: dict[str, tuple[int | None, ...]], sig: Signature, options: BuildOptions) -> dict[str, str]:
+    """Build the library at ``lib_path`` in the compiler process; return the IR of each stage."""
     from .. import worker
     from ..compiler import specialize
 
-    lib_path, _ = cache.entry_paths(key)
     special = specialize(spec, formats)
     try:
         stages = worker.call("build_library", special, shapes, sig, lib_path, options.target, options.cpu,
@@ -166,10 +166,7 @@ def _compile_entry(key: str, spec: KernelSpec, formats: dict[str, Format], shape
                              options.cpu, openmp=options.openmp)
         stats["densified"] += 1
     stats["compiled"] += 1
-    cache.store_metadata(key, {"expression": spec.expression, "signature": sig.to_json()}, stages)
-    entry = cache.load_entry(key)
-    assert entry is not None, "kernel cache entry vanished right after it was written"
-    return entry
+    return stages
 
 
 def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
@@ -185,11 +182,8 @@ def _load_or_compile(spec: KernelSpec, formats: dict[str, Format], shapes: dict[
         if special is not None:
             return special
         sig = Signature.from_spec(spec, formats, shapes, ENTRY_NAME)
-        entry = cache.load_entry(key)
-        if entry is None:
-            with cache.entry_lock(key):  # another process may be compiling it: wait, then look again
-                entry = cache.load_entry(key) or _compile_entry(key, spec, formats, shapes, sig, options)
-        lib_path, _ = entry
+        lib_path, _ = cache.load_or_build(key, {"expression": spec.expression, "signature": sig.to_json()},
+                                          lambda path: _compile(path, spec, formats, shapes, sig, options))
         special = Specialization(key, shapes, formats, NativeFunction(lib_path, sig, threaded=bool(options.openmp)))
         _loaded[key] = special
         while len(_loaded) > knobs.max_loaded_kernels():
