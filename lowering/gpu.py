@@ -157,7 +157,7 @@ def _constant(value: ir.Value) -> int:
 def _kernel_arg(value: ir.Value, n_args: int) -> KernelArg:
     while isinstance(value.owner, ir.OpView) and value.owner.operation.name == "memref.cast":
         value = value.owner.operands[0]
-    if isinstance(value.type, ir.IndexType) or isinstance(value.type, ir.IntegerType):
+    if isinstance(value.type, (ir.IndexType, ir.IntegerType)):
         return KernelArg("index", _constant(value))
     if isinstance(value, ir.BlockArgument) and isinstance(value.type, ir.MemRefType):
         shape = tuple(None if ir.ShapedType(value.type).is_dynamic_dim(d) else s
