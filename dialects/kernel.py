@@ -26,9 +26,18 @@ from sparse_mlir.formats import Dense
 
 from .encoding import element_type, tensor_type
 
-__all__ = ["build_kernel_module", "KERNEL_NAME"]
+__all__ = ["build_kernel_module", "KERNEL_NAME", "FILLS_OUTPUT", "fills_output"]
 
 KERNEL_NAME = "kernel"
+# unit attribute of a kernel function that stores every element of its dense output itself, so the C
+# entry point need not zero-fill it first (hand-scheduled emitters; sparsified kernels accumulate into it)
+FILLS_OUTPUT = "sparse_mlir.fills_output"
+
+
+def fills_output(module: ir.Module) -> bool:
+    """Whether ``module``'s kernel function carries ``FILLS_OUTPUT``."""
+    return any(FILLS_OUTPUT in op.operation.attributes for op in module.body.operations
+               if op.operation.name == "func.func")
 
 
 def build_kernel_module(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]],

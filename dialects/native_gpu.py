@@ -82,7 +82,8 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
         rows, cols = shapes[a]
         args = tuple(_args(spec, a, (x, (cols,)), (spec.output, (rows,))))
         balanced = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)),
-                          lanes=LaneRule(ref=args[1].ref, rows=rows), when="balanced" if split else "")
+                          lanes=LaneRule(ref=args[1].ref, rows=rows), when="balanced" if split else "",
+                          fills_output=True)
         launches, functions = (balanced,), [_spmv_text(elt, fmt, rows, cols)]
         if split:  # skewed rows: fixed chunks of nonzeros per thread, partial row sums added atomically
             chunks = GridRule(ref=args[1].ref, per_block=BLOCK * SPLIT_CHUNK)
@@ -108,7 +109,8 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     dense = [(b, (inner, cols))] + ([(bias, (rows,) if bias_dim == 0 else (cols,))] if bias else [])
     args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
     aligned = tuple(arg.ref for arg in args[3:]) if width > 1 else ()
-    launch = Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned)
+    launch = Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned,
+                    fills_output=True)
     return ir.Module.parse(text), (launch,)
 
 
@@ -126,7 +128,8 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
     text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0], m_tiles)
     args = tuple(_args(spec, a, (b, (inner, cols)), (spec.output, (rows, cols))))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
-    launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref))
+    launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref),
+                    fills_output=True)
     return ir.Module.parse(text), (launch,)
 
 
@@ -148,7 +151,7 @@ def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...
     args = (KernelArg("buffer", order.index(a), (rows, inner)), KernelArg("buffer", order.index(b), (inner, cols)),
             KernelArg("buffer", order.index(spec.output), (rows, cols)))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
-    launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,))
+    launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,), fills_output=True)
     return ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles)), (launch,)
 
 

@@ -23,7 +23,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
 from .encoding import TYPE_NAMES
-from .kernel import KERNEL_NAME
+from .kernel import FILLS_OUTPUT, KERNEL_NAME
 from .patterns import spmm_operands
 
 __all__ = ["native_spmm"]
@@ -198,7 +198,8 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
-             f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> attributes {{llvm.emit_c_interface}} {{",
+             f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> "
+             f"attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{",
              *consts,
              f"%rows = arith.constant {rows} : index",
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",

@@ -20,7 +20,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
 from .encoding import TYPE_NAMES
-from .kernel import KERNEL_NAME
+from .kernel import FILLS_OUTPUT, KERNEL_NAME
 from .patterns import spmv_operands
 
 __all__ = ["native_spmv", "UNROLL", "DISTANCE"]
@@ -71,7 +71,7 @@ def native_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
         total = f"%t{u}"
     lines = ["module {",
              f"func.func @{KERNEL_NAME}({', '.join(params[n] for n in spec.inputs)}, %y: memref<?x{elt}>) "
-             f"-> memref<?x{elt}> attributes {{llvm.emit_c_interface}} {{",
+             f"-> memref<?x{elt}> attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{",
              *(f"%c{c} = arith.constant {c} : index" for c in sorted({0, 1, UNROLL, DISTANCE, *range(UNROLL)})),
              f"%rows = arith.constant {rows} : index", f"%zero = arith.constant {zero} : {elt}",
              f"%nnz = memref.dim %crd, %c0 : memref<?x{crd_t}>",

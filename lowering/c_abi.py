@@ -153,8 +153,12 @@ def _implicit_positions(t: _Text, op: OperandABI, zero: str, one: str) -> tuple[
     return ptr, length
 
 
-def wrapper_text(sig: Signature, kernel: str) -> str:
-    """LLVM-dialect text of ``NAME`` (and ``NAME_free`` for sparse outputs), calling ``kernel``."""
+def wrapper_text(sig: Signature, kernel: str, zero_fill: bool = True) -> str:
+    """LLVM-dialect text of ``NAME`` (and ``NAME_free`` for sparse outputs), calling ``kernel``.
+
+    ``zero_fill=False`` is for kernels that store every element of their
+    dense output: the memset would be a wasted pass over it.
+    """
     params = sig.params()
     t = _Text()
     args = {p.name: f"%a{i}" for i, p in enumerate(params)}
@@ -195,7 +199,7 @@ def wrapper_text(sig: Signature, kernel: str) -> str:
     for op, buf in sig.kernel_arguments():
         if not op.sparse:
             dims = [args[f"{op.name}_d{d}"] for d in range(len(op.shape))]
-            if op.output:
+            if op.output and zero_fill:
                 nbytes = t.i64(op.dtype.itemsize)
                 for dim in dims:
                     nbytes = t(f"llvm.mul {nbytes}, {dim} : i64")
@@ -279,13 +283,13 @@ def _free_text(sig: Signature) -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str) -> None:
+def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool = True) -> None:
     """Parse the wrapper into ``module`` (an LLVM-dialect module that defines ``kernel``)."""
     n_args = 1 + len(sig.kernel_arguments())
     # declarations make the wrapper verify on its own; the ones the module already has are dropped
     decls = (f"llvm.func @{kernel}({', '.join(['!llvm.ptr'] * n_args)})\n"
              "llvm.func @malloc(i64) -> !llvm.ptr\nllvm.func @free(!llvm.ptr)\n")
-    wrapper = ir.Module.parse(decls + wrapper_text(sig, kernel))
+    wrapper = ir.Module.parse(decls + wrapper_text(sig, kernel, zero_fill))
     defined = {_symbol(op) for op in module.body.operations}
     for op in list(wrapper.body.operations):
         if _symbol(op) not in defined:

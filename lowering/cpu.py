@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mlir import ir
 
-from sparse_mlir.dialects.kernel import KERNEL_NAME
+from sparse_mlir.dialects.kernel import KERNEL_NAME, fills_output
 from sparse_mlir.errors import LoweringError
 from sparse_mlir.signature import Signature
 
@@ -82,9 +82,10 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
 
 def loops_to_llvm(module: ir.Module, sig: Signature) -> str:
     """The back half: a bufferized ``func @kernel`` over memrefs -> LLVM dialect with the C entry point."""
+    zero_fill = not fills_output(module)
     _run(module, TO_LLVM, "llvm")
     try:
-        add_c_entry_point(module, sig, f"_mlir_ciface_{KERNEL_NAME}")
+        add_c_entry_point(module, sig, f"_mlir_ciface_{KERNEL_NAME}", zero_fill)
     except Exception as exc:  # a malformed wrapper is a bug here, reported with its diagnostics
         raise LoweringError("the C entry point did not parse", stage="llvm", target="cpu",
                             diagnostics=str(exc)) from exc

@@ -23,7 +23,7 @@ from dataclasses import replace
 from mlir import ir
 
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.kernel import KERNEL_NAME
+from sparse_mlir.dialects.kernel import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.gpu_program import GpuProgram, GridRule
 from sparse_mlir.signature import Signature
 
@@ -93,7 +93,8 @@ def _buffer_types(sig: Signature) -> list[str]:
 def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.Type]]) -> str:
     types = _buffer_types(sig)
     params = ", ".join(f"%k{i}: {t}" for i, t in enumerate(types))
-    lines = [f"func.func @{KERNEL_NAME}({params}) -> {types[-1]} attributes {{llvm.emit_c_interface}} {{",
+    fills = f", {FILLS_OUTPUT}" if not program.needs_zeroed_output() else ""  # the C entry point skips zeroing
+    lines = [f"func.func @{KERNEL_NAME}({params}) -> {types[-1]} attributes {{llvm.emit_c_interface{fills}}} {{",
              "%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index"]
     for s, (shape, dtype) in enumerate(program.scratch):
         elt = TYPE_NAMES[dtype]

@@ -3,8 +3,8 @@
 ``NAME_load`` loads ``NAME.<chip>.cubin`` (or ``.ptx``) into the current
 context; ``NAME(module, stream, ...)`` takes device pointers in the same
 order as the CPU entry point's parameters (sparse buffers with their
-lengths, dense arrays, the output), zero-fills the output and scratch
-buffers on the stream, packs every launch's parameters exactly as
+lengths, dense arrays, the output), zero-fills the output (where a kernel accumulates
+into it) and scratch buffers on the stream, packs every launch's parameters exactly as
 ``gpu_program.ParamPacker`` does (same manifest, same rules) and enqueues
 the launches.  Nothing synchronizes except the copy of N:M implicit
 positions, which is made from host memory.  The code is plain C99 glue;
@@ -96,12 +96,13 @@ def _implicit(sig: Signature) -> list[tuple[str, OperandABI]]:
 
 
 def _prologue(sig: Signature, program: GpuProgram) -> list[str]:
-    """Zero the output, allocate and zero scratch, make N:M positions."""
+    """Zero the output (unless every launch stores all of it), allocate and zero scratch, make N:M positions."""
     out = sig.output
     nbytes = math.prod(out.shape) * out.dtype.itemsize
     lines = [*(f"  CUdeviceptr s{s} = 0;" for s in range(len(program.scratch))),
-             *(f"  CUdeviceptr {ptr} = 0;" for ptr, _ in _implicit(sig)),
-             f"  r = cuMemsetD8Async({out.name}, 0, {nbytes}, stream);", "  if (r != CUDA_SUCCESS) goto done;"]
+             *(f"  CUdeviceptr {ptr} = 0;" for ptr, _ in _implicit(sig))]
+    if program.needs_zeroed_output():
+        lines += [f"  r = cuMemsetD8Async({out.name}, 0, {nbytes}, stream);", "  if (r != CUDA_SUCCESS) goto done;"]
     for s, (shape, dtype) in enumerate(program.scratch):
         size = math.prod(shape) * np.dtype(dtype).itemsize
         lines += [f"  r = cuMemAllocAsync(&s{s}, {max(size, 1)}, stream);", "  if (r != CUDA_SUCCESS) goto done;",

@@ -93,6 +93,7 @@ class Launch:
     lanes: LaneRule | None = None
     aligned: tuple[int, ...] = ()  # kernel arguments accessed with 16-byte vectors: their pointers must be aligned
     when: str = ""  # "", or "skewed" / "balanced": run only when the sparse operand's rows are (not) skewed
+    fills_output: bool = False  # stores every element of the dense output (no zeroing needed before it)
 
     def runs(self, skewed: bool) -> bool:
         return not self.when or (self.when == "skewed") == skewed
@@ -141,6 +142,7 @@ class GpuProgram:
                                               "shared_bytes": k.shared_bytes,
                                               "lanes": [k.lanes.ref, k.lanes.rows] if k.lanes else None,
                                               "aligned": list(k.aligned), "when": k.when,
+                                              "fills_output": k.fills_output,
                                               "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
                                              for k in self.launches]}
         if include_ptx:
@@ -155,10 +157,18 @@ class GpuProgram:
         launches = tuple(Launch(k["kernel"], grid(k["grid"]), tuple(k["block"]),
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
                                 k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None,
-                                tuple(k.get("aligned", ())), k.get("when", ""))
+                                tuple(k.get("aligned", ())), k.get("when", ""), k.get("fills_output", False))
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))
+
+    def needs_zeroed_output(self, skewed: bool | None = None) -> bool:
+        """Whether the launches that run (all of them when ``skewed`` is ``None``) need a zeroed output first.
+
+        Hand-scheduled kernels store every output element; sparsified ones
+        and atomic row sums accumulate into it.
+        """
+        return not all(k.fills_output for k in self.launches if skewed is None or k.runs(skewed))
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())

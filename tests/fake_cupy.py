@@ -10,8 +10,11 @@ emulation tests and on a device.  ``install(monkeypatch)`` puts it in
 
 from __future__ import annotations
 
+import ctypes
+import re
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,13 +42,37 @@ def device(array: Any) -> FakeArray:
     return np.ascontiguousarray(array).view(FakeArray)
 
 
-class FakeFunction:
-    def __init__(self, name: str, launches: list):
-        self.name, self.launches = name, launches
+def _entry_params(ptx: str, name: str) -> int:
+    """How many parameters the PTX entry ``name`` declares (each must be one 64-bit word)."""
+    found = re.search(rf"\.entry\s+{re.escape(name)}\s*\((.*?)\)", ptx, re.S)
+    assert found is not None, f"no entry {name} in the PTX"
+    params = re.findall(r"\.param\s+\.(\w+)", found.group(1))
+    assert all(p in ("u64", "b64", "s64") for p in params), f"{name}: a parameter is not one 64-bit word: {params}"
+    return len(params)
 
-    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
-        assert all(isinstance(a, np.uint64) for a in args), "every parameter goes as one 64-bit word"
-        self.launches.append((self.name, tuple(grid), tuple(block), [int(a) for a in args], shared_mem))
+
+class FakeFunction:
+    """A kernel of a loaded module: ``ptr`` is its handle for ``cuda.driver.launchKernel``."""
+
+    def __init__(self, name: str, params: int):
+        self.name, self.params = name, params
+        self.ptr = id(self)
+
+
+class FakeDriver:
+    """``cuLaunchKernel``: reads the parameter words through the address array, as the driver does."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+        self.functions: dict[int, FakeFunction] = {}
+
+    def launchKernel(self, f: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int,
+                     params: int, extra: int) -> None:
+        function = self.functions[f]
+        assert params and not extra and stream == 0
+        addresses = (ctypes.c_uint64 * function.params).from_address(params)
+        words = [ctypes.c_uint64.from_address(a).value for a in addresses]
+        self.launches.append((function.name, (gx, gy, gz), (bx, by, bz), words, shared))
 
 
 def _numpy_function(name: str) -> Any:
@@ -100,12 +127,17 @@ def build(capability: str = "90") -> tuple[types.ModuleType, dict[str, types.Mod
     """The fake ``cupy`` module, the ``cupyx`` modules, and the record of module loads and launches."""
     record = types.SimpleNamespace(launches=[], modules=[])
 
+    driver = FakeDriver(record.launches)
+
     class RawModule:
         def __init__(self, path: str):
             record.modules.append(path)
+            self.ptx = Path(path).with_suffix(".ptx").read_text()  # a cubin's PTX lies beside it
 
         def get_function(self, name: str) -> FakeFunction:
-            return FakeFunction(name, record.launches)
+            function = FakeFunction(name, _entry_params(self.ptx, name))
+            driver.functions[function.ptr] = function
+            return function
 
     rng = np.random.default_rng(0)
     cp = types.ModuleType("cupy")
@@ -114,7 +146,8 @@ def build(capability: str = "90") -> tuple[types.ModuleType, dict[str, types.Mod
     cp.RawModule = RawModule
     cp.cuda = types.SimpleNamespace(
         Device=lambda: types.SimpleNamespace(id=0, compute_capability=capability, synchronize=lambda: None),
-        Event=_Event, get_elapsed_time=lambda start, stop: (stop.time - start.time) * 1e3,
+        Event=_Event, get_elapsed_time=lambda start, stop: (stop.time - start.time) * 1e3, driver=driver,
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0),
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError,
                                       getDeviceProperties=lambda i: {"name": b"stand-in"}))
     cp.asarray = lambda a, dtype=None: device(np.asarray(a, dtype))

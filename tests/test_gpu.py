@@ -208,7 +208,7 @@ def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", 
     sig = Signature.from_spec(special, formats, shapes, "emulated")
     path = tmp_path / f"emulated_{emitter}_{fmt.replace(':', '_')}_{skewed}.so"
     worker.call("build_gpu_emulation", special, shapes, sig, path, emitter, skewed)
-    out = np.empty(shapes[spec.output], dtype=dtype)
+    out = np.full(shapes[spec.output], np.nan, dtype=dtype)  # kernels that skip zeroing must store everything
     return NativeFunction(path, sig)(args, out, out.shape), spec
 
 
@@ -297,7 +297,7 @@ def test_emulation_refuses_what_threads_in_sequence_cannot_reproduce(tmp_path):
 
 
 # -- the runtime's call path, with a stand-in for CuPy that records launches -----------------------------------
-def test_calls_pack_device_pointers_and_zero_the_output(monkeypatch):
+def test_calls_pack_device_pointers_and_zero_only_outputs_kernels_accumulate_into(monkeypatch):
     import fake_cupy
 
     record = fake_cupy.install(monkeypatch)
@@ -307,7 +307,7 @@ def test_calls_pack_device_pointers_and_zero_the_output(monkeypatch):
     B = fake_cupy.device(np.ones((40, 64), np.float32))
     bias = fake_cupy.device(np.ones(64, np.float32))
     out = kernel(A=A, B=B, b=bias)
-    assert out.shape == (50, 64) and not out.host.any()  # zeroed for the kernel to accumulate into
+    assert out.shape == (50, 64)
     ((name, grid, block, words, shared),) = record.launches
     assert (name, grid, block, shared) == ("spmm", (13, 1, 1), (128, 1, 1), 0)
     pos, crd, values = A.buffers
@@ -323,6 +323,11 @@ def test_calls_pack_device_pointers_and_zero_the_output(monkeypatch):
     with pytest.raises(sm.errors.OperandError, match="16-byte boundary"):
         kernel(A=A, B=offset, b=bias)
     assert len(record.launches) == 2
+    stale = fake_cupy.device(np.full((50, 64), np.nan, np.float32))
+    assert np.isnan(kernel(A=A, B=B, b=bias, out=stale).host).all()  # the hand-scheduled SpMM stores every element
+    sparsified = sm.compile("C[i,j] = A[i,k]*B[k,j] + b[j]", formats={"A": "csc"}, dtype="float32", target="cuda")
+    csc = sm.SparseTensor.from_scipy(a, "csc").to("cuda")
+    assert not sparsified(A=csc, B=B, b=bias, out=stale).host.any()  # its loops accumulate: zeroed first
 
 
 def test_exported_kernels_load_cubins_and_size_the_grid_from_nnz(monkeypatch, tmp_path):

@@ -232,3 +232,19 @@ def test_outer_reduction_loops_are_not_threaded(rng, expr, monkeypatch):
     for _ in range(5):
         np.testing.assert_allclose(kernel(A=a, x=x), ref, rtol=1e-10, atol=1e-10)
     assert "omp.wsloop" not in kernel.ir["sparsified"]
+
+
+@pytest.mark.parametrize("expr,fmt,n", [("C[i,j] = A[i,k] * B[k,j]", "csr", 37), ("C[i,j] = A[i,k] * B[k,j]", "2:4", 37),
+                                        ("y[i] = A[i,j] * x[j]", "csr", None)])
+def test_hand_scheduled_kernels_overwrite_a_stale_out_buffer(rng, expr, fmt, n):
+    """Their C entry point skips the zero-fill (they store every element), so nothing stale may survive."""
+    A, a = sparse_operand(rng, (24, 16), fmt, "float32")
+    a[5] = 0  # an empty row still gets its zeros stored
+    A = sm.SparseTensor.from_dense(a, fmt)
+    rhs = random_values(rng, (16, n) if n else 16, "float32")
+    kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32")
+    out = np.full((24, n) if n else 24, np.nan, np.float32)
+    got = kernel(A=A, out=out, **({"B": rhs} if n else {"x": rhs}))
+    assert got is out
+    np.testing.assert_allclose(out, a @ rhs, rtol=1e-5, atol=1e-5)
+    assert "llvm.intr.memset" not in kernel.ir["llvm"]

@@ -3,10 +3,11 @@
 Everything stays on the device and on CuPy's current stream: operands are
 CuPy arrays and ``DeviceSparseTensor``s (a host array or matrix is refused,
 never copied behind the caller's back), a dense result is a new CuPy array
-(or ``out=``) zeroed on the stream, each ``Launch`` of the program is
-launched in order (those whose ``when`` matches the operand's row skew),
-and nothing synchronizes.  Parameters are packed as 64-bit words
-(``gpu_program.ParamPacker``).  CuPy is imported on first use.
+(or ``out=``), zeroed on the stream unless every launch stores all of it,
+each ``Launch`` of the program is launched in order (those whose ``when``
+matches the operand's row skew), and nothing synchronizes.  Parameters are
+packed as 64-bit words (``gpu_program.ParamPacker``) and handed to
+``cuLaunchKernel`` as one array.  CuPy is imported on first use.
 
 ``CudaKernel`` is what ``sm.compile(..., target="cuda")`` returns: PTX is
 specialized per operand shape (every size is static, so launch grids are
@@ -39,7 +40,6 @@ __all__ = ["CudaKernel", "LoadedCudaKernel", "GpuFunction", "device_operands", "
 
 PROGRAM_SUFFIX = ".gpu.json"
 EMITTERS = ("auto", "sparsifier")  # see compiler.build_gpu_program
-_MASK = (1 << 64) - 1  # every parameter is one 64-bit word
 
 
 def pick_chip(available: list[str], capability: str) -> str:
@@ -92,8 +92,18 @@ class GpuFunction:
         return loaded[1]
 
     def __call__(self, args: dict[str, Any], out: Any) -> Any:
+        """Launch on ``args``, writing ``out`` (checked by ``checked_device_output``) or a new array; return it."""
         cp = cupy()
         functions = self._functions(cp)
+        skewed = False
+        if self._skew_operand is not None:
+            tensor = args[self._skew_operand.name]
+            skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, self._skew_operand.shape[0])
+        zero = self.program.needs_zeroed_output(skewed)
+        if out is None:
+            out = (cp.zeros if zero else cp.empty)(self.signature.output.shape, dtype=self.signature.output.dtype)
+        elif zero:
+            out.fill(0)
         buffers: list[tuple[int, int]] = []
         for op, index in self._sources:
             if index == -1:
@@ -111,15 +121,11 @@ class GpuFunction:
         scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
-        skewed = False
-        if self._skew_operand is not None:
-            tensor = args[self._skew_operand.name]
-            skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, self._skew_operand.shape[0])
+        stream = cp.cuda.get_current_stream().ptr
         for launch, function, packer in zip(self.program.launches, functions, self._packers):
-            if not launch.runs(skewed):
-                continue
-            words = np.array([w & _MASK for w in packer(buffers, scratch_ptrs)], dtype=np.uint64)
-            function(launch.grid_for(lengths), launch.block, tuple(words), shared_mem=launch.shared_bytes)
+            if launch.runs(skewed):
+                words = np.array(packer(buffers, scratch_ptrs), dtype=np.uint64)
+                _launch(cp, function.ptr, launch.grid_for(lengths), launch.block, launch.shared_bytes, stream, words)
         return out
 
     def _positions(self, cp: Any, op: Any) -> Any:
@@ -132,6 +138,17 @@ class GpuFunction:
             dtype = np.int32 if fmt.pos_width == 32 else np.int64
             found = self._implicit[device] = cp.arange(groups + 1, dtype=dtype) * fmt.levels[-1].n
         return found
+
+
+def _launch(cp: Any, function: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int,
+            stream: int, words: np.ndarray) -> None:
+    """``cuLaunchKernel`` with one 64-bit word per parameter: the driver call the C launcher makes.
+
+    CuPy's ``Function.__call__`` would box each of the ~26 words into its own
+    argument object; an array of their addresses is one numpy operation.
+    """
+    addresses = np.arange(words.ctypes.data, words.ctypes.data + 8 * len(words), 8, dtype=np.uint64)
+    cp.cuda.driver.launchKernel(function, *grid, *block, shared, stream, addresses.ctypes.data, 0)
 
 
 def _is_cupy_array(value: Any) -> bool:
@@ -179,10 +196,10 @@ def _sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype) ->
     return value
 
 
-def dense_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype, cp: Any) -> Any:
-    """``out`` checked and zeroed on the stream, or a new zeroed array: kernels accumulate into it."""
+def checked_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """``out`` checked (``GpuFunction`` zeroes it when its kernels accumulate), or ``None``."""
     if out is None:
-        return cp.zeros(shape, dtype=dtype)
+        return None
     if not _is_cupy_array(out):
         raise OperandError(f"out= must be a CuPy array, got {type(out).__name__}")
     if out.dtype != dtype:
@@ -191,7 +208,6 @@ def dense_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.d
         raise ShapeError(f"out= has shape {tuple(out.shape)}, but {name} has shape {shape}")
     if not out.flags.c_contiguous:
         raise OperandError("out= must be C-contiguous")
-    out.fill(0)
     return out
 
 
@@ -246,7 +262,7 @@ class CudaKernel:
         formats = {n: args[n].format for n in spec.inputs if spec.is_sparse(n)}
         shapes = self._shapes(args)
         function = self.function(formats, shapes)
-        return function(args, dense_device_output(spec.output, out, shapes[spec.output], spec.dtype, cupy()))
+        return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.dtype))
 
     def specialize(self, shapes: dict[str, tuple[int, ...]]) -> GpuFunction:
         """Compile (or load) the specialization for these input shapes and the declared formats, without a GPU.
@@ -311,7 +327,7 @@ class LoadedCudaKernel:
                 raise ShapeError(f"{sig.name} was exported for {op.name} of shape {op.shape}, "
                                  f"got {tuple(args[op.name].shape)}")
         output = sig.output
-        return self.function(args, dense_device_output(output.name, out, output.shape, output.dtype, cupy()))
+        return self.function(args, checked_device_output(output.name, out, output.shape, output.dtype))
 
     def __repr__(self) -> str:
         return f"LoadedCudaKernel({self.signature.name!r}: {self.signature.expression!r})"
