@@ -17,6 +17,7 @@ compiler process and the disk cache like CPU kernels.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import threading
 from pathlib import Path
@@ -51,6 +52,22 @@ def pick_chip(available: list[str], capability: str) -> str:
     return usable[-1][1]
 
 
+class _ParamBlock:
+    """One launch's parameter words and the array of their addresses that ``cuLaunchKernel`` reads.
+
+    This is the driver call the C launcher makes.  CuPy's
+    ``Function.__call__`` would box each of the ~26 words into an argument
+    object per call; here a call only overwrites the words (the driver copies
+    them before returning, so one block per launch and thread is reused).
+    """
+
+    def __init__(self, count: int):
+        self.words = (ctypes.c_uint64 * count)()
+        base = ctypes.addressof(self.words)
+        self.addresses = (ctypes.c_void_p * count)(*range(base, base + 8 * count, 8))
+        self.pointer = ctypes.addressof(self.addresses)
+
+
 class GpuFunction:
     """A ``GpuProgram`` for one signature, loaded per device on first use.
 
@@ -76,6 +93,9 @@ class GpuFunction:
         self._skew_operand = next((op for op in sig.inputs if op.sparse), None) \
             if any(launch.when for launch in program.launches) else None
         self._implicit: dict[int, Any] = {}  # N:M positions per device
+        self._local = threading.local()  # parameter blocks of this Python thread
+        self._zeroed = {s: program.needs_zeroed_output(s) for s in (False, True)}  # by skew
+        self._aligned = sorted({ref for launch in program.launches for ref in launch.aligned})
 
     def _functions(self, cp: Any) -> list[Any]:
         device = cp.cuda.Device()
@@ -99,7 +119,7 @@ class GpuFunction:
         if self._skew_operand is not None:
             tensor = args[self._skew_operand.name]
             skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, self._skew_operand.shape[0])
-        zero = self.program.needs_zeroed_output(skewed)
+        zero = self._zeroed[skewed]
         if out is None:
             out = (cp.zeros if zero else cp.empty)(self.signature.output.shape, dtype=self.signature.output.dtype)
         elif zero:
@@ -113,20 +133,27 @@ class GpuFunction:
             else:
                 value = args[op.name].buffers[index]
             buffers.append((value.data.ptr, value.size))
-        for launch in self.program.launches:  # before anything is launched
-            for ref in launch.aligned:
-                if buffers[ref][0] % 16:
-                    raise OperandError(f"{self._arguments[ref][0].name} must start on a 16-byte boundary for this "
-                                       f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
+        for ref in self._aligned:  # before anything is launched
+            if buffers[ref][0] % 16:
+                raise OperandError(f"{self._arguments[ref][0].name} must start on a 16-byte boundary for this "
+                                   f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
         scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
         stream = cp.cuda.get_current_stream().ptr
-        for launch, function, packer in zip(self.program.launches, functions, self._packers):
+        blocks = self._param_blocks()
+        for launch, function, packer, block in zip(self.program.launches, functions, self._packers, blocks):
             if launch.runs(skewed):
-                words = np.array(packer(buffers, scratch_ptrs), dtype=np.uint64)
-                _launch(cp, function.ptr, launch.grid_for(lengths), launch.block, launch.shared_bytes, stream, words)
+                block.words[:] = packer(buffers, scratch_ptrs)
+                cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths), *launch.block,
+                                            launch.shared_bytes, stream, block.pointer, 0)
         return out
+
+    def _param_blocks(self) -> list[_ParamBlock]:
+        blocks = getattr(self._local, "blocks", None)
+        if blocks is None:
+            blocks = self._local.blocks = [_ParamBlock(launch.param_count()) for launch in self.program.launches]
+        return blocks
 
     def _positions(self, cp: Any, op: Any) -> Any:
         """The implicit positions ``0, n, 2n, ...`` of an N:M operand, made once per device."""
@@ -138,17 +165,6 @@ class GpuFunction:
             dtype = np.int32 if fmt.pos_width == 32 else np.int64
             found = self._implicit[device] = cp.arange(groups + 1, dtype=dtype) * fmt.levels[-1].n
         return found
-
-
-def _launch(cp: Any, function: int, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int,
-            stream: int, words: np.ndarray) -> None:
-    """``cuLaunchKernel`` with one 64-bit word per parameter: the driver call the C launcher makes.
-
-    CuPy's ``Function.__call__`` would box each of the ~26 words into its own
-    argument object; an array of their addresses is one numpy operation.
-    """
-    addresses = np.arange(words.ctypes.data, words.ctypes.data + 8 * len(words), 8, dtype=np.uint64)
-    cp.cuda.driver.launchKernel(function, *grid, *block, shared, stream, addresses.ctypes.data, 0)
 
 
 def _is_cupy_array(value: Any) -> bool:
