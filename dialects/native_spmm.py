@@ -29,6 +29,8 @@ from .patterns import spmm_operands
 __all__ = ["native_spmm"]
 
 _ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
+ROW_BLOCK = 8  # N:M rows sharing each panel of B
+PANEL_BYTES = 8192  # B's rows per panel: half of a 32 KiB L1 (the rest streams A and C)
 
 
 class _Stream:
@@ -43,8 +45,7 @@ class _Stream:
     def setup(self) -> list[str]:
         """Row bounds (CSR) or the row's first entry (N:M), from ``%i``."""
         if self.nm:
-            return [f"%row_len = arith.constant {self.groups * self.nm.n} : index",
-                    "%base = arith.muli %i, %row_len : index", f"%groups = arith.constant {self.groups} : index"]
+            return ["%base = arith.muli %i, %row_len : index"]
         return ["%i1 = arith.addi %i, %c1 : index",
                 f"%lo_raw = memref.load %pos[%i] : memref<?x{self.pos_t}>",
                 f"%hi_raw = memref.load %pos[%i1] : memref<?x{self.pos_t}>",
@@ -62,7 +63,7 @@ class _Stream:
             body += update(f"%k{tag}", f"%v{tag}", 0)
             return [head, *body, *final, "}"]
         n, m = self.nm.n, self.nm.m
-        head = f"{results} = scf.for %g{tag} = %c0 to %groups step %c1 iter_args({iter_args}) -> ({result_types}) {{"
+        head = f"{results} = scf.for %g{tag} = %glo to %ghi step %c1 iter_args({iter_args}) -> ({result_types}) {{"
         body = [f"%gn{tag} = arith.muli %g{tag}, %c{n}n : index", f"%gp{tag} = arith.addi %base, %gn{tag} : index",
                 f"%gm{tag} = arith.muli %g{tag}, %c{m}m : index"]
         for e in range(n):  # the group's n entries, unrolled: no position loads, no branches
@@ -79,7 +80,40 @@ class _Stream:
             return set()
         return {f"%c{self.nm.n}n = arith.constant {self.nm.n} : index",
                 f"%c{self.nm.m}m = arith.constant {self.nm.m} : index",
+                f"%row_len = arith.constant {self.groups * self.nm.n} : index",
+                f"%groups = arith.constant {self.groups} : index",
                 *(f"%c{e} = arith.constant {e} : index" for e in range(self.nm.n))}
+
+
+def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int) -> list[str]:
+    """The parallel loop running ``row_body`` for every row ``%i``.
+
+    CSR: one parallel iteration per row.  N:M: blocks of ``ROW_BLOCK`` rows,
+    each walked panel by panel (``%glo`` to ``%ghi`` of a row's groups, the
+    ones whose rows of B fit in ``PANEL_BYTES``), so a panel of B is read
+    from L2 once per block instead of once per row; ``%first`` tells the
+    row body whether to start from scratch or from the sums stored in C.
+    Positions are implicit, so a panel's bounds need no search.
+    """
+    if stream.nm is None:
+        return ["scf.parallel (%i) = (%c0) to (%rows) step (%c1) {", *row_body, "scf.reduce", "}"]
+    group_bytes = itemsize * stream.nm.m
+    return [f"%row_block = arith.constant {ROW_BLOCK} : index",
+            f"%panel_budget = arith.constant {PANEL_BYTES} : index",
+            f"%group_bytes = arith.constant {group_bytes} : index",
+            "%b_group = arith.muli %N, %group_bytes : index",  # bytes of B one group of columns reads
+            "%b_group1 = arith.maxui %b_group, %c1 : index",
+            "%panel_fit = arith.divui %panel_budget, %b_group1 : index",
+            "%panel = arith.maxui %panel_fit, %c1 : index",
+            # at least one panel, so that rows without groups still store their zeros (or bias)
+            f"%panels_end = arith.constant {max(stream.groups, 1)} : index",
+            "scf.parallel (%ib) = (%c0) to (%rows) step (%row_block) {",
+            "%ib_end = arith.addi %ib, %row_block : index", "%ie = arith.minui %ib_end, %rows : index",
+            "scf.for %glo = %c0 to %panels_end step %panel {",
+            "%glo_end = arith.addi %glo, %panel : index", "%ghi = arith.minui %glo_end, %groups : index",
+            "%first = arith.cmpi eq, %glo, %c0 : index",
+            "scf.for %i = %ib to %ie step %c1 {", *row_body, "}",
+            "}", "scf.reduce", "}"]
 
 
 def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
@@ -134,6 +168,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
         return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
 
     entries = stream.nm.n if stream.nm else 1  # nonzeros per loop iteration
+    panels = stream.nm is not None  # N:M rows are walked in panels of groups (``_rows_loop``)
 
     def tile_block(tag: str, count: int, start: str, stop: str) -> list[str]:
         """Column tiles of ``count`` vectors from ``start`` to ``stop``: accumulate in registers, store once.
@@ -158,10 +193,18 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
             if bias is not None and bias_dim == 1 else []
         first = {None: lambda u: "%zv", 0: lambda u: "%bias_v"}.get(bias if bias is None else bias_dim,
                                                                      lambda u: f"%{tag}bias{u}")
+        start_from = [first(u) for u in range(count)]
+        if panels:  # later panels continue from the partial sums stored in C
+            tile = ", ".join([vec] * count)
+            init = [f"%{tag}st:{count} = scf.if %first -> ({tile}) {{", *init,
+                    f"scf.yield {', '.join(start_from)} : {tile}", "} else {",
+                    *(f"%{tag}c{u} = vector.load %C[%i, %{tag}j{u}] : memref<?x?x{elt}>, {vec}" for u in range(count)),
+                    f"scf.yield {', '.join(f'%{tag}c{u}' for u in range(count))} : {tile}", "}"]
+            start_from = [f"%{tag}st#{u}" for u in range(count)]
         slots = [(u, s) for u in range(count) for s in range(sets)]
         last = {s: max(e for e in range(entries) if e % sets == s) for s in range(sets)}
         vecs = ", ".join([vec] * len(slots))
-        loop = stream.loop(tag, ", ".join(f"%{tag}a{u}s{s} = {first(u) if s == 0 else '%zv'}" for u, s in slots),
+        loop = stream.loop(tag, ", ".join(f"%{tag}a{u}s{s} = {start_from[u] if s == 0 else '%zv'}" for u, s in slots),
                            vecs, f"%{tag}r:{len(slots)}", update,
                            [f"scf.yield {', '.join(f'%{tag}n{u}e{last[s]}' for u, s in slots)} : {vecs}"])
         totals = []
@@ -181,7 +224,12 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
         return [f"%sb{e} = memref.load %B[{k}, %j] : memref<?x?x{elt}>"] + madd(prev, f"%sb{e}", v, f"%t{e}", elt)
 
     last = (stream.nm.n - 1) if stream.nm else 0
-    scalar_loop = stream.loop("s", f"%acc = {scalar_init[1]}", elt, "%s", scalar_update,
+    scalar_lines, scalar_start = scalar_init
+    if panels:
+        scalar_lines = ["%sst = scf.if %first -> ({elt}) {", *scalar_lines, f"scf.yield {scalar_start} : {elt}",
+                        "} else {", "%sc = memref.load %C[%i, %j] : memref<?x?x{elt}>", "scf.yield %sc : {elt}", "}"]
+        scalar_start = "%sst"
+    scalar_loop = stream.loop("s", f"%acc = {scalar_start}", elt, "%s", scalar_update,
                               [f"scf.yield %t{last} : {elt}"])
     # column tiers: tiles of `accumulators` vectors, then of 2, then of 1 (a short N still gets independent
     # FMA chains), then scalars; each tier starts where the previous one ended
@@ -206,17 +254,10 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
              *tier_lines,
              f"%zero = arith.constant {zero} : {elt}",
              f"%zv = arith.constant dense<{zero}> : {vec}",
-             "scf.parallel (%i) = (%c0) to (%rows) step (%c1) {",
-             *stream.setup(),
-             *row_init,
-             *tier_loops,
-             f"scf.for %j = {start} to %N step %c1 {{",
-             *scalar_init[0],
-             *scalar_loop,
-             f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>",
-             "}",
-             "scf.reduce",
-             "}",
+             *_rows_loop(stream, [*stream.setup(), *row_init, *tier_loops,
+                                  f"scf.for %j = {start} to %N step %c1 {{", *scalar_lines, *scalar_loop,
+                                  f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>", "}"],
+                         spec.dtype.itemsize),
              f"return %C : memref<?x?x{elt}>",
              "}", "}"]
     text = "\n".join(lines).replace("{elt}", elt)

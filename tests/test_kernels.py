@@ -248,3 +248,24 @@ def test_hand_scheduled_kernels_overwrite_a_stale_out_buffer(rng, expr, fmt, n):
     assert got is out
     np.testing.assert_allclose(out, a @ rhs, rtol=1e-5, atol=1e-5)
     assert "llvm.intr.memset" not in kernel.ir["llvm"]
+
+
+@pytest.mark.parametrize("nm", [(2, 4), (1, 4), (3, 8)])
+@pytest.mark.parametrize("n", [3, 37, 128])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_nm_spmm_walks_rows_in_panels_of_b(rng, nm, n, axis):
+    """Wide N:M rows span many panels of B and row blocks: partial sums go through C, an empty row stays zero."""
+    from sparse_mlir.dialects.native_spmm import PANEL_BYTES, ROW_BLOCK
+
+    rows, cols = 3 * ROW_BLOCK + 5, 1024
+    assert cols // nm[1] > PANEL_BYTES // (n * 4 * nm[1])  # more than one panel
+    a = prune_nm(rng.standard_normal((rows, cols)).astype(np.float32), *nm)
+    a[ROW_BLOCK + 2] = 0
+    B = random_values(rng, (cols, n), "float32")
+    bias = random_values(rng, rows if axis == 0 else n, "float32")
+    fmt = f"{nm[0]}:{nm[1]}"
+    A = sm.SparseTensor.from_dense(a, fmt)
+    expr = f"C[i,j] = A[i,k] * B[k,j] + bias[{'ij'[axis]}]"
+    got = sm.compile(expr, formats={"A": fmt}, dtype="float32")(A=A, B=B, bias=bias)
+    ref = a.astype(np.float64) @ B + (bias[:, None] if axis == 0 else bias)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
