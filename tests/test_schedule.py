@@ -44,3 +44,41 @@ def test_einsum_plan_only_for_sums_of_products():
     assert einsum_plan(plan("C[i,j] = A[i,j] + B[i,j]", {"A": "csr", "B": "csr", "C": "csr"})) is None
     with pytest.raises(sm.errors.DSLError):
         sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"}, schedule="fast")
+
+
+def test_matmul_form_recognizes_matrix_products():
+    from sparse_mlir.runtime.schedule import matmul_form
+
+    assert matmul_form("ac,cb->ab") == (False, False, False)
+    assert matmul_form("ca,cb->ab") == (True, False, False)
+    assert matmul_form("ac,bc->ab") == (False, True, False)
+    assert matmul_form("ac,cb->ba") == (False, False, True)
+    assert matmul_form("ab,b->a") == (False, False, False)
+    assert matmul_form("ab,a->b") == (True, False, False)
+    for other in ("abc,cd->abd", "ab,ab->", "ab,bc->abc", "ab,bc,cd->ad", "ab,b->ab"):
+        assert matmul_form(other) is None, other
+
+
+@pytest.mark.parametrize(("expr", "reference"), [
+    ("C[i,j] = A[i,k] * B[k,j] * 2", lambda a, b: 2 * (a @ b)),
+    ("C[i,j] = A[k,i] * B[k,j]", lambda a, b: a.T @ b),
+    ("C[i,j] = B[k,j] * A[i,k]", lambda a, b: a @ b),  # (B.T @ A.T).T: computed as A @ B
+    ("y[i] = B[j] * A[i,j]", lambda a, b: a @ b[:, 0]),  # vector first: einsum
+    ("y[i] = A[i,j] * B[j]", lambda a, b: a @ b[:, 0]),
+    ("y[j] = A[i,j] * B[i]", lambda a, b: a.T @ b[:, 0]),
+])
+def test_dense_fallback_computes_each_product_form(expr, reference):
+    """The fallback runs BLAS (``np.matmul``) on transposed views, into ``out`` when given, checked like a kernel's."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 64)).astype(np.float32) * (rng.random((64, 64)) < 0.9)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    kernel = sm.compile(expr, formats={"A": "csr"}, dtype="float32", schedule="auto")
+    dense_b = b if "B[k,j]" in expr else b[:, 0].copy()
+    args = {"A": sm.SparseTensor.from_dense(a, "csr"), "B": dense_b}
+    want = reference(a, b)
+    np.testing.assert_allclose(kernel._dense(args, None), want, rtol=1e-4, atol=1e-4)
+    out = np.full(want.shape, np.nan, np.float32)
+    assert kernel._dense(args, out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(sm.errors.ShapeError):
+        kernel._dense(args, np.empty((3, 3) if want.ndim == 2 else 3, np.float32))
