@@ -234,8 +234,8 @@ def test_outer_reduction_loops_are_not_threaded(rng, expr, monkeypatch):
     assert "omp.wsloop" not in kernel.ir["sparsified"]
 
 
-@pytest.mark.parametrize("expr,fmt,n", [("C[i,j] = A[i,k] * B[k,j]", "csr", 37), ("C[i,j] = A[i,k] * B[k,j]", "2:4", 37),
-                                        ("y[i] = A[i,j] * x[j]", "csr", None)])
+@pytest.mark.parametrize("expr,fmt,n", [("C[i,j] = A[i,k] * B[k,j]", "csr", 37),
+                                        ("C[i,j] = A[i,k] * B[k,j]", "2:4", 37), ("y[i] = A[i,j] * x[j]", "csr", None)])
 def test_hand_scheduled_kernels_overwrite_a_stale_out_buffer(rng, expr, fmt, n):
     """Their C entry point skips the zero-fill (they store every element), so nothing stale may survive."""
     A, a = sparse_operand(rng, (24, 16), fmt, "float32")

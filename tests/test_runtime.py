@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -265,3 +270,26 @@ def test_out_must_not_overlap_an_operand(spmm, rng):
     B = random_values(rng, (5, 5), "float64")
     with pytest.raises(OperandError, match="overlaps operand B"):
         spmm(A=sm.SparseTensor.from_dense(a, "csr"), B=B, out=B)
+
+
+@pytest.mark.parametrize(("env", "expected"), [({}, "5"), ({"KMP_BLOCKTIME": "0"}, "0")])
+def test_idle_pool_threads_spin_briefly_unless_told(env, expected):
+    """After a threaded call the pool spins a few ms, not the runtime's 200 ms that slowed BLAS calls after it."""
+    script = textwrap.dedent("""
+        import ctypes, numpy as np, scipy.sparse as sp, sparse_mlir as sm
+        from sparse_mlir.runtime import threads
+        if threads.openmp_library() is None:
+            print("no-openmp")
+        else:
+            a = sp.random(3000, 3000, density=0.01, format="csr", random_state=0)
+            sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})(A=a, x=np.ones(3000))
+            get = threads.load_runtime().kmp_get_blocktime
+            get.restype = ctypes.c_int
+            print(get())
+    """)
+    environ = {k: v for k, v in os.environ.items() if k != "KMP_BLOCKTIME"} | env | {"SPARSE_MLIR_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environ)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if out.stdout.strip() == "no-openmp":
+        pytest.skip("no OpenMP runtime")
+    assert out.stdout.strip() == expected

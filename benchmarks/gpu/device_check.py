@@ -154,7 +154,6 @@ def bench_spmv_big() -> None:
         print(f"SpMV {rows}x{cols} nnz {a.nnz / 1e6:.0f}M {'banded' if banded else 'scattered'}: ours "
               f"{ours * 1e3:.3f} ms ({name}), cupyx {lib * 1e3:.3f} ms, {lib / ours:.2f}x, "
               f"{100 * nbytes / ours / HBM_BYTES_PER_S:.0f}% of 4.3 TB/s, max err {err:.1e}")
-        del a, ref, x, got
 
 
 def bench_spmv_skewed() -> None:

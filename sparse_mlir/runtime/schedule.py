@@ -114,8 +114,9 @@ class AutoKernel(Kernel):
         assert self._einsum is not None
         subscripts, names, scale = self._einsum
         operands = [_dense_copy(args[n]) if isinstance(args[n], SparseTensor) else args[n] for n in names]
-        sizes = {c: s for term, op in zip(subscripts.split("->")[0].split(","), operands) for c, s in zip(term, op.shape)}
-        shape = tuple(sizes[c] for c in subscripts.split("->")[1])
+        inputs, output = subscripts.split("->")
+        sizes = {c: s for term, op in zip(inputs.split(","), operands) for c, s in zip(term, op.shape)}
+        shape = tuple(sizes[c] for c in output)
         out = dense_output(self.spec.output, out, shape, self.spec.dtype, args)
         if self._matmul is not None:
             (x, y), (tx, ty, swap) = operands, self._matmul
@@ -131,9 +132,10 @@ class AutoKernel(Kernel):
         return out
 
     def _decide(self, args: dict[str, Any]) -> dict[str, Any]:
-        candidates: dict[str, Callable[[], object]] = {"sparse": lambda: super(AutoKernel, self).__call__(**args)}
-        if self.options.openmp is not None and knobs.num_threads() > 1:
-            candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
+        # dense BLAS is timed first: our OpenMP workers keep spinning on their cores for a while after a
+        # threaded call (KMP_BLOCKTIME, 200 ms by default), and BLAS threads timed inside that window ran up to
+        # 10x slower here, which made sparsity look worth it where it was not
+        candidates: dict[str, Callable[[], object]] = {}
         conversion = 0.0
         if self._einsum is not None:
             start = time.perf_counter()
@@ -142,6 +144,9 @@ class AutoKernel(Kernel):
                     _dense_copy(value)
             conversion = time.perf_counter() - start
             candidates["dense"] = lambda: self._dense(args, None)
+        candidates["sparse"] = lambda: super(AutoKernel, self).__call__(**args)
+        if self.options.openmp is not None and knobs.num_threads() > 1:
+            candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
         times = {name: median_seconds(fn) for name, fn in candidates.items()}
         choice = min(times, key=times.__getitem__)
         return {"choice": choice, "seconds": times, "dense_conversion_seconds": conversion}

@@ -5,7 +5,9 @@ Kernels are lowered through MLIR's OpenMP dialect, which emits calls to the
 ``libiomp5.so`` from PyPI's ``intel-openmp`` (or an LLVM ``libomp.so``
 found on the usual paths).  The thread count is read at call time
 (``SPARSE_MLIR_NUM_THREADS``, ``OMP_NUM_THREADS``, the usable cores) and set
-with ``omp_set_num_threads`` only when it changes for the calling thread.
+with ``omp_set_num_threads`` only when it changes for the calling thread;
+idle pool threads spin ``BLOCKTIME_MS`` before sleeping unless
+``KMP_BLOCKTIME`` is set.
 """
 
 from __future__ import annotations
@@ -62,10 +64,19 @@ def load_runtime() -> ctypes.CDLL:
     return lib
 
 
+# how long pool threads spin for more work after a call before they sleep, unless KMP_BLOCKTIME says otherwise:
+# the runtimes' 200 ms kept a core busy after every call, and numpy's BLAS threads called within that window ran
+# up to 10x slower here (2 cores); a few milliseconds still keep back-to-back kernel calls warm
+BLOCKTIME_MS = 5
+
+
 def set_threads(count: int) -> None:
     """Make the next kernel call on this Python thread use ``count`` threads."""
     if getattr(_local, "count", None) != count:
-        load_runtime().omp_set_num_threads(count)
+        runtime = load_runtime()
+        if not hasattr(_local, "count") and "KMP_BLOCKTIME" not in os.environ and hasattr(runtime, "kmp_set_blocktime"):
+            runtime.kmp_set_blocktime(BLOCKTIME_MS)  # per calling thread, like the thread count
+        runtime.omp_set_num_threads(count)
         _local.count = count
 
 
