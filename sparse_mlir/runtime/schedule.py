@@ -147,7 +147,7 @@ class AutoKernel(Kernel):
         candidates["sparse"] = lambda: super(AutoKernel, self).__call__(**args)
         if self.options.openmp is not None and knobs.num_threads() > 1:
             candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
-        times = {name: median_seconds(fn) for name, fn in candidates.items()}
+        times = {name: median_seconds(fn, 5) for name, fn in candidates.items()}
         choice = min(times, key=times.__getitem__)
         return {"choice": choice, "seconds": times, "dense_conversion_seconds": conversion}
 
