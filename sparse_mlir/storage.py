@@ -139,7 +139,14 @@ def pack(fmt: Format, shape: tuple[int, ...], coords: np.ndarray, values: np.nda
 
 def _fill_groups(parent: np.ndarray, offsets: np.ndarray, counts: np.ndarray, n_groups: int, n: int,
                  m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pad each N:M group to exactly ``n`` sorted offsets; return offsets and each nonzero's slot."""
+    """Pad each N:M group to exactly ``n`` sorted offsets; return offsets and each nonzero's slot.
+
+    ``parent`` is sorted (canonical order), so when every group already
+    holds ``n`` entries (pruned weights without exact zeros) they are the
+    slots in order and nothing needs padding.
+    """
+    if n_groups and counts.min() == n:
+        return offsets.copy(), np.arange(parent.size, dtype=np.int64)
     used = np.zeros((n_groups, m), dtype=bool)
     used[parent, offsets] = True
     # pad with the lowest unused offsets until every group holds n

@@ -50,6 +50,21 @@ def test_nm_round_trip_pads_groups(rng):
     assert (np.diff(offsets, axis=1) > 0).all()
 
 
+def test_nm_full_groups_take_the_unpadded_path_with_the_same_buffers(rng):
+    """Every group full (pruned weights) is packed without padding; one short group pads; both agree."""
+    full = prune_nm(rng.standard_normal((6, 16)).astype(np.float32) + 3, 2, 4)  # no exact zeros kept
+    short = full.copy()
+    short[2, 5] = 0
+    for dense in (full, short):
+        t = sm.SparseTensor.from_dense(dense, "2:4")
+        np.testing.assert_array_equal(t.to_dense(), dense)
+        assert t.nnz == 6 * 16 // 2 and (np.diff(t.buffer("crd2").reshape(-1, 2), axis=1) > 0).all()
+    a, b = (sm.SparseTensor.from_dense(d, "2:4") for d in (full, short))
+    same = np.ones(a.nnz, bool)
+    same[(2 * 4 + 1) * 2:(2 * 4 + 1) * 2 + 2] = False  # the short group's two slots
+    np.testing.assert_array_equal(a.buffer("crd2")[same], b.buffer("crd2")[same])
+
+
 def test_nm_pattern_violation_names_the_group():
     dense = np.zeros((2, 8))
     dense[1, 4:7] = 1.0
