@@ -75,7 +75,7 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     split = not deterministic
     if spec.dtype.kind != "f":
         return None
-    elt = TYPE_NAMES[spec.dtype.name]
+    elt, out = TYPE_NAMES[spec.dtype.name], TYPE_NAMES[spec.output_dtype.name]
     if (found := spmv_operands(spec, formats)) is not None:
         a, x = found
         fmt = formats[a]
@@ -84,17 +84,17 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
         balanced = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)),
                           lanes=LaneRule(ref=args[1].ref, rows=rows), when="balanced" if split else "",
                           fills_output=True)
-        launches, functions = (balanced,), [_spmv_text(elt, fmt, rows, cols)]
+        launches, functions = (balanced,), [_spmv_text(elt, fmt, rows, cols, out)]
         if split:  # skewed rows: fixed chunks of nonzeros per thread, partial row sums added atomically
             chunks = GridRule(ref=args[1].ref, per_block=BLOCK * SPLIT_CHUNK)
             launches += (Launch("spmv_split", chunks, (BLOCK, 1, 1), args, when="skewed"),)
-            functions.append(_spmv_split_text(elt, fmt, rows, cols))
+            functions.append(_spmv_split_text(elt, fmt, rows, cols, out))
         return ir.Module.parse(_module_of(*functions)), launches
     spmm = spmm_operands(spec, formats)
-    if spmm is not None and elt == "f16" and (found := _sparse_tensor_core(spec, formats, shapes, spmm)):
+    if spmm is not None and elt == "f16" and (found := _sparse_tensor_core(spec, formats, shapes, spmm, out)):
         return found
     if elt == "f16" and (gemm := dense_matmul_operands(spec, formats)) is not None:
-        return _dense_tensor_core(spec, shapes, *gemm)
+        return _dense_tensor_core(spec, shapes, *gemm, out)
     if spmm is None or not is_csr(formats[spmm[0]]):
         return None
     a, b, bias, bias_dim = spmm
@@ -105,7 +105,7 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     fmt = formats[a]
     width, per_lane = _spmm_shape(elt, rows, cols)
     tiles = math.ceil(cols / (WARP * width * per_lane))
-    text = _spmm_text(elt, fmt, rows, inner, cols, bias_dim if bias else -1)
+    text = _spmm_text(elt, fmt, rows, inner, cols, bias_dim if bias else -1, out)
     dense = [(b, (inner, cols))] + ([(bias, (rows,) if bias_dim == 0 else (cols,))] if bias else [])
     args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
     aligned = tuple(arg.ref for arg in args[3:]) if width > 1 else ()
@@ -115,7 +115,7 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
 
 
 def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                        spmm: tuple[str, str, str | None, int]) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+                        spmm: tuple[str, str, str | None, int], out: str) -> tuple[ir.Module, tuple[Launch, ...]] | None:
     """The 2:4 Sparse Tensor Core SpMM, for float16 NM(2,4) ``A`` with 8-bit offsets and whole MMA tiles."""
     a, b, bias, _ = spmm
     fmt = formats[a]
@@ -125,7 +125,7 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
             or cols is None or rows % 16 or inner % 32 or cols % 8:
         return None
     per_warp, m_tiles = _tensor_core_tiles(rows, cols)
-    text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0], m_tiles)
+    text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0], m_tiles, out)
     args = tuple(_args(spec, a, (b, (inner, cols)), (spec.output, (rows, cols))))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref),
@@ -139,7 +139,7 @@ def _tensor_core_tiles(rows: int, cols: int) -> tuple[int, int]:
     return (4 if cols % 32 == 0 else 1), (4 if rows % 64 == 0 else 1)
 
 
-def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], a: str, b: str
+def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], a: str, b: str, out: str
                        ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
     """The float16 GEMM on Tensor Cores with the 2:4 kernel's tiling (its dense reference)."""
     rows, inner = shapes[a]
@@ -152,7 +152,7 @@ def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...
             KernelArg("buffer", order.index(spec.output), (rows, cols)))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,), fills_output=True)
-    return ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles)), (launch,)
+    return ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out)), (launch,)
 
 
 def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
@@ -188,7 +188,7 @@ def _row_bounds(pos_t: str, row: str, valid: str) -> list[str]:
             f"%end = arith.select {valid}, %e_idx, %c0 : index"]
 
 
-def _spmv_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
+def _spmv_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> str:
     pos_t, crd_t = _index_types(fmt)
     acc = _accumulator(elt)
     widen_a, a = _convert("%a_w", "%a", elt, acc)
@@ -218,15 +218,15 @@ def _spmv_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
                  f"%add{step} = arith.addf {value}, %other{step} : {acc}",
                  f"%red{step} = arith.select %inside{step}, %add{step}, {value} : {acc}"]
         value = f"%red{step}"
-    narrow, value = _convert("%y_value", value, acc, elt)
+    narrow, value = _convert("%y_value", value, acc, out)
     body += [*narrow, "%leader = arith.cmpi eq, %lane, %c0 : index", "%write = arith.andi %valid, %leader : i1",
-             "scf.if %write {", f"  memref.store {value}, %y[%row] : {_memref((rows,), elt)}", "}", "gpu.return"]
+             "scf.if %write {", f"  memref.store {value}, %y[%row] : {_memref((rows,), out)}", "}", "gpu.return"]
     params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
-              f"%x: {_memref((cols,), elt)}, %y: {_memref((rows,), elt)}, %lanes: index")
+              f"%x: {_memref((cols,), elt)}, %y: {_memref((rows,), out)}, %lanes: index")
     return _function("spmv", params, body)
 
 
-def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
+def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> str:
     """SpMV over fixed chunks of nonzeros: balanced whatever the row lengths (the merge-path idea, per thread).
 
     Thread ``t`` takes nonzeros ``[16 t, 16 t + 16)``, finds the row of its
@@ -238,7 +238,7 @@ def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
     acc = _accumulator(elt)
     widen_a, a = _convert("%a_w", "%a", elt, acc)
     widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
-    y_t = _memref((rows,), elt)
+    y_t = _memref((rows,), out)
 
     def pos(name: str, at: str) -> list[str]:
         return [f"{name}_raw = memref.load %pos[{at}] : memref<?x{pos_t}>",
@@ -246,8 +246,8 @@ def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int) -> str:
 
     def flush(tag: str, value: str, row: str) -> list[str]:
         """Add a row's partial sum ``value`` to ``y[row]`` atomically."""
-        narrow, out = _convert(f"%{tag}_out", value, acc, elt)
-        return [*narrow, f"%{tag}_old = memref.atomic_rmw addf {out}, %y[{row}] : ({elt}, {y_t}) -> {elt}"]
+        narrow, total = _convert(f"%{tag}_out", value, acc, out)
+        return [*narrow, f"%{tag}_old = memref.atomic_rmw addf {total}, %y[{row}] : ({out}, {y_t}) -> {out}"]
 
     body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index", "%c2 = arith.constant 2 : index",
             f"%rows = arith.constant {rows} : index", f"%chunk = arith.constant {SPLIT_CHUNK} : index",
@@ -318,16 +318,16 @@ def _spmm_shape(elt: str, rows: int, cols: int) -> tuple[int, int]:
     return width, 1 if rows < FEW_ROWS else max(1, min(_TILE, math.ceil(cols / (WARP * width))))
 
 
-def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int) -> str:
+def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int, out: str) -> str:
     pos_t, crd_t = _index_types(fmt)
     width, per_lane = _spmm_shape(elt, rows, cols)
-    b_t, c_t = _memref((inner, cols), elt), _memref((rows, cols), elt)
+    b_t, c_t = _memref((inner, cols), elt), _memref((rows, cols), out)
     acc = _accumulator(elt)
 
     def typed(element: str) -> str:
         return element if width == 1 else f"vector<{width}x{element}>"
 
-    vec, acc_t = typed(elt), typed(acc)
+    vec, acc_t, out_t = typed(elt), typed(acc), typed(out)
 
     def load(name: str, buffer: str, index: str, memref: str) -> list[str]:
         """``name`` = the data at ``index``, widened to the accumulator type."""
@@ -383,9 +383,9 @@ def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim
                  f"  %n{t} = math.fma {a}, %b{t}, %acc{t} : {acc_t}"]
     body += [f"  scf.yield {', '.join(f'%n{t}' for t in range(per_lane))} : {types}", "}"]
     for t in range(per_lane):
-        narrow, value = _convert(f"%out{t}", f"%sums#{t}", acc_t, vec)
+        narrow, value = _convert(f"%out{t}", f"%sums#{t}", acc_t, out_t)
         store = (f"  memref.store {value}, %c[%row, %col{t}] : {c_t}" if width == 1 else
-                 f"  vector.store {value}, %c[%row, %col{t}] {{alignment = 16}} : {c_t}, {vec}")
+                 f"  vector.store {value}, %c[%row, %col{t}] {{alignment = 16}} : {c_t}, {out_t}")
         body += [*narrow, f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{", store, "}"]
     body.append("gpu.return")
     bias = "" if bias_dim < 0 else f"%bias: {_memref((rows,) if bias_dim == 0 else (cols,), elt)}, "
@@ -398,12 +398,13 @@ _ACC = "vector<2x2xf32>"  # an m16n8 MMA's float32 accumulator fragment
 _FRAG = "vector<4x2xf16>"
 
 
-def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str | None, m_tiles: int = 1) -> str:
+def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str | None, m_tiles: int,
+                      out_elt: str) -> str:
     """SpMM on Sparse Tensor Cores (``pos_t`` given: 2:4 ``A``) or GEMM on Tensor Cores (dense ``A``), same tiling.
 
     A warp owns ``m_tiles`` tiles of 16 rows and ``per_warp`` tiles of 8
-    columns and walks K in steps of 32; float16 in, float32 sums, float16
-    out.  Each B fragment is loaded once per step and used by all the
+    columns and walks K in steps of 32; float16 in, float32 sums,
+    ``out_elt`` (float16, or float32 with ``out_dtype``) out.  Each B fragment is loaded once per step and used by all the
     warp's row tiles, each A fragment by all its column tiles.  Per step,
     row tile and column tile the 2:4 kernel issues one
     ``nvgpu.mma.sp.sync`` m16n8k32, the dense one two ``nvgpu.mma.sync``
@@ -417,7 +418,8 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
     """
     sparse = pos_t is not None
     stored = inner // 2
-    c_t, b_t, a_t = (_memref((rows, cols), "f16"), _memref((inner, cols), "f16"), _memref((rows, inner), "f16"))
+    c_t, b_t, a_t = (_memref((rows, cols), out_elt), _memref((inner, cols), "f16"), _memref((rows, inner), "f16"))
+    c_pair = f"vector<2x{out_elt}>"  # two neighbouring columns of C per lane and row
     body = [*(f"%c{c} = arith.constant {c} : index" for c in (0, 1, 2, 4, 8, 16, 32)),
             f"%rows = arith.constant {rows} : index", f"%stored = arith.constant {stored} : index",
             f"%steps = arith.constant {inner // 32} : index", f"%warps = arith.constant {BLOCK // WARP} : index",
@@ -539,9 +541,10 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
     for slot, (mi, t) in enumerate(slots):
         for r in range(2):
             tag = f"{mi}_{t}_{r}"
-            body += [f"%o{tag} = vector.extract %sums#{slot}[{r}] : vector<2xf32> from {_ACC}",
-                     f"%h{tag} = arith.truncf %o{tag} : vector<2xf32> to vector<2xf16>",
-                     f"vector.store %h{tag}, %c[%r{r}_{mi}, %ccol{t}] {{alignment = 4}} : {c_t}, vector<2xf16>"]
+            narrow, value = _convert(f"%h{tag}", f"%o{tag}", "vector<2xf32>", c_pair)
+            body += [f"%o{tag} = vector.extract %sums#{slot}[{r}] : vector<2xf32> from {_ACC}", *narrow,
+                     f"vector.store {value}, %c[%r{r}_{mi}, %ccol{t}] {{alignment = {2 * _BYTES[out_elt]}}} : {c_t}, "
+                     f"{c_pair}"]
     body += ["}", "gpu.return"]
     if sparse:
         return _module("spmm_2to4", f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, "

@@ -25,8 +25,9 @@ _kernels: dict[tuple, Kernel] = {}
 _lock = threading.Lock()
 
 
-def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",
-            target: str = "cpu", schedule: str = "default", deterministic: bool = False) -> Kernel | CudaKernel:  # noqa: A001 - as in re.compile
+def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",  # noqa: A001 - as in re.compile
+            target: str = "cpu", schedule: str = "default", deterministic: bool = False,
+            out_dtype: Any = None) -> Kernel | CudaKernel:
     """Compile tensor index notation to a native kernel.
 
     ``formats`` maps tensor names to formats (``sm.CSR`` or ``"csr"``);
@@ -39,7 +40,9 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     compiles to PTX without a GPU or CuPy (``CudaKernel.function``), and
     raises ``DeviceError`` only when asked to run without them.
     ``deterministic=True`` keeps results bit-identical from run to run on
-    the GPU (no atomic additions); CPU kernels always are.
+    the GPU (no atomic additions); CPU kernels always are.  Results have the
+    kernel's ``dtype``; ``out_dtype="float32"`` keeps a float16 kernel's
+    float32 sums instead of rounding them to float16.
     """
     if schedule not in ("default", "auto"):
         raise DSLError(f"schedule must be 'default' or 'auto', got {schedule!r}")
@@ -47,7 +50,7 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
         raise DeviceError(f"unknown target {target!r}; targets: cpu, cuda")
     if formats is not None and not isinstance(formats, dict):
         raise DSLError(f"formats must be a dict of tensor name to format, got {type(formats).__name__}")
-    spec = plan(expression, formats, dtype)
+    spec = plan(expression, formats, dtype, out_dtype)
     if spec.dtype == np.float16 and target != "cuda":
         raise DTypeError("float16 kernels run on target='cuda' (accumulating in float32); on the CPU use float32")
     make: Callable[[], Kernel | CudaKernel]

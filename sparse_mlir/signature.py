@@ -111,7 +111,8 @@ class Signature:
     @classmethod
     def from_spec(cls, spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                   name: str) -> Signature:
-        operands = tuple(OperandABI(t, t == spec.output, spec.dtype, tuple(shapes[t]), spec.operand_index(t),
+        operands = tuple(OperandABI(t, t == spec.output, spec.output_dtype if t == spec.output else spec.dtype,
+                                    tuple(shapes[t]), spec.operand_index(t),
                                     formats.get(t, spec.formats.get(t))) for t in (*spec.inputs, spec.output))
         return cls(name, spec.expression, operands)
 

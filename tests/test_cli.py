@@ -43,6 +43,11 @@ def test_show_and_export_for_the_gpu(tmp_path):
     out = cli("export", "y[i] = A[i,j] * x[j]", "--format", "A=csr", "--target", "cuda", "--dtype", "float32",
               "--shape", "A=100x50", "--shape", "x=50", "--name", "spmv", "-o", str(tmp_path)).stdout
     assert "manifest" in out and (tmp_path / "spmv.sm_90.ptx").is_file()
+    cli("export", "y[i] = A[i,j] * x[j]", "--format", "A=csr", "--target", "cuda", "--dtype", "float16",
+        "--out-dtype", "float32", "--shape", "A=100x50", "--shape", "x=50", "--name", "wide", "-o", str(tmp_path))
+    manifest = json.loads((tmp_path / "wide.json").read_text())
+    assert [op["dtype"] for op in manifest["signature"]["operands"]] == ["float16", "float16", "float32"]
+    assert "cuMemsetD8Async(y, 0, 400, stream)" in (tmp_path / "wide.h").read_text()  # 100 float32 sums
 
 
 def test_show_without_shapes_prints_the_generic_module():

@@ -189,14 +189,14 @@ except DeviceError as exc:
 
 # -- emulated on the CPU: the kernels and launch records that become PTX, run thread by thread -----------------
 def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", dtype: str = "float64",
-             skewed: bool = False):
+             skewed: bool = False, out_dtype: str | None = None):
     """Run the GPU program of ``expr`` on dense operands (``A`` converted to ``fmt``) through ``gpu_emulation``."""
     from sparse_mlir import worker
     from sparse_mlir.compiler import specialize
     from sparse_mlir.runtime.library import NativeFunction
     from sparse_mlir.signature import Signature
 
-    spec = sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda").spec
+    spec = sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda", out_dtype=out_dtype).spec
     args = {n: sm.SparseTensor.from_dense(v, fmt) if n == "A" else v for n, v in dense.items()}
     formats = {"A": args["A"].format}  # index widths as the data needs, as the runtime specializes
     extents = {}
@@ -206,9 +206,9 @@ def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", 
     shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
     special = specialize(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "emulated")
-    path = tmp_path / f"emulated_{emitter}_{fmt.replace(':', '_')}_{skewed}.so"
+    path = tmp_path / f"emulated_{emitter}_{fmt.replace(':', '_')}_{skewed}_{out_dtype}.so"
     worker.call("build_gpu_emulation", special, shapes, sig, path, emitter, skewed)
-    out = np.full(shapes[spec.output], np.nan, dtype=dtype)  # kernels that skip zeroing must store everything
+    out = np.full(shapes[spec.output], np.nan, dtype=spec.output_dtype)  # kernels that skip zeroing store it all
     return NativeFunction(path, sig)(args, out, out.shape), spec
 
 
@@ -330,6 +330,21 @@ def test_calls_pack_device_pointers_and_zero_only_outputs_kernels_accumulate_int
     assert not sparsified(A=csc, B=B, b=bias, out=stale).host.any()  # its loops accumulate: zeroed first
 
 
+def test_out_dtype_results_are_float32_arrays_and_out_is_checked_against_it(monkeypatch):
+    import fake_cupy
+
+    fake_cupy.install(monkeypatch)
+    kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float16", target="cuda",
+                        out_dtype="float32")
+    a = sm.SparseTensor.from_dense(np.eye(8, dtype=np.float16), "csr").to("cuda")
+    x = fake_cupy.device(np.ones(8, np.float16))
+    assert kernel(A=a, x=x).dtype == np.float32
+    with pytest.raises(sm.errors.DTypeError, match="output dtype is float32"):
+        kernel(A=a, x=x, out=fake_cupy.device(np.zeros(8, np.float16)))
+    with pytest.raises(sm.errors.DTypeError, match="operand x has dtype float32"):
+        kernel(A=a, x=fake_cupy.device(np.ones(8, np.float32)))
+
+
 def test_exported_kernels_load_cubins_and_size_the_grid_from_nnz(monkeypatch, tmp_path):
     import fake_cupy
 
@@ -424,6 +439,55 @@ def test_float16_dense_gemm_runs_on_tensor_cores_with_the_same_tiling(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize(("expr", "cols", "skewed"), [("C[i,j] = A[i,k]*B[k,j] + b[j]", 64, False),
+                                                      ("C[i,j] = A[i,k]*B[k,j] + b[j]", 70, False),
+                                                      ("y[i] = A[i,j]*x[j]", None, True)])
+def test_float16_kernels_keep_their_float32_sums_with_out_dtype(expr, cols, skewed, tmp_path):
+    """``out_dtype="float32"``: the same float32 sums, stored without the final rounding to float16."""
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal((300, 40)) * (rng.random((300, 40)) < 0.3)).astype(np.float16)
+    if skewed:
+        a[7] = rng.standard_normal(40)  # a long row among short ones, for the row-splitting kernel
+        dense = {"A": a, "x": rng.standard_normal(40).astype(np.float16)}
+        ref = a.astype(np.float64) @ dense["x"]
+    else:
+        dense = {"A": a, "B": rng.standard_normal((40, cols)).astype(np.float16),
+                 "b": rng.standard_normal(cols).astype(np.float16)}
+        ref = a.astype(np.float64) @ dense["B"] + dense["b"]
+    got, spec = _emulate(expr, "csr", dense, tmp_path, dtype="float16", skewed=skewed, out_dtype="float32")
+    assert got.dtype == np.float32 and spec.output_dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())  # float16 would be ~1e-3
+
+
+@pytest.mark.parametrize("fmt", ["2:4", "dense"])
+def test_tensor_core_kernels_store_float32_with_out_dtype(fmt, tmp_path):
+    tool = _ptxas()
+    formats = {"A": "2:4"} if fmt == "2:4" else {}
+    kernel = sm.compile("C[i,j] = A[i,k]*B[k,j]", formats=formats, dtype="float16", target="cuda",
+                        out_dtype="float32")
+    function = kernel.function({"A": sm.NM(2, 4)} if formats else {}, {"A": (64, 128), "B": (128, 96),
+                                                                       "C": (64, 96)})
+    assert function.signature.output.dtype == np.float32 and "out_dtype=float32" in repr(kernel)
+    ptx = function.program.ptx["sm_90"]
+    assert re.search(r"st\.global\.v2\.[bf]32", ptx) and "cvt.rn.f16.f32" not in ptx  # float32 pairs, unrounded
+    (tmp_path / "k.ptx").write_text(ptx)
+    done = subprocess.run([tool, "-arch=sm_90", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_out_dtype_is_only_for_float16_sums():
+    from sparse_mlir.errors import DTypeError
+
+    with pytest.raises(DTypeError, match="float16 kernels may write their float32 sums"):
+        sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", out_dtype="float64")
+    with pytest.raises(DTypeError, match="float16 kernels run on target='cuda'"):
+        sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float16", out_dtype="float32")
+    same = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", out_dtype="float32")
+    assert same.spec.out_dtype is None and same is sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"},
+                                                              dtype="float32")
+
+
 def test_float16_is_a_gpu_dtype():
     from sparse_mlir.errors import DTypeError
 
@@ -443,9 +507,9 @@ def test_the_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
                           str(bundle)], capture_output=True, text=True, env=env, cwd=root)
     assert run.returncode == 1, run.stderr  # the stand-in's launches compute nothing: every check reports FAIL
     results = json.loads((tmp_path / "gpu_results.json").read_text())
-    assert len(results["checks"]) == 30 and not any(str(v).startswith("failed") for v in results["bench"].values())
-    assert {"spmv_50M", "spmv_skewed", "spmm_4096_90", "dlmc_geomean_vs_cusparse", "tensor_core_8192",
-            "launch_overhead_us"} <= results["bench"].keys()
+    assert len(results["checks"]) == 34 and not any(str(v).startswith("failed") for v in results["bench"].values())
+    assert {"spmv_50M", "spmv_50M_banded", "spmv_skewed", "spmm_4096_90", "dlmc_geomean_vs_cusparse",
+            "tensor_core_8192", "launch_overhead_us"} <= results["bench"].keys()
 
 
 LAUNCHERS = [("y[i] = A[i,j]*x[j]", "csr", {"A": (100, 50), "x": (50,)}),  # lanes picked from nnz in C

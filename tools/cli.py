@@ -32,10 +32,14 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
         raise SparseMLIRError(f"--shape sizes are written like A=4096x4096: {exc}") from exc
 
 
+def _compile(args: argparse.Namespace) -> Any:
+    return sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
+                      target=args.target, out_dtype=args.out_dtype)
+
+
 def _specialize(args: argparse.Namespace) -> Any:
     """Compile the expression and, when shapes are given, specialize it (on the CPU: run it on empty operands)."""
-    kernel = sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
-                        target=args.target)
+    kernel = _compile(args)
     shapes = _shapes(args.shape)
     if not shapes:
         return kernel
@@ -59,8 +63,7 @@ def _specialize(args: argparse.Namespace) -> Any:
 
 def cmd_export(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    kernel = sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
-                        target=args.target)
+    kernel = _compile(args)
     paths = sm.export(kernel, args.output, args.name, shapes=_shapes(args.shape), cpu=args.cpu, threads=args.threads)
     for kind, path in paths.items():
         print(f"{kind:<9} {path}")
@@ -193,6 +196,8 @@ def _kernel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", action="append", default=[], metavar="NAME=FMT",
                    help="storage format of an operand: csr, csc, coo, dcsr, csf, bsr2x2, 2:4, ds:1,0 ...")
     p.add_argument("--dtype", default="float64", choices=["float16", "float32", "float64", "int32", "int64"])
+    p.add_argument("--out-dtype", default=None, choices=["float32"],
+                   help="result dtype of a float16 kernel: its float32 sums instead of float16")
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--shape", action="append", default=[], metavar="NAME=RxC",
                    help="operand shape, e.g. A=4096x4096 (sparse shapes are compiled in)")

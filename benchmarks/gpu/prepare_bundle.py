@@ -54,8 +54,10 @@ def smtx_shape(path: Path) -> tuple[int, int]:
     return rows, cols
 
 
-def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes: dict, emitter: str = "auto") -> str:
-    kernel = sm.compile(EXPRESSIONS[kind], formats={"A": fmt} if fmt else {}, dtype=dtype, target="cuda")
+def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes: dict, emitter: str = "auto",
+           out_dtype: str | None = None) -> str:
+    kernel = sm.compile(EXPRESSIONS[kind], formats={"A": fmt} if fmt else {}, dtype=dtype, target="cuda",
+                        out_dtype=out_dtype)
     if emitter != "auto":
         from sparse_mlir.runtime.cuda import CudaKernel
 
@@ -84,12 +86,16 @@ def main() -> None:
                 name = f"check_{kind}_{fmt.replace(':', 'of')}_{dtype}"
                 plan["check"].append({"name": export(out, name, kind, fmt, dtype, shapes), "kind": kind,
                                       "format": fmt, "dtype": dtype})
-    # float16: CSR kernels summing in float32, 2:4 on Sparse Tensor Cores, the dense Tensor Core GEMM
+    # float16: CSR kernels summing in float32, 2:4 on Sparse Tensor Cores, the dense Tensor Core GEMM; each also
+    # keeping its float32 sums (out_dtype)
     for kind, fmt in (("spmv", "csr"), ("spmm", "csr"), ("spmm", "2:4"), ("spmm", None)):
-        name = f"check_{kind}_{(fmt or 'dense').replace(':', 'of')}_float16"
-        shapes = {"A": (96, 64), "B": (64, 40)} if kind == "spmm" else CHECK_SHAPES["spmv"]
-        plan["check"].append({"name": export(out, name, kind, fmt, "float16", shapes), "kind": kind,
-                              "format": fmt or "dense", "dtype": "float16"})
+        for out_dtype in ("float16", "float32"):
+            name = f"check_{kind}_{(fmt or 'dense').replace(':', 'of')}_float16" + \
+                ("_to_float32" if out_dtype == "float32" else "")
+            shapes = {"A": (96, 64), "B": (64, 40)} if kind == "spmm" else CHECK_SHAPES["spmv"]
+            plan["check"].append({"name": export(out, name, kind, fmt, "float16", shapes, out_dtype=out_dtype),
+                                  "kind": kind, "format": fmt or "dense", "dtype": "float16",
+                                  "out_dtype": out_dtype})
     n = tensor_core
     plan["tensor_core"] = [export(out, "tc_2of4", "spmm", "2:4", "float16", {"A": (n, n), "B": (n, n)}),
                            export(out, "tc_dense", "spmm", None, "float16", {"A": (n, n), "B": (n, n)})]

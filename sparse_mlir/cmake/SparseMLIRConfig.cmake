@@ -5,7 +5,7 @@
 #       EXPR "C[i,j] = A[i,k] * B[k,j]"
 #       FORMATS A=csr [B=...]
 #       SHAPES A=4096x4096 [...]          # every sparse operand: the sparse ABI is shape-specialized
-#       [DTYPE float32] [TARGET cpu] [CPU x86-64-v2] [THREADS])
+#       [DTYPE float32] [OUT_DTYPE float32] [TARGET cpu] [CPU x86-64-v2] [THREADS])
 #
 # generates the kernel at build time (like Halide's add_halide_library) and
 # makes <name> a static library target: link it, include "<name>.h", call
@@ -31,7 +31,7 @@ execute_process(COMMAND "${SPARSE_MLIR_EXECUTABLE}" info --openmp-library
                 OUTPUT_VARIABLE SPARSE_MLIR_OPENMP_LIBRARY OUTPUT_STRIP_TRAILING_WHITESPACE)
 
 function(sparse_mlir_add_kernel name)
-  cmake_parse_arguments(PARSE_ARGV 1 ARG "THREADS" "EXPR;DTYPE;TARGET;CPU" "FORMATS;SHAPES")
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "THREADS" "EXPR;DTYPE;OUT_DTYPE;TARGET;CPU" "FORMATS;SHAPES")
   if(NOT ARG_EXPR)
     message(FATAL_ERROR "sparse_mlir_add_kernel(${name}): EXPR is required")
   endif()
@@ -51,6 +51,9 @@ function(sparse_mlir_add_kernel name)
   foreach(item IN LISTS ARG_SHAPES)
     list(APPEND flags --shape "${item}")
   endforeach()
+  if(ARG_OUT_DTYPE)  # a float16 kernel's float32 sums as its result
+    list(APPEND flags --out-dtype "${ARG_OUT_DTYPE}")
+  endif()
   if(ARG_THREADS)
     if(NOT SPARSE_MLIR_OPENMP_LIBRARY)
       message(FATAL_ERROR "sparse_mlir_add_kernel(${name} THREADS): no OpenMP runtime (pip install intel-openmp)")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from ..errors import DSLError
+from ..errors import DSLError, DTypeError
 from ..formats import Dense, Format, as_format
 from ..tensor import check_dtype
 from .ast import Access, Assignment, Binary, Call, Expr, Literal, Reduce, Unary
@@ -69,6 +70,11 @@ class KernelSpec:
     dtype: np.dtype
     stages: tuple[Stage, ...]
     temporaries: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    out_dtype: np.dtype | None = None  # the result's dtype when it differs from ``dtype`` (float16 -> float32)
+
+    @property
+    def output_dtype(self) -> np.dtype:
+        return self.out_dtype if self.out_dtype is not None else self.dtype
 
     def is_sparse(self, name: str) -> bool:
         return not self.formats.get(name, Dense).is_dense
@@ -145,13 +151,23 @@ class KernelSpec:
         return replace(self, stages=stages, temporaries=temps)
 
     def key(self) -> tuple:
-        return (self.expression, tuple(sorted((n, f) for n, f in self.formats.items())), str(self.dtype))
+        return (self.expression, tuple(sorted((n, f) for n, f in self.formats.items())), str(self.dtype),
+                str(self.output_dtype))
 
 
-def plan(expression: str, formats: dict[str, Format | str] | None = None, dtype: str = "float64") -> KernelSpec:
-    """Parse ``expression`` and check it against ``formats`` and ``dtype``."""
+def plan(expression: str, formats: dict[str, Format | str] | None = None, dtype: str = "float64",
+         out_dtype: Any = None) -> KernelSpec:
+    """Parse ``expression`` and check it against ``formats``, ``dtype`` and ``out_dtype`` (default: ``dtype``).
+
+    Results are written in the kernel's dtype; a float16 kernel, which sums
+    in float32, may keep those sums (``out_dtype="float32"``).
+    """
     tree = parse(expression)
     dt = check_dtype(dtype, "kernel dtype")
+    out_dt = check_dtype(out_dtype, "out_dtype") if out_dtype is not None else dt
+    if out_dt != dt and (dt, out_dt) != (np.dtype(np.float16), np.dtype(np.float32)):
+        raise DTypeError(f"out_dtype {out_dt} with kernel dtype {dt}: results are written in the kernel's dtype, "
+                         f"except that float16 kernels may write their float32 sums (out_dtype='float32')")
     ranks = _ranks(tree, expression)
     inputs = tuple(r for r in ranks if r != tree.output.tensor)
     fmts: dict[str, Format] = {}
@@ -182,7 +198,8 @@ def plan(expression: str, formats: dict[str, Format | str] | None = None, dtype:
     if out.tensor not in spec_formats:
         stages, temps = _contiguous_layouts(stages, temps, set(spec_formats), out.tensor)
     return KernelSpec(expression=" ".join(expression.split()), output=out.tensor, output_indices=out.index,
-                      inputs=inputs, ranks=ranks, formats=spec_formats, dtype=dt, stages=stages, temporaries=temps)
+                      inputs=inputs, ranks=ranks, formats=spec_formats, dtype=dt, stages=stages, temporaries=temps,
+                      out_dtype=out_dt if out_dt != dt else None)
 
 
 def _rename(node: Expr, mapping: dict[Access, Access]) -> Expr:

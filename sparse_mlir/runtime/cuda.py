@@ -219,7 +219,7 @@ def checked_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np
     if not _is_cupy_array(out):
         raise OperandError(f"out= must be a CuPy array, got {type(out).__name__}")
     if out.dtype != dtype:
-        raise DTypeError(f"out= has dtype {out.dtype}, the kernel's dtype is {dtype}")
+        raise DTypeError(f"out= has dtype {out.dtype}, the kernel's output dtype is {dtype}")
     if tuple(out.shape) != shape:
         raise ShapeError(f"out= has shape {tuple(out.shape)}, but {name} has shape {shape}")
     if not out.flags.c_contiguous:
@@ -257,7 +257,8 @@ class CudaKernel:
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{k}={v}" for k, v in self.spec.formats.items())
-        return f"CudaKernel({self.spec.expression!r}, formats={{{fmts}}}, dtype={self.spec.dtype})"
+        out = f", out_dtype={self.spec.out_dtype}" if self.spec.out_dtype is not None else ""
+        return f"CudaKernel({self.spec.expression!r}, formats={{{fmts}}}, dtype={self.spec.dtype}{out})"
 
     @property
     def compiled(self) -> bool:
@@ -278,7 +279,7 @@ class CudaKernel:
         formats = {n: args[n].format for n in spec.inputs if spec.is_sparse(n)}
         shapes = self._shapes(args)
         function = self.function(formats, shapes)
-        return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.dtype))
+        return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.output_dtype))
 
     def specialize(self, shapes: dict[str, tuple[int, ...]]) -> GpuFunction:
         """Compile (or load) the specialization for these input shapes and the declared formats, without a GPU.
@@ -337,7 +338,7 @@ class LoadedCudaKernel:
 
     def __call__(self, out: Any = None, **operands: Any) -> Any:
         sig = self.signature
-        args = device_operands(sig.expression, self._inputs, operands, sig.output.dtype)
+        args = device_operands(sig.expression, self._inputs, operands, sig.inputs[0].dtype)
         for op in sig.inputs:
             if tuple(args[op.name].shape) != op.shape:
                 raise ShapeError(f"{sig.name} was exported for {op.name} of shape {op.shape}, "
