@@ -115,7 +115,8 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
 
 
 def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                        spmm: tuple[str, str, str | None, int], out: str) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+                        spmm: tuple[str, str, str | None, int], out: str
+                        ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
     """The 2:4 Sparse Tensor Core SpMM, for float16 NM(2,4) ``A`` with 8-bit offsets and whole MMA tiles."""
     a, b, bias, _ = spmm
     fmt = formats[a]
@@ -404,8 +405,9 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
 
     A warp owns ``m_tiles`` tiles of 16 rows and ``per_warp`` tiles of 8
     columns and walks K in steps of 32; float16 in, float32 sums,
-    ``out_elt`` (float16, or float32 with ``out_dtype``) out.  Each B fragment is loaded once per step and used by all the
-    warp's row tiles, each A fragment by all its column tiles.  Per step,
+    ``out_elt`` (float16, or float32 with ``out_dtype``) out.  Each B
+    fragment is loaded once per step and used by all the warp's row tiles,
+    each A fragment by all its column tiles.  Per step,
     row tile and column tile the 2:4 kernel issues one
     ``nvgpu.mma.sp.sync`` m16n8k32, the dense one two ``nvgpu.mma.sync``
     m16n8k16, so the pair isolates what sparsity gains.  Fragment layouts
