@@ -148,7 +148,7 @@ def build(capability: str = "90") -> tuple[types.ModuleType, dict[str, types.Mod
         Device=lambda: types.SimpleNamespace(id=0, compute_capability=capability, synchronize=lambda: None),
         Event=_Event, get_elapsed_time=lambda start, stop: (stop.time - start.time) * 1e3, driver=driver,
         get_current_stream=lambda: types.SimpleNamespace(ptr=0),
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError,
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError, free=lambda ptr: None,
                                       getDeviceProperties=lambda i: {"name": b"stand-in"}))
     cp.asarray = lambda a, dtype=None: device(np.asarray(a, dtype))
     cp.random = types.SimpleNamespace(

@@ -141,7 +141,7 @@ class GpuFunction:
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
         stream = cp.cuda.get_current_stream().ptr
-        blocks = self._param_blocks()
+        blocks = self._param_blocks(cp)
         for launch, function, packer, block in zip(self.program.launches, functions, self._packers, blocks):
             if launch.runs(skewed):
                 block.words[:] = packer(buffers, scratch_ptrs)
@@ -149,9 +149,12 @@ class GpuFunction:
                                             launch.shared_bytes, stream, block.pointer, 0)
         return out
 
-    def _param_blocks(self) -> list[_ParamBlock]:
+    def _param_blocks(self, cp: Any) -> list[_ParamBlock]:
         blocks = getattr(self._local, "blocks", None)
         if blocks is None:
+            # a driver-API launch needs a current context, which a fresh Python thread gets only from a runtime
+            # call (CuPy's own launches make one too); cudaFree(0) is the documented no-op that does it
+            cp.cuda.runtime.free(0)
             blocks = self._local.blocks = [_ParamBlock(launch.param_count()) for launch in self.program.launches]
         return blocks
 
