@@ -119,11 +119,9 @@ class GpuFunction:
         if self._skew_operand is not None:
             tensor = args[self._skew_operand.name]
             skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, self._skew_operand.shape[0])
-        zero = self._zeroed[skewed]
-        if out is None:
+        zero, given = self._zeroed[skewed], out is not None
+        if not given:
             out = (cp.zeros if zero else cp.empty)(self.signature.output.shape, dtype=self.signature.output.dtype)
-        elif zero:
-            out.fill(0)
         buffers: list[tuple[int, int]] = []
         for op, index in self._sources:
             if index == -1:
@@ -137,6 +135,8 @@ class GpuFunction:
             if buffers[ref][0] % 16:
                 raise OperandError(f"{self._arguments[ref][0].name} must start on a 16-byte boundary for this "
                                    f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
+        if zero and given:  # after the checks: a refused call leaves the caller's array as it was
+            out.fill(0)
         scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
