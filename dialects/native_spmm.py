@@ -27,9 +27,9 @@ from sparse_mlir.formats import Format
 
 from .encoding import TYPE_NAMES
 from .kernel import FILLS_OUTPUT, KERNEL_NAME
-from .patterns import spmm_operands
+from .patterns import is_csr, spmm_operands
 
-__all__ = ["native_spmm"]
+__all__ = ["native_spmm", "multiply_add"]
 
 _ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
 # N:M rows sharing each panel of B: more rows reuse a panel more, but each row streams its values from its own
@@ -90,6 +90,14 @@ class _Stream:
                 *(f"%c{e} = arith.constant {e} : index" for e in range(self.nm.n))}
 
 
+def multiply_add(is_float: bool, acc: str, b: str, v: str, out: str, shape: str) -> list[str]:
+    """``out = v * b + acc`` of type ``shape`` (a scalar or vector type): one FMA for floats."""
+    if is_float:
+        return [f"{out} = vector.fma {v}, {b}, {acc} : {shape}" if shape.startswith("vector") else
+                f"{out} = math.fma {v}, {b}, {acc} : {shape}"]
+    return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
+
+
 def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int) -> list[str]:
     """The parallel loop running ``row_body`` for every row ``%i``.
 
@@ -128,8 +136,8 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     ``vector_bits`` is the target's vector register width (``toolchain.vector_bits``).
     """
     found = spmm_operands(spec, formats)
-    if found is None:
-        return None
+    if found is None or not (is_csr(formats[found[0]]) or formats[found[0]].is_nm):
+        return None  # BSR has its own emitter (native_bsr)
     a_name, b_name, bias, bias_dim = found
     fmt = formats[a_name].codegen_format if formats[a_name].is_nm else formats[a_name]
     rows, cols = shapes[a_name]
@@ -167,10 +175,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     signature = ", ".join(f"{p}: {t}" for p, t in zip(params, types))
 
     def madd(acc: str, b: str, v: str, out: str, shape: str) -> list[str]:
-        if is_float:
-            return [f"{out} = vector.fma {v}, {b}, {acc} : {shape}" if shape.startswith("vector") else
-                    f"{out} = math.fma {v}, {b}, {acc} : {shape}"]
-        return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
+        return multiply_add(is_float, acc, b, v, out, shape)
 
     entries = stream.nm.n if stream.nm else 1  # nonzeros per loop iteration
     panels = stream.nm is not None  # N:M rows are walked in panels of groups (``_rows_loop``)

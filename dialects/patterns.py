@@ -9,14 +9,23 @@ from __future__ import annotations
 
 from sparse_mlir.dsl.ast import Access, Binary
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import CSR, Format
+from sparse_mlir.formats import BSR, CSR, Format
 
-__all__ = ["is_csr", "spmv_operands", "spmm_operands", "dense_matmul_operands"]
+__all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "dense_matmul_operands"]
 
 
 def is_csr(fmt: Format | None) -> bool:
     """CSR with any index widths."""
     return fmt is not None and fmt.with_widths(32, 32) == CSR
+
+
+def bsr_blocks(fmt: Format | None) -> tuple[int, int] | None:
+    """``(rows, cols)`` of a block when ``fmt`` is BSR (any index widths), else ``None``."""
+    factors = fmt.block_factors if fmt is not None else {}
+    if set(factors) != {0, 1}:
+        return None
+    blocks = (factors[0], factors[1])
+    return blocks if fmt.with_widths(32, 32) == BSR(*blocks).with_widths(32, 32) else None
 
 
 def spmv_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
@@ -36,7 +45,7 @@ def spmv_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, st
 
 
 def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str | None, int] | None:
-    """``(sparse A, dense B, bias, bias dim)`` when the kernel is a CSR or N:M SpMM with a dense result.
+    """``(sparse A, dense B, bias, bias dim)`` when the kernel is a CSR, N:M or BSR SpMM with a dense result.
 
     Also matched: the SpMM plus a bias over the rows or the columns
     (``C[i,j] = A[i,k] * B[k,j] + bias[i]``), which the planner splits into a
@@ -65,7 +74,7 @@ def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, st
         bias_dim = (i, j).index(index[0])
     for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
         fmt = formats.get(a.tensor)
-        if fmt is not None and (fmt.with_widths(32, 32) == CSR or fmt.is_nm) and b.tensor not in formats \
+        if fmt is not None and (is_csr(fmt) or fmt.is_nm or bsr_blocks(fmt)) and b.tensor not in formats \
                 and a.index == (i, k) and b.index == (k, j) and spec.output_indices == (i, j):
             return a.tensor, b.tensor, bias, bias_dim
     return None

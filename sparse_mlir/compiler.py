@@ -53,6 +53,7 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
     from mlir import ir
 
     from .dialects.kernel import build_kernel_module
+    from .dialects.native_bsr import native_bsr_spmm
     from .dialects.native_spmm import native_spmm
     from .dialects.native_spmv import native_spmv
     from .lowering import cpu as cpu_pipeline
@@ -61,8 +62,9 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
     build = cpu_pipeline.compile_object if object_file else cpu_pipeline.compile_module
     with ir.Context():
         # patterns with a hand-scheduled emitter first; everything else goes through the sparsifier
-        module = native_spmm(spec, spec.formats, shapes, toolchain.vector_bits(cpu)) or \
-            native_spmv(spec, spec.formats, shapes) or build_kernel_module(spec, shapes)
+        bits = toolchain.vector_bits(cpu)
+        module = native_spmm(spec, spec.formats, shapes, bits) or native_bsr_spmm(spec, spec.formats, shapes, bits) \
+            or native_spmv(spec, spec.formats, shapes) or build_kernel_module(spec, shapes)
         return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
 
 

@@ -269,3 +269,28 @@ def test_nm_spmm_walks_rows_in_panels_of_b(rng, nm, n, axis):
     got = sm.compile(expr, formats={"A": fmt}, dtype="float32")(A=A, B=B, bias=bias)
     ref = a.astype(np.float64) @ B + (bias[:, None] if axis == 0 else bias)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("blocks", [(2, 2), (4, 4), (2, 8), (8, 2), (16, 1)])
+@pytest.mark.parametrize("n", [3, 37, 130])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_bsr_spmm_uses_dense_register_blocks(rng, blocks, n, axis):
+    """Block rows with several blocks, an empty block row, column tiles of every tier and a scalar tail."""
+    bm, bn = blocks
+    rows, cols = 6 * bm, 5 * bn
+    mask = rng.random((6, 5)) < 0.5
+    mask[2] = False
+    a = (np.kron(mask, np.ones(blocks)) * rng.standard_normal((rows, cols))).astype(np.float32)
+    B = random_values(rng, (cols, n), "float32")
+    fmt = f"bsr{bm}x{bn}"
+    expr = "C[i,j] = A[i,k] * B[k,j]" + ("" if axis is None else f" + bias[{'ij'[axis]}]")
+    operands = {"A": sm.SparseTensor.from_dense(a, fmt), "B": B}
+    ref = a.astype(np.float64) @ B
+    if axis is not None:
+        operands["bias"] = random_values(rng, rows if axis == 0 else n, "float32")
+        ref = ref + (operands["bias"][:, None] if axis == 0 else operands["bias"])
+    kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32")
+    out = np.full((rows, n), np.nan, np.float32)
+    kernel(out=out, **operands)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert "vector.fma" in kernel.ir["input"] and "sparse_mlir.fills_output" in kernel.ir["input"]

@@ -200,6 +200,13 @@ def random_csr(rows: int, cols: int, sparsity: float, seed: int = 0) -> sp.csr_m
     return sp.random(rows, cols, density=1.0 - sparsity, format="csr", dtype=np.float32, random_state=seed)
 
 
+def block_sparse(n: int, block: int, sparsity: float, seed: int = 0) -> sp.csr_matrix:
+    """An n x n matrix of dense ``block x block`` blocks, a fraction ``1 - sparsity`` of them present."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n // block, n // block)) >= sparsity
+    return sp.csr_matrix(np.kron(mask, np.ones((block, block))) * rng.standard_normal((n, n)), dtype=np.float32)
+
+
 def power_law(rows: int, seed: int = 0) -> sp.csr_matrix:
     """Rows whose lengths follow a Zipf law: a few very long rows, most short (load imbalance)."""
     rng = np.random.default_rng(seed)
@@ -225,6 +232,9 @@ def workloads(quick: bool) -> list[tuple[str, Callable[[int], Result]]]:
     two_four = (lambda r: bench_spmm("2:4 4096", n_m(np.random.default_rng(2).standard_normal(
         (512 if quick else 4096, 512 if quick else 4096)).astype(np.float32), 2, 4)[0].to_scipy(), 32, r, "2:4"))
     out.append(("2:4 SpMM", two_four))
+    if not quick:  # block-sparse weights (4x4 blocks, 90%): our BSR kernel against the libraries' CSR
+        out.append(("BSR SpMM", lambda r: bench_spmm("block4x4 2048/0.9", block_sparse(2048, 4, 0.9), 128, r,
+                                                      "bsr4x4")))
     suite = DATA / "suitesparse"
     for name in (["west0479"] if quick else ["west0479", "bcsstk13", "rajat01", "cryg2500", "arrow"]):
         if (suite / f"{name}.mtx.gz").exists():
