@@ -97,7 +97,7 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
         lines += [f"%{tag}r:{len(accs)} = scf.for %p = %lo to %hi step %c1 iter_args("
                   + ", ".join(f"{a} = {s}" for a, s in zip(accs, starts)) + f") -> ({types}) {{",
                   *body, f"scf.yield {', '.join(current[a] for a in accs)} : {types}", "}"]
-        for n, acc in enumerate(accs):
+        for n in range(len(accs)):  # accumulator n is row n % bm of vector n // bm
             r, u = n % bm, n // bm
             lines.append(f"vector.store %{tag}r#{n}, %C[%row{r}, {js[u]}] : memref<?x?x{elt}>, {vec}")
         return [*lines, "}"]
