@@ -82,3 +82,23 @@ def test_dense_fallback_computes_each_product_form(expr, reference):
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(sm.errors.ShapeError):
         kernel._dense(args, np.empty((3, 3) if want.ndim == 2 else 3, np.float32))
+
+
+def test_blocky_csr_gets_a_bsr_candidate_and_scattered_csr_does_not():
+    """Auto may convert a CSR SpMM operand to BSR (dense register blocks) when its nonzeros fill whole blocks."""
+    rng = np.random.default_rng(2)
+    blocks = np.kron(rng.random((64, 64)) < 0.1, np.ones((4, 4)))
+    a = (blocks * rng.standard_normal((256, 256))).astype(np.float32)
+    B = rng.standard_normal((256, 40)).astype(np.float32)
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j] + bias[j]", formats={"A": "csr"}, dtype="float32",
+                        schedule="auto")
+    bias = rng.standard_normal(40).astype(np.float32)
+    A = sm.SparseTensor.from_dense(a, "csr")
+    np.testing.assert_allclose(kernel(A=A, B=B, bias=bias), a @ B + bias, rtol=1e-4, atol=1e-4)
+    assert "sparse, bsr4x4" in kernel.schedule["seconds"] and kernel.schedule["conversion_seconds"] > 0
+    out = np.full((256, 40), np.nan, np.float32)
+    assert kernel._run("sparse, bsr4x4", {"A": A, "B": B, "bias": bias}, out) is out  # the blocked variant itself
+    np.testing.assert_allclose(out, a @ B + bias, rtol=1e-4, atol=1e-4)
+    scattered = (rng.standard_normal((256, 256)) * (rng.random((256, 256)) < 0.1)).astype(np.float32)
+    kernel(A=sm.SparseTensor.from_dense(scattered, "csr"), B=B, bias=bias)
+    assert not any(c.startswith("sparse, bsr") for c in kernel.schedule["seconds"])

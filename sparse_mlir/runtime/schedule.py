@@ -1,12 +1,14 @@
 """``schedule="auto"``: time the candidate variants on the caller's data, keep the winner, inspectably.
 
 Candidates are the generated sparse kernel with all threads, the same kernel
-on one thread (small problems lose to fork/join), and dense BLAS on a dense
-copy of the sparse operands (numpy ``einsum``, for kernels that are a sum of
-products) so that a user never pays for sparsity that does not pay off.  The
-dense copy is the one conversion ``auto`` may make; it is cached with the
-tensor and its cost is reported.  Decisions are cached per sparse tensor
-(weakly) and dense sizes; ``kernel.schedule`` shows the last one.
+on one thread (small problems lose to fork/join), for a CSR SpMM whose
+nonzeros come in blocks the BSR kernel on a BSR copy (dense register
+blocks), and dense BLAS on a dense copy of the sparse operands (for kernels
+that are a sum of products) so that a user never pays for sparsity that does
+not pay off.  Those copies are the conversions ``auto`` may make; they are
+cached with the tensor and their cost is reported.  Decisions are cached per
+sparse tensor (weakly) and dense sizes; ``kernel.schedule`` shows the last
+one.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from dataclasses import replace
+
 from ..dsl.ast import Access, Binary, Expr, Literal
 from ..dsl.plan import KernelSpec
+from ..formats import BSR, Format
 from ..knobs import knobs
 from ..tensor import SparseTensor
 from ..timing import median_seconds
@@ -31,6 +36,10 @@ from .operands import dense_output, prepare
 __all__ = ["AutoKernel", "einsum_plan"]
 
 _dense_copies: weakref.WeakKeyDictionary[SparseTensor, np.ndarray] = weakref.WeakKeyDictionary()
+_block_copies: weakref.WeakKeyDictionary[SparseTensor, dict[Format, SparseTensor]] = weakref.WeakKeyDictionary()
+BLOCKS = ((4, 4), (2, 2))  # BSR blocks tried for a CSR SpMM operand, the largest that fits first
+MAX_FILL = 1.25  # ... when storing whole blocks adds at most this many entries per nonzero
+MAX_BLOCK_DENSITY = 0.5  # ... and the blocks cover at most half the matrix (denser is dense BLAS's ground)
 
 
 def einsum_plan(spec: KernelSpec) -> tuple[str, tuple[str, ...], float] | None:
@@ -86,6 +95,7 @@ class AutoKernel(Kernel):
         super().__init__(spec, options)
         self._einsum = einsum_plan(spec)
         self._matmul = matmul_form(self._einsum[0]) if self._einsum is not None else None
+        self._blocked: dict[Format, Kernel] = {}  # the same expression over a BSR copy, per block format
         self._decisions: weakref.WeakKeyDictionary[SparseTensor, dict[tuple, dict[str, Any]]] = \
             weakref.WeakKeyDictionary()
         self.schedule: dict[str, Any] | None = None
@@ -105,6 +115,10 @@ class AutoKernel(Kernel):
     def _run(self, choice: str, args: dict[str, Any], out: np.ndarray | None) -> Any:
         if choice == "dense":
             return self._dense(args, out)
+        if choice.startswith("sparse, bsr"):
+            (name,) = self._sparse_inputs
+            fmt = next(f for f in self._blocked if f"sparse, {f}" == choice)
+            return self._blocked[fmt](out=out, **{**args, name: _block_copies[args[name]][fmt]})
         if choice == "sparse, 1 thread":
             with threads.fixed(1):
                 return super().__call__(out=out, **args)
@@ -147,9 +161,40 @@ class AutoKernel(Kernel):
         candidates["sparse"] = lambda: super(AutoKernel, self).__call__(**args)
         if self.options.openmp is not None and knobs.num_threads() > 1:
             candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
+        start = time.perf_counter()
+        if (blocked := self._block_candidate(args)) is not None:
+            candidates[f"sparse, {blocked}"] = lambda: self._run(f"sparse, {blocked}", args, None)
+            conversion += time.perf_counter() - start
         times = {name: median_seconds(fn, 5) for name, fn in candidates.items()}
         choice = min(times, key=times.__getitem__)
-        return {"choice": choice, "seconds": times, "dense_conversion_seconds": conversion}
+        return {"choice": choice, "seconds": times, "conversion_seconds": conversion}
+
+    def _block_candidate(self, args: dict[str, Any]) -> Format | None:
+        """For a CSR SpMM operand whose nonzeros fill whole blocks: a cached BSR copy and its kernel's format."""
+        from ..dialects.patterns import is_csr, spmm_operands
+
+        found = spmm_operands(self.spec, self.spec.formats)
+        if found is None or len(self._sparse_inputs) != 1 or not is_csr(self.spec.formats[found[0]]):
+            return None
+        tensor = args[found[0]]
+        pos, crd, _ = tensor.buffers
+        rows = np.repeat(np.arange(tensor.shape[0]), np.diff(pos))
+        for bm, bn in BLOCKS:
+            if tensor.shape[0] % bm or tensor.shape[1] % bn or not tensor.nnz:
+                continue
+            blocks = np.unique((rows // bm) * (tensor.shape[1] // bn) + crd // bn).size
+            stored = blocks * bm * bn
+            if stored > MAX_FILL * tensor.nnz or stored > MAX_BLOCK_DENSITY * tensor.shape[0] * tensor.shape[1]:
+                continue
+            fmt = BSR(bm, bn)
+            copies = _block_copies.setdefault(tensor, {})
+            if fmt not in copies:
+                copies[fmt] = SparseTensor.from_scipy(tensor.to_scipy(), fmt)
+            if fmt not in self._blocked:
+                self._blocked[fmt] = Kernel(replace(self.spec, formats={**self.spec.formats, found[0]: fmt}),
+                                            self.options)
+            return fmt
+        return None
 
 
 def _dense_copy(tensor: SparseTensor) -> np.ndarray:
