@@ -182,9 +182,10 @@ class AutoKernel(Kernel):
         for bm, bn in BLOCKS:
             if tensor.shape[0] % bm or tensor.shape[1] % bn or not tensor.nnz:
                 continue
-            blocks = np.unique((rows // bm) * (tensor.shape[1] // bn) + crd // bn).size
-            stored = blocks * bm * bn
-            if stored > MAX_FILL * tensor.nnz or stored > MAX_BLOCK_DENSITY * tensor.shape[0] * tensor.shape[1]:
+            # a prefix of whole block rows first (counting blocks sorts the keys): most matrices fail it cheaply
+            prefix = max(bm, int(np.searchsorted(pos, 1 << 16)) // bm * bm)
+            if not all(_fits_blocks(rows[:end], crd[:end], bm, bn, tensor.shape, end)
+                       for end in (int(pos[min(prefix, tensor.shape[0])]), tensor.nnz)):
                 continue
             fmt = BSR(bm, bn)
             copies = _block_copies.setdefault(tensor, {})
@@ -195,6 +196,15 @@ class AutoKernel(Kernel):
                                             self.options)
             return fmt
         return None
+
+
+def _fits_blocks(rows: np.ndarray, crd: np.ndarray, bm: int, bn: int, shape: tuple[int, ...], nnz: int) -> bool:
+    """Whether ``nnz`` entries at ``(rows, crd)`` stored as ``bm x bn`` blocks stay within ``MAX_FILL`` entries per
+    nonzero and ``MAX_BLOCK_DENSITY`` of the matrix."""
+    if not nnz:
+        return True
+    stored = np.unique((rows // bm) * (shape[1] // bn) + crd // bn).size * bm * bn
+    return stored <= MAX_FILL * nnz and stored <= MAX_BLOCK_DENSITY * shape[0] * shape[1]
 
 
 def _dense_copy(tensor: SparseTensor) -> np.ndarray:
