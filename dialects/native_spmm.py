@@ -130,10 +130,13 @@ def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int) -> list[str]
 
 
 def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                vector_bits: int = 256, accumulators: int = _ACCUMULATORS) -> ir.Module | None:
+                vector_bits: int = 256, accumulators: int = _ACCUMULATORS, function_name: str = KERNEL_NAME
+                ) -> ir.Module | None:
     """The tiled SpMM module for ``spec`` in the current context, or ``None`` when it does not apply.
 
     ``vector_bits`` is the target's vector register width (``toolchain.vector_bits``).
+    Another ``function_name`` makes the function a private helper of a
+    larger kernel (``native_linear``).
     """
     found = spmm_operands(spec, formats)
     if found is None or not (is_csr(formats[found[0]]) or formats[found[0]].is_nm):
@@ -256,8 +259,9 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
-             f"func.func @{KERNEL_NAME}({signature}) -> memref<?x?x{elt}> "
-             f"attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{",
+             f"func.func {'' if function_name == KERNEL_NAME else 'private '}@{function_name}({signature}) "
+             f"-> memref<?x?x{elt}> "
+             + (f"attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{" if function_name == KERNEL_NAME else "{"),
              *consts,
              f"%rows = arith.constant {rows} : index",
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",

@@ -11,7 +11,7 @@ from sparse_mlir.dsl.ast import Access, Binary
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, CSR, Format
 
-__all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "dense_matmul_operands"]
+__all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -78,6 +78,48 @@ def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, st
                 and a.index == (i, k) and b.index == (k, j) and spec.output_indices == (i, j):
             return a.tensor, b.tensor, bias, bias_dim
     return None
+
+
+def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, str | None] | None:
+    """The roles of a Linear layer ``Y[b,o] = X[b,i] * W[o,i] (+ bias[o] or bias[b])`` with CSR ``W``.
+
+    The planner lays it out as three stages (``plan._contiguous_layouts``):
+    ``XT[i,b] = X[b,i]``, the SpMM ``T[o,b] = XT[i,b] * W[o,i]`` and
+    ``Y[b,o] = T[o,b] (+ bias)``.  Returns the names of ``x``, ``xt``, ``w``,
+    ``t``, ``bias`` (or ``None``), the indices ``b``, ``o``, ``i`` and the
+    bias index ``bias_index``.
+    """
+    if spec.sparse_output or len(spec.stages) != 3:
+        return None
+    transpose, product, back = spec.stages
+    if transpose.reduce or not isinstance(transpose.body, Access) or transpose.body.tensor in formats:
+        return None
+    (i, b), x = transpose.indices, transpose.body
+    if x.index != (b, i) or len(product.reduce) != 1 or product.reduce != (i,) or len(product.indices) != 2:
+        return None
+    o = product.indices[0]
+    body = product.body
+    if product.indices != (o, b) or not isinstance(body, Binary) or body.op != "*":
+        return None
+    factors = {(f.tensor, f.index) for f in (body.lhs, body.rhs) if isinstance(f, Access)}
+    w = next((t for t, index in factors if index == (o, i) and is_csr(formats.get(t))), None)
+    if w is None or factors != {(transpose.result, (i, b)), (w, (o, i))}:
+        return None
+    if back.result != spec.output or back.indices != (b, o) or back.reduce:
+        return None
+    bias = bias_index = None
+    term = back.body
+    if isinstance(term, Binary) and term.op == "+":
+        sides = [s for s in (term.lhs, term.rhs) if isinstance(s, Access)]
+        others = [s for s in sides if s.tensor != product.result]
+        if len(sides) != 2 or len(others) != 1 or others[0].tensor in formats or others[0].index not in ((o,), (b,)):
+            return None
+        bias, bias_index = others[0].tensor, others[0].index[0]
+        term = next(s for s in sides if s.tensor == product.result)
+    if not isinstance(term, Access) or (term.tensor, term.index) != (product.result, (o, b)):
+        return None
+    return {"x": x.tensor, "xt": transpose.result, "w": w, "t": product.result, "bias": bias, "b": b, "o": o,
+            "i": i, "bias_index": bias_index}
 
 
 def dense_matmul_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
