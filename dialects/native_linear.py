@@ -1,4 +1,4 @@
-"""The Linear orientation ``Y[b,o] = X[b,i] * W[o,i] (+ bias)`` with CSR ``W``: transpose, tiled SpMM, transpose.
+"""The Linear orientation ``Y[b,o] = X[b,i] * W[o,i] (+ bias)``, CSR or N:M ``W``: transpose, tiled SpMM, transpose.
 
 This is ``torch.nn.Linear`` with a sparse weight (``SparseLinear``).  The
 planner already lays it out as ``XT = X^T``, ``T = W @ XT`` and ``Y = T^T``

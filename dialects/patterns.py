@@ -81,7 +81,7 @@ def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, st
 
 
 def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, str | None] | None:
-    """The roles of a Linear layer ``Y[b,o] = X[b,i] * W[o,i] (+ bias[o] or bias[b])`` with CSR ``W``.
+    """The roles of a Linear layer ``Y[b,o] = X[b,i] * W[o,i] (+ bias[o] or bias[b])`` with CSR or N:M ``W``.
 
     The planner lays it out as three stages (``plan._contiguous_layouts``):
     ``XT[i,b] = X[b,i]``, the SpMM ``T[o,b] = XT[i,b] * W[o,i]`` and
@@ -102,7 +102,8 @@ def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, s
     if product.indices != (o, b) or not isinstance(body, Binary) or body.op != "*":
         return None
     factors = {(f.tensor, f.index) for f in (body.lhs, body.rhs) if isinstance(f, Access)}
-    w = next((t for t, index in factors if index == (o, i) and is_csr(formats.get(t))), None)
+    w = next((t for t, index in factors if index == (o, i) and t in formats
+              and (is_csr(formats[t]) or formats[t].is_nm)), None)
     if w is None or factors != {(transpose.result, (i, b)), (w, (o, i))}:
         return None
     if back.result != spec.output or back.indices != (b, o) or back.reduce:

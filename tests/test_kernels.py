@@ -297,20 +297,23 @@ def test_bsr_spmm_uses_dense_register_blocks(rng, blocks, n, axis):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
-@pytest.mark.parametrize("shape", [(37, 50, 70), (1, 16, 16), (64, 96, 33)])
+@pytest.mark.parametrize("shape", [(37, 52, 70), (1, 16, 16), (64, 96, 33)])
 @pytest.mark.parametrize("bias", [None, "o", "b"])
-def test_linear_orientation_runs_the_tiled_spmm_between_transposes(rng, dtype, shape, bias):
+@pytest.mark.parametrize("fmt", ["csr", "2:4"])
+def test_linear_orientation_runs_the_tiled_spmm_between_transposes(rng, dtype, shape, bias, fmt):
     """``Y[b,o] = X[b,i] * W[o,i]`` (torch.nn.Linear with a sparse weight): edge tiles of every transpose, biases."""
     batch, inputs, outputs = shape
     w = random_sparse(rng, (outputs, inputs), 0.2, dtype)
+    if fmt == "2:4":
+        w = prune_nm(random_values(rng, (outputs, inputs), dtype), 2, 4)
     x = random_values(rng, (batch, inputs), dtype)
     expr = "Y[b,o] = X[b,i] * W[o,i]" + ("" if bias is None else f" + bias[{bias}]")
-    operands = {"X": x, "W": sm.SparseTensor.from_dense(w, "csr")}
+    operands = {"X": x, "W": sm.SparseTensor.from_dense(w, fmt)}
     ref = x @ w.T
     if bias is not None:
         operands["bias"] = random_values(rng, outputs if bias == "o" else batch, dtype)
         ref = ref + (operands["bias"] if bias == "o" else operands["bias"][:, None])
-    kernel = sm.compile(expr, formats={"W": "csr"}, dtype=dtype)
+    kernel = sm.compile(expr, formats={"W": fmt}, dtype=dtype)
     out = np.full((batch, outputs), np.nan if dtype != "int32" else -7, dtype)
     kernel(out=out, **operands)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1, np.abs(ref).max()))
