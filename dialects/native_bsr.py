@@ -2,7 +2,7 @@
 
 CSR pays one vector load of B per nonzero and FMA.  A ``bm x bn`` block
 reuses each loaded vector of B for its ``bm`` rows: a block row keeps
-``bm x T`` vector accumulators (a tile of ``T`` vectors of C for each of its
+``bm x T`` vector accumulators (half the register file) (a tile of ``T`` vectors of C for each of its
 rows) in registers while its blocks stream by, and per block and column
 ``c`` of the block loads ``T`` vectors of B's row ``bn * k + c`` once and
 feeds them to ``bm`` FMAs each.  B traffic per FMA drops by ``bm``, which is
@@ -25,19 +25,23 @@ from .kernel import FILLS_OUTPUT, KERNEL_NAME
 from .native_spmm import multiply_add
 from .patterns import bsr_blocks, spmm_operands
 
-__all__ = ["native_bsr_spmm", "ACCUMULATORS"]
+__all__ = ["native_bsr_spmm", "accumulators"]
 
-ACCUMULATORS = 16  # vector registers of C per block row and column tile (half of AVX-512's 32)
+
+def accumulators(vector_bits: int) -> int:
+    """Vector registers of C per block row and column tile: half the register file (32 with AVX-512, else 16)."""
+    return 16 if vector_bits >= 512 else 8
 
 
 def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                     vector_bits: int = 256) -> ir.Module | None:
     """The register-blocked BSR SpMM module for ``spec`` in the current context, or ``None`` if it does not apply.
 
-    Applies to BSR ``A`` with blocks of at most ``ACCUMULATORS`` rows.
+    Applies to BSR ``A`` with blocks of at most ``accumulators(vector_bits)`` rows.
     """
     found = spmm_operands(spec, formats)
-    if found is None or (blocks := bsr_blocks(formats[found[0]])) is None or blocks[0] > ACCUMULATORS:
+    budget = accumulators(vector_bits)
+    if found is None or (blocks := bsr_blocks(formats[found[0]])) is None or blocks[0] > budget:
         return None
     a_name, b_name, bias, bias_dim = found
     bm, bn = blocks
@@ -103,7 +107,7 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
         return [*lines, "}"]
 
     # column tiers: as many vectors per row as the accumulators allow, then one, then the scalar rest
-    tile = max(1, ACCUMULATORS // bm)
+    tile = max(1, budget // bm)
     tiers = sorted({tile, 1}, reverse=True)
     tier_lines, tier_loops, start = [], [], "%c0"
     for t, count in enumerate(tiers):
