@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 from mlir import ir
 
@@ -39,9 +40,9 @@ from sparse_mlir.formats import Format
 from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch
 
 from .encoding import TYPE_NAMES
-from .patterns import dense_matmul_operands, is_csr, spmm_operands, spmv_operands
+from .patterns import dense_matmul_operands, is_csr, linear_operands, spmm_operands, spmv_operands
 
-__all__ = ["native_gpu", "WARP", "BLOCK"]
+__all__ = ["native_gpu", "NativeKernels", "WARP", "BLOCK"]
 
 WARP = 32
 BLOCK = 128  # threads per block: four warps
@@ -49,6 +50,14 @@ _TILE = 4  # most vectors a lane owns in one SpMM column tile
 SPLIT_CHUNK = 16  # nonzeros per thread in the row-splitting SpMV
 FEW_ROWS = 2048  # SpMM below this many rows: one vector per lane, more column tiles
 _BYTES = {"f16": 2, "f32": 4, "f64": 8}
+
+
+class NativeKernels(NamedTuple):
+    """A ``gpu.module`` of hand-scheduled kernels, their launches in order, and the scratch buffers they share."""
+
+    module: ir.Module
+    launches: tuple[Launch, ...]
+    scratch: tuple[tuple[tuple[int, ...], str], ...] = ()
 
 
 def _accumulator(elt: str) -> str:
@@ -65,7 +74,7 @@ def _convert(name: str, value: str, source: str, target: str) -> tuple[list[str]
 
 
 def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-               deterministic: bool = False) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+               deterministic: bool = False) -> NativeKernels | None:
     """The module and launches of a hand-scheduled kernel for ``spec``, or ``None`` if none applies.
 
     Unless ``deterministic``, a CSR SpMV also gets a row-splitting kernel for
@@ -89,12 +98,14 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
             chunks = GridRule(ref=args[1].ref, per_block=BLOCK * SPLIT_CHUNK)
             launches += (Launch("spmv_split", chunks, (BLOCK, 1, 1), args, when="skewed"),)
             functions.append(_spmv_split_text(elt, fmt, rows, cols, out))
-        return ir.Module.parse(_module_of(*functions)), launches
+        return NativeKernels(ir.Module.parse(_module_of(*functions)), launches)
     spmm = spmm_operands(spec, formats)
     if spmm is not None and elt == "f16" and (found := _sparse_tensor_core(spec, formats, shapes, spmm, out)):
         return found
     if elt == "f16" and (gemm := dense_matmul_operands(spec, formats)) is not None:
         return _dense_tensor_core(spec, shapes, *gemm, out)
+    if (roles := linear_operands(spec, formats)) is not None and is_csr(formats[roles["w"]]):
+        return _linear(spec, shapes, formats[roles["w"]], roles, elt, out)
     if spmm is None or not is_csr(formats[spmm[0]]):
         return None
     a, b, bias, bias_dim = spmm
@@ -102,21 +113,70 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     cols = shapes[spec.output][1]
     if cols is None:
         return None
-    fmt = formats[a]
-    width, per_lane = _spmm_shape(elt, rows, cols)
-    tiles = math.ceil(cols / (WARP * width * per_lane))
-    text = _spmm_text(elt, fmt, rows, inner, cols, bias_dim if bias else -1, out)
     dense = [(b, (inner, cols))] + ([(bias, (rows,) if bias_dim == 0 else (cols,))] if bias else [])
     args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
-    aligned = tuple(arg.ref for arg in args[3:]) if width > 1 else ()
-    launch = Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned,
-                    fills_output=True)
-    return ir.Module.parse(text), (launch,)
+    text, launch = _spmm_launch(elt, formats[a], rows, inner, cols, bias_dim if bias else -1, out, args)
+    return NativeKernels(ir.Module.parse(_module_of(text)), (launch,))
+
+
+def _spmm_launch(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int, out: str,
+                 args: tuple[KernelArg, ...]) -> tuple[str, Launch]:
+    """The warp-per-row SpMM ``gpu.func`` and its launch over ``args`` (A's three buffers, B, [bias], C)."""
+    width, per_lane = _spmm_shape(elt, rows, cols)
+    tiles = math.ceil(cols / (WARP * width * per_lane))
+    # vector accesses need 16-byte aligned user buffers (scratch buffers are fresh allocations)
+    aligned = tuple(arg.ref for arg in args[3:] if arg.kind == "buffer") if width > 1 else ()
+    return (_spmm_text(elt, fmt, rows, inner, cols, bias_dim, out),
+            Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned,
+                   fills_output=True))
+
+
+def _linear(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Format, roles: dict[str, str | None],
+            elt: str, out: str) -> NativeKernels:
+    """``Y[b,o] = X[b,i] * W[o,i] (+ bias)``: ``XT = X^T``, the warp-per-row SpMM ``T = W @ XT``, ``Y = T^T``.
+
+    ``XT`` and ``T`` are scratch buffers; a bias over ``o`` (``b``) is the
+    SpMM's row (column) bias.  The planner lays the kernel out the same way
+    (``plan._contiguous_layouts``), but sparsified, its SpMM ran one thread
+    per row over every column.
+    """
+    w, x, bias = roles["w"], roles["x"], roles["bias"]
+    outputs, inputs = shapes[w]
+    batch = shapes[x][0]
+    bias_dim = -1 if bias is None else (0 if roles["bias_index"] == roles["o"] else 1)
+    dense = [(x, (batch, inputs))] + ([(bias, (outputs,) if bias_dim == 0 else (batch,))] if bias else [])
+    args = _args(spec, w, *dense, (spec.output, (batch, outputs)))  # W's buffers, X, [bias], Y
+    xt, t = KernelArg("scratch", 0, (inputs, batch)), KernelArg("scratch", 1, (outputs, batch))
+    spmm, product = _spmm_launch(elt, fmt, outputs, inputs, batch, bias_dim, out, (*args[:3], xt, *args[4:-1], t))
+    launches = (_transpose_launch("transpose_in", args[3], xt, (batch, inputs)), product,
+                _transpose_launch("transpose_out", t, args[-1], (outputs, batch)))
+    functions = [_transpose_text("transpose_in", elt, (batch, inputs)), spmm,
+                 _transpose_text("transpose_out", out, (outputs, batch))]
+    scratch = (((inputs, batch), spec.dtype.name), ((outputs, batch), spec.output_dtype.name))
+    return NativeKernels(ir.Module.parse(_module_of(*functions)), launches, scratch)
+
+
+def _transpose_launch(name: str, src: KernelArg, dst: KernelArg, shape: tuple[int, int]) -> Launch:
+    """A thread per element of ``dst``; it stores every element (a kernel's scratch, or the output)."""
+    return Launch(name, (math.ceil(shape[0] * shape[1] / BLOCK), 1, 1), (BLOCK, 1, 1), (src, dst), fills_output=True)
+
+
+def _transpose_text(name: str, elt: str, shape: tuple[int, int]) -> str:
+    """``dst[c, r] = src[r, c]`` for ``src`` of ``shape``: consecutive threads write consecutive elements."""
+    rows, cols = shape
+    body = ["%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
+            "%first = arith.muli %bid, %bdim : index", "%at = arith.addi %first, %tid : index",
+            f"%total = arith.constant {rows * cols} : index", f"%rows = arith.constant {rows} : index",
+            "%valid = arith.cmpi ult, %at, %total : index", "scf.if %valid {",
+            "  %c = arith.divui %at, %rows : index", "  %r = arith.remui %at, %rows : index",
+            f"  %v = memref.load %src[%r, %c] : {_memref(shape, elt)}",
+            f"  memref.store %v, %dst[%c, %r] : {_memref((cols, rows), elt)}", "}", "gpu.return"]
+    return _function(name, f"%src: {_memref(shape, elt)}, %dst: {_memref((cols, rows), elt)}", body)
 
 
 def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                         spmm: tuple[str, str, str | None, int], out: str
-                        ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+                        ) -> NativeKernels | None:
     """The 2:4 Sparse Tensor Core SpMM, for float16 NM(2,4) ``A`` with 8-bit offsets and whole MMA tiles."""
     a, b, bias, _ = spmm
     fmt = formats[a]
@@ -131,7 +191,7 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref),
                     fills_output=True)
-    return ir.Module.parse(text), (launch,)
+    return NativeKernels(ir.Module.parse(text), (launch,))
 
 
 def _tensor_core_tiles(rows: int, cols: int) -> tuple[int, int]:
@@ -141,7 +201,7 @@ def _tensor_core_tiles(rows: int, cols: int) -> tuple[int, int]:
 
 
 def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], a: str, b: str, out: str
-                       ) -> tuple[ir.Module, tuple[Launch, ...]] | None:
+                       ) -> NativeKernels | None:
     """The float16 GEMM on Tensor Cores with the 2:4 kernel's tiling (its dense reference)."""
     rows, inner = shapes[a]
     cols = shapes[b][1]
@@ -153,7 +213,8 @@ def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...
             KernelArg("buffer", order.index(spec.output), (rows, cols)))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,), fills_output=True)
-    return ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out)), (launch,)
+    return NativeKernels(ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out)),
+                         (launch,))
 
 
 def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
@@ -392,7 +453,7 @@ def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim
     bias = "" if bias_dim < 0 else f"%bias: {_memref((rows,) if bias_dim == 0 else (cols,), elt)}, "
     params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, %b: {b_t}, {bias}"
               f"%c: {c_t}")
-    return _module("spmm", params, body)
+    return _function("spmm", params, body)
 
 
 _ACC = "vector<2x2xf32>"  # an m16n8 MMA's float32 accumulator fragment

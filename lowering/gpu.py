@@ -68,21 +68,24 @@ def _run(module: ir.Module, pipeline: str, stage: str) -> None:
 
 
 def lower_to_ptx(module: ir.Module, sig: Signature, *, native: tuple[Launch, ...] | None = None,
-                 chips: tuple[str, ...] = CHIPS) -> tuple[GpuProgram, dict[str, str]]:
+                 scratch: tuple[tuple[tuple[int, ...], str], ...] = (), chips: tuple[str, ...] = CHIPS
+                 ) -> tuple[GpuProgram, dict[str, str]]:
     """Lower ``module`` in place; return the program and each stage's IR.
 
     ``native`` gives the launches of a module from ``dialects.native_gpu``,
-    which is already a ``gpu.module`` of kernels.
+    which is already a ``gpu.module`` of kernels, and ``scratch`` the
+    buffers those launches share.
     """
     stages = {"input": str(module)}
     if native is not None:
-        launches, scratch, notes = native, [], ("native",)
+        launches, notes = native, ("native",)
     else:
-        launches, scratch, notes = _map_to_launches(module, sig)
+        launches, mapped_scratch, notes = _map_to_launches(module, sig)
+        scratch = tuple(mapped_scratch)
     stages["gpu"] = str(module)
     ptx, nvvm = ptx_for_chips(str(module), chips)
     stages["nvvm"] = nvvm
-    return GpuProgram("kernels", ptx, launches, tuple(scratch), notes), stages
+    return GpuProgram("kernels", ptx, launches, scratch, notes), stages
 
 
 def _map_to_launches(module: ir.Module, sig: Signature

@@ -114,7 +114,7 @@ def _gpu_program(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], si
 
     found = native_gpu(spec, spec.formats, shapes, deterministic) if emitter == "auto" else None
     if found is not None:
-        return gpu.lower_to_ptx(found[0], sig, native=found[1], chips=chips)
+        return gpu.lower_to_ptx(found.module, sig, native=found.launches, scratch=found.scratch, chips=chips)
     if spec.dtype.name == "float16":  # the sparsifier would sum in float16
         raise DeviceError(f"float16 on cuda runs CSR SpMV/SpMM and 2:4 SpMM (rows % 16, K % 32, N % 8 == 0) with "
                           f"float32 sums; {spec.expression!r} with these formats and shapes is not one: use float32")

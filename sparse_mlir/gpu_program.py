@@ -93,7 +93,8 @@ class Launch:
     lanes: LaneRule | None = None
     aligned: tuple[int, ...] = ()  # kernel arguments accessed with 16-byte vectors: their pointers must be aligned
     when: str = ""  # "", or "skewed" / "balanced": run only when the sparse operand's rows are (not) skewed
-    fills_output: bool = False  # stores every element of the dense output (no zeroing needed before it)
+    # needs no zeroed output: stores every element of it, or (an earlier stage) does not write it at all
+    fills_output: bool = False
 
     def runs(self, skewed: bool) -> bool:
         return not self.when or (self.when == "skewed") == skewed

@@ -439,6 +439,28 @@ def test_float16_dense_gemm_runs_on_tensor_cores_with_the_same_tiling(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize(("dtype", "out_dtype"), [("float32", None), ("float64", None), ("float16", "float32")])
+@pytest.mark.parametrize("bias", [None, "o", "b"])
+def test_linear_layers_run_the_warp_spmm_between_transposes_when_emulated(dtype, out_dtype, bias, tmp_path):
+    """``Y[b,o] = X[b,i] * W[o,i]``: transpose into scratch, warp-per-row SpMM, transpose into Y (no zeroing)."""
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((40, 24)) * (rng.random((40, 24)) < 0.3)).astype(dtype)
+    w[5] = 0
+    dense = {"A": w, "X": rng.standard_normal((24, 24)).astype(dtype)[:9].copy()}
+    ref = dense["X"].astype(np.float64) @ w.T.astype(np.float64)
+    expr = "Y[b,o] = X[b,i] * A[o,i]" + ("" if bias is None else f" + z[{bias}]")
+    if bias is not None:
+        dense["z"] = rng.standard_normal(40 if bias == "o" else 9).astype(dtype)
+        ref = ref + (dense["z"] if bias == "o" else dense["z"][:, None])
+    got, spec = _emulate(expr, "csr", dense, tmp_path, dtype=dtype, out_dtype=out_dtype)
+    assert got.dtype == spec.output_dtype
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    program = sm.compile(expr, formats={"A": "csr"}, dtype=dtype, target="cuda", out_dtype=out_dtype).specialize(
+        {n: v.shape for n, v in dense.items()}).program
+    assert [k.kernel for k in program.launches] == ["transpose_in", "spmm", "transpose_out"]
+    assert not program.needs_zeroed_output() and len(program.scratch) == 2
+
+
 @pytest.mark.parametrize(("expr", "cols", "skewed"), [("C[i,j] = A[i,k]*B[k,j] + b[j]", 64, False),
                                                       ("C[i,j] = A[i,k]*B[k,j] + b[j]", 70, False),
                                                       ("y[i] = A[i,j]*x[j]", None, True)])
@@ -514,7 +536,8 @@ def test_the_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
 
 LAUNCHERS = [("y[i] = A[i,j]*x[j]", "csr", {"A": (100, 50), "x": (50,)}),  # lanes picked from nnz in C
              ("C[i,j] = A[i,k]*B[k,j]", "2:4", {"A": (40, 64), "B": (64, 16)}),  # N:M positions made in C
-             ("C[i,j] = relu(A[i,k]*B[k,j] + b[i])", "csr", {"A": (40, 64), "B": (64, 16), "b": (40,)})]  # scratch
+             ("C[i,j] = relu(A[i,k]*B[k,j] + b[i])", "csr", {"A": (40, 64), "B": (64, 16), "b": (40,)}),  # scratch
+             ("Y[b,o] = X[b,i]*A[o,i] + b[o]", "csr", {"A": (40, 64), "X": (16, 64), "b": (40,)})]  # 3 launches
 
 
 @pytest.mark.parametrize(("expr", "fmt", "shapes"), LAUNCHERS, ids=[f"{e}|{f}" for e, f, _ in LAUNCHERS])
@@ -560,7 +583,8 @@ def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, t
         assert name == launch.kernel
         assert dims[:3] == list(launch.grid_for([n for _, n in buffers])) and dims[3:6] == list(launch.block)
         assert words == ParamPacker(launch)(buffers, scratch)
-    assert f"memset {given[(sig.output.name, '')][0]} 0 {int(np.prod(sig.output.shape)) * 4}" in out
+    zeroed = f"memset {given[(sig.output.name, '')][0]} 0 {int(np.prod(sig.output.shape)) * 4}" in out
+    assert zeroed == program.needs_zeroed_output()  # only where a kernel accumulates into the output
 
 
 # -- on a device --------------------------------------------------------------------------------------------
