@@ -88,6 +88,10 @@ def check_all() -> bool:
             x = rng.standard_normal(64).astype(dtype)
             got = k(A=a, x=cp.asarray(x))
             ref = (cp.asarray(dense, dtype=cp.float64) @ cp.asarray(x, dtype=cp.float64)).astype(out_dtype)
+        elif kind == "linear":  # Y = X W^T, torch.nn.Linear's orientation
+            x = rng.standard_normal((40, 64)).astype(dtype)
+            got = k(A=a, X=cp.asarray(x))
+            ref = (cp.asarray(x, dtype=cp.float64) @ cp.asarray(dense, dtype=cp.float64).T).astype(out_dtype)
         else:
             b = rng.standard_normal((64, 40)).astype(dtype)
             args = {"A": a, "B": cp.asarray(b)}

@@ -39,9 +39,9 @@ BUILT_IN = Path(sm.__file__).parent / "data"  # one DLMC matrix ships with the p
 # correctness: every format through SpMV and SpMM, on small fixed shapes
 CHECK_FORMATS = ("csr", "csc", "coo", "dcsr", "bsr2x2", "2:4")
 CHECK_SHAPES = {"spmv": {"A": (96, 64), "x": (64,)}, "spmm": {"A": (96, 64), "B": (64, 40)},
-                "spmm_bias": {"A": (96, 64), "B": (64, 40), "b": (40,)}}
+                "spmm_bias": {"A": (96, 64), "B": (64, 40), "b": (40,)}, "linear": {"A": (96, 64), "X": (40, 64)}}
 EXPRESSIONS = {"spmv": "y[i] = A[i,j]*x[j]", "spmm": "C[i,j] = A[i,k]*B[k,j]",
-               "spmm_bias": "C[i,j] = A[i,k]*B[k,j] + b[j]"}
+               "spmm_bias": "C[i,j] = A[i,k]*B[k,j] + b[j]", "linear": "Y[b,o] = X[b,i]*A[o,i]"}
 TENSOR_CORE = 8192  # 2:4 float16 SpMM and its dense Tensor Core reference, 8192^3
 SPMV_BIG = (2_000_000, 2_000_000)  # 25 nonzeros per row: 50M
 SPMM_BIG = 4096
@@ -81,7 +81,7 @@ def main() -> None:
     plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": [], "tensor_core": [],
                              "spmv_skewed": []}
     for kind, shapes in CHECK_SHAPES.items():
-        for fmt in CHECK_FORMATS if kind != "spmm_bias" else ("csr",):
+        for fmt in CHECK_FORMATS if kind not in ("spmm_bias", "linear") else ("csr",):
             for dtype in ("float32", "float64"):
                 name = f"check_{kind}_{fmt.replace(':', 'of')}_{dtype}"
                 plan["check"].append({"name": export(out, name, kind, fmt, dtype, shapes), "kind": kind,
