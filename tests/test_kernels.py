@@ -323,3 +323,16 @@ def test_linear_orientation_runs_the_tiled_spmm_between_transposes(rng, dtype, s
     kernel(out=out, **operands)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * max(1, np.abs(ref).max()))
     assert "vector.transpose" in kernel.ir["input"] and "call @linear_spmm" in kernel.ir["input"]
+
+
+def test_spmv_rows_short_and_long_take_both_loops(rng):
+    """Rows of 0 to 40 nonzeros: under ``SHORT_ROW`` the plain loop, above it the unrolled one with its tail."""
+    from sparse_mlir.dialects.native_spmv import SHORT_ROW
+
+    lengths = np.arange(41) % (5 * SHORT_ROW + 1)
+    a = np.zeros((41, 64))
+    for row, n in enumerate(lengths):
+        a[row, rng.choice(64, n, replace=False)] = rng.standard_normal(n)
+    x = rng.standard_normal(64)
+    y = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})(A=sp.csr_matrix(a), x=x)
+    np.testing.assert_allclose(y, a @ x, rtol=1e-12, atol=1e-12)
