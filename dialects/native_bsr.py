@@ -22,7 +22,7 @@ from sparse_mlir.formats import Format
 
 from .encoding import TYPE_NAMES
 from .kernel import FILLS_OUTPUT, KERNEL_NAME
-from .native_spmm import multiply_add
+from .native_spmm import column_tiers, multiply_add
 from .patterns import bsr_blocks, spmm_operands
 
 __all__ = ["native_bsr_spmm", "accumulators"]
@@ -58,6 +58,11 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
     if bias is not None:
         params[bias] = f"%bias: memref<?x{elt}>"
 
+    # block %p: its first row of B (%k0) and its first value (%v0)
+    block_start = ["%kb_raw = memref.load %crd[%p] : memref<?x{crd_t}>",
+                   "%kb = arith.index_castui %kb_raw : {crd_t} to index",
+                   f"%k0 = arith.muli %kb, %c{bn} : index", f"%v0 = arith.muli %p, %c{bm * bn} : index"]
+
     def seed(r: int, j: str, width: str) -> tuple[list[str], str]:
         """The starting value of row ``r``'s sum at column(s) ``j``: zero, or the bias (``width`` is the type)."""
         if bias is None:
@@ -80,9 +85,7 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
             starts += [s for _, s in seeds]
         accs = [f"%{tag}a{r}_{u}" for u in range(count) for r in range(bm)]
         types = ", ".join([vec] * len(accs))
-        body = ["%kb_raw = memref.load %crd[%p] : memref<?x{crd_t}>",
-                "%kb = arith.index_castui %kb_raw : {crd_t} to index",
-                f"%k0 = arith.muli %kb, %c{bn} : index", f"%v0 = arith.muli %p, %c{bm * bn} : index"]
+        body = list(block_start)
         current = dict(zip(accs, accs))
         for c in range(bn):
             body.append(f"%{tag}k{c} = arith.addi %k0, %c{c} : index")
@@ -108,20 +111,10 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
 
     # column tiers: as many vectors per row as the accumulators allow, then one, then the scalar rest
     tile = max(1, budget // bm)
-    tiers = sorted({tile, 1}, reverse=True)
-    tier_lines, tier_loops, start = [], [], "%c0"
-    for t, count in enumerate(tiers):
-        tier_lines += [f"%left{t} = arith.subi %N, {start} : index",
-                       f"%over{t} = arith.remui %left{t}, %c{count * lanes} : index",
-                       f"%fit{t} = arith.subi %left{t}, %over{t} : index",
-                       f"%end{t} = arith.addi {start}, %fit{t} : index"]
-        tier_loops += tile_loop(f"t{t}", count, start, f"%end{t}")
-        start = f"%end{t}"
+    tier_lines, tier_loops, start = column_tiers(sorted({tile, 1}, reverse=True), lanes, tile_loop)
     # the last columns, one at a time: bm scalar sums through the block row
     scalar_seeds = [seed(r, "%j", elt) for r in range(bm)]
-    scalar_body = ["%kb_raw = memref.load %crd[%p] : memref<?x{crd_t}>",
-                   "%kb = arith.index_castui %kb_raw : {crd_t} to index",
-                   f"%k0 = arith.muli %kb, %c{bn} : index", f"%v0 = arith.muli %p, %c{bm * bn} : index"]
+    scalar_body = list(block_start)
     current = {r: f"%s{r}" for r in range(bm)}
     for c in range(bn):
         scalar_body += [f"%sk{c} = arith.addi %k0, %c{c} : index",

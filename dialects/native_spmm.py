@@ -20,6 +20,8 @@ sparsified kernels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mlir import ir
 
 from sparse_mlir.dsl.plan import KernelSpec
@@ -29,7 +31,7 @@ from .encoding import TYPE_NAMES
 from .kernel import FILLS_OUTPUT, KERNEL_NAME
 from .patterns import is_csr, spmm_operands
 
-__all__ = ["native_spmm", "multiply_add"]
+__all__ = ["native_spmm", "multiply_add", "column_tiers"]
 
 _ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
 # N:M rows sharing each panel of B: more rows reuse a panel more, but each row streams its values from its own
@@ -96,6 +98,25 @@ def multiply_add(is_float: bool, acc: str, b: str, v: str, out: str, shape: str)
         return [f"{out} = vector.fma {v}, {b}, {acc} : {shape}" if shape.startswith("vector") else
                 f"{out} = math.fma {v}, {b}, {acc} : {shape}"]
     return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
+
+
+def column_tiers(tiers: list[int], lanes: int, tile_loop: Callable[[str, int, str, str], list[str]]
+                 ) -> tuple[list[str], list[str], str]:
+    """Column tiles of ``tiers[0]`` vectors, then of each smaller count, each tier starting where the last ended.
+
+    ``tile_loop(tag, count, start, stop)`` emits one tier's loop.  Returns
+    the bound computations (before the row loop), the tier loops (inside it)
+    and the first column left for scalars.
+    """
+    bounds, loops, start = [], [], "%c0"
+    for t, count in enumerate(tiers):
+        bounds += [f"%left{t} = arith.subi %N, {start} : index",
+                   f"%over{t} = arith.remui %left{t}, %c{count * lanes} : index",
+                   f"%fit{t} = arith.subi %left{t}, %over{t} : index",
+                   f"%end{t} = arith.addi {start}, %fit{t} : index"]
+        loops += tile_loop(f"t{t}", count, start, f"%end{t}")
+        start = f"%end{t}"
+    return bounds, loops, start
 
 
 def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int) -> list[str]:
@@ -247,15 +268,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     # column tiers: tiles of `accumulators` vectors, then of 2, then of 1 (a short N still gets independent
     # FMA chains), then scalars; each tier starts where the previous one ended
     tiers = sorted({accumulators, 2, 1}, reverse=True)
-    tier_lines, tier_loops, start = [], [], "%c0"
-    for t, count in enumerate(tiers):
-        step = count * lanes
-        tier_lines += [f"%left{t} = arith.subi %N, {start} : index",
-                       f"%over{t} = arith.remui %left{t}, %c{step} : index",
-                       f"%fit{t} = arith.subi %left{t}, %over{t} : index",
-                       f"%end{t} = arith.addi {start}, %fit{t} : index"]
-        tier_loops += tile_block(f"t{t}", count, start, f"%end{t}")
-        start = f"%end{t}"
+    tier_lines, tier_loops, start = column_tiers(tiers, lanes, tile_block)
     offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
