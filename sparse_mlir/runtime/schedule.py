@@ -178,14 +178,12 @@ class AutoKernel(Kernel):
             return None
         tensor = args[found[0]]
         pos, crd, _ = tensor.buffers
-        rows = np.repeat(np.arange(tensor.shape[0]), np.diff(pos))
         for bm, bn in BLOCKS:
             if tensor.shape[0] % bm or tensor.shape[1] % bn or not tensor.nnz:
                 continue
             # a prefix of whole block rows first (counting blocks sorts the keys): most matrices fail it cheaply
-            prefix = max(bm, int(np.searchsorted(pos, 1 << 16)) // bm * bm)
-            if not all(_fits_blocks(rows[:end], crd[:end], bm, bn, tensor.shape, end)
-                       for end in (int(pos[min(prefix, tensor.shape[0])]), tensor.nnz)):
+            prefix = min(max(bm, int(np.searchsorted(pos, 1 << 16)) // bm * bm), tensor.shape[0])
+            if not all(_fits_blocks(pos, crd, rows, bm, bn, tensor.shape) for rows in (prefix, tensor.shape[0])):
                 continue
             fmt = BSR(bm, bn)
             copies = _block_copies.setdefault(tensor, {})
@@ -198,12 +196,14 @@ class AutoKernel(Kernel):
         return None
 
 
-def _fits_blocks(rows: np.ndarray, crd: np.ndarray, bm: int, bn: int, shape: tuple[int, ...], nnz: int) -> bool:
-    """Whether ``nnz`` entries at ``(rows, crd)`` stored as ``bm x bn`` blocks stay within ``MAX_FILL`` entries per
-    nonzero and ``MAX_BLOCK_DENSITY`` of the matrix."""
+def _fits_blocks(pos: np.ndarray, crd: np.ndarray, rows: int, bm: int, bn: int, shape: tuple[int, ...]) -> bool:
+    """Whether the first ``rows`` rows of a CSR matrix stored as ``bm x bn`` blocks stay within ``MAX_FILL``
+    entries per nonzero and ``MAX_BLOCK_DENSITY`` of the matrix."""
+    nnz = int(pos[rows])
     if not nnz:
         return True
-    stored = np.unique((rows // bm) * (shape[1] // bn) + crd // bn).size * bm * bn
+    row_of = np.repeat(np.arange(rows), np.diff(pos[:rows + 1]))
+    stored = np.unique((row_of // bm) * (shape[1] // bn) + crd[:nnz] // bn).size * bm * bn
     return stored <= MAX_FILL * nnz and stored <= MAX_BLOCK_DENSITY * shape[0] * shape[1]
 
 
