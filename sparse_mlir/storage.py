@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import FormatError, InvalidIndicesError, PatternError
-from .formats import Format, LevelExpr, LevelKind
+from .errors import FormatError, InvalidIndicesError, PatternError, ShapeError
+from .formats import Format, Level, LevelExpr, LevelKind
 
-__all__ = ["index_dtype", "level_coordinates", "canonicalize", "pack", "unpack", "validate"]
+__all__ = ["index_dtype", "check_shape", "level_coordinates", "canonicalize", "pack", "unpack", "validate"]
+
+# numpy cannot allocate more than 2**63 - 1 bytes; a shape whose dense levels expand past this many
+# entries (8-byte positions or values) could never be stored, so it is refused up front
+_MAX_ENTRIES = (2**63 - 1) // 8
 
 
 def index_dtype(width: int) -> np.dtype:
@@ -26,6 +30,38 @@ def index_dtype(width: int) -> np.dtype:
     the same whether codegen sign- or zero-extends them.
     """
     return np.dtype({0: np.int64, 8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}[width])
+
+
+def check_shape(shape: object, fmt: Format | None = None) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints, or ``ShapeError`` naming what is wrong with it.
+
+    Sizes must be integers (``2.5`` is refused, not truncated), non-negative
+    and below 2**63 so they fit the kernels' ``index`` type.  With ``fmt``,
+    the entries its dense levels expand to (positions of the next level, or
+    values) must be addressable, so a huge shape is refused here rather than
+    as numpy's ``ValueError``/``OverflowError`` while packing.
+    """
+    try:
+        sizes = tuple(shape)  # type: ignore[arg-type]
+    except TypeError:
+        raise ShapeError(f"a shape must be a sequence of sizes, got {shape!r}") from None
+    for size in sizes:
+        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)):
+            raise ShapeError(f"shape {shape!r}: sizes must be integers, got {size!r} ({type(size).__name__})")
+    out = tuple(int(s) for s in sizes)
+    if any(s < 0 for s in out):
+        raise ShapeError(f"shape {out} has a negative size")
+    if any(s > np.iinfo(np.int64).max for s in out):
+        raise ShapeError(f"shape {out} has a size of 2**63 or more, past the kernels' 64-bit index type")
+    if fmt is not None and fmt.levels and len(out) == fmt.ndim:
+        entries = 1
+        for level, size in zip(fmt.levels, fmt.level_sizes(out)):
+            # a dense level expands each parent entry; a stored level at most to its size per parent
+            entries *= size if level.kind is LevelKind.DENSE else 1
+            if entries > _MAX_ENTRIES:
+                raise ShapeError(f"shape {out} in format {fmt} needs {entries} dense entries at one level, "
+                                 f"more than can be allocated")
+    return out
 
 
 def _max_index(width: int) -> int:
@@ -207,10 +243,12 @@ def validate(fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...
     named = dict(zip(names, buffers))
     n_entries = 1
     segment_starts: np.ndarray | None = None  # boundaries where coordinate order restarts
+    tied: np.ndarray | None = None  # per neighbour pair: same coordinates on every level of the current run
     for i, level in enumerate(fmt.levels):
         if level.kind is LevelKind.DENSE:
             n_entries *= sizes[i]
             segment_starts = None
+            tied = None
             continue
         crd = named[f"crd{i}"]
         if level.kind is LevelKind.STRUCTURED:
@@ -223,6 +261,7 @@ def validate(fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...
             if level.n > 1 and off.size and not (np.diff(off, axis=1) > 0).all():
                 raise PatternError("in-group offsets must be strictly increasing within each group")
             n_entries = crd.size
+            tied = None
             continue
         if level.has_positions:
             pos = named[f"pos{i}"].astype(np.int64)
@@ -242,16 +281,44 @@ def validate(fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...
         if c.size and (c.min() < 0 or c.max() >= sizes[i]):
             bad = c[(c < 0) | (c >= sizes[i])][0]
             raise InvalidIndicesError(f"crd{i} holds {bad}, out of range [0, {sizes[i]})")
-        if level.ordered and level.has_positions and c.size > 1:
-            step_ok = (c[1:] > c[:-1]) if level.unique else (c[1:] >= c[:-1])
-            restart = np.zeros(c.size - 1, dtype=bool)
+        if level.has_positions:
+            restart = np.zeros(max(c.size - 1, 0), dtype=bool)
             if segment_starts is not None:
                 inner = segment_starts[(segment_starts > 0) & (segment_starts < c.size)]
                 restart[inner - 1] = True
-            if not (step_ok | restart).all():
-                kind = "sorted and unique" if level.unique else "sorted"
-                raise InvalidIndicesError(f"crd{i} is not {kind} within each segment; sort it (or build the tensor "
-                                          f"with from_coo, which sorts and sums duplicates)")
+            # neighbours within one segment compare on this level's coordinate alone
+            same_run = ~restart
+        else:
+            # a singleton level continues its parent's tuples: neighbours compare only where every
+            # level since the last non-unique compressed one holds the same coordinate
+            same_run = tied if tied is not None else np.zeros(max(c.size - 1, 0), dtype=bool)
+        if c.size > 1:
+            _check_order(i, level, c, same_run)
+            tied = same_run & (c[1:] == c[:-1]) if not level.unique else None
+        else:
+            tied = None
         n_entries = c.size
     if buffers[-1].size != n_entries:
         raise InvalidIndicesError(f"values must have {n_entries} entries, got {buffers[-1].size} (nnz mismatch)")
+
+
+def _check_order(i: int, level: Level, c: np.ndarray, same_run: np.ndarray) -> None:
+    """Coordinates of an ordered level rise within each run of neighbours ``same_run`` marks.
+
+    For a compressed level a run is a segment; for a singleton level it is a
+    stretch of entries whose coordinates agree on every earlier level of the
+    COO region, so together the levels check the whole coordinate tuples:
+    sorted, and free of duplicates where the level is unique.
+    """
+    if not level.ordered:
+        return
+    bad = same_run & ((c[1:] <= c[:-1]) if level.unique else (c[1:] < c[:-1]))
+    if bad.any():
+        at = int(np.argmax(bad))
+        duplicate = level.unique and c[at + 1] == c[at]
+        what = "duplicate coordinates" if duplicate else "coordinates out of order"
+        scope = "within a segment" if level.has_positions else "of the COO region's coordinate tuples"
+        kind = "sorted and unique" if level.unique else "sorted"
+        raise InvalidIndicesError(f"crd{i} is not {kind} {scope}: entries {at} and {at + 1} hold {c[at]} and "
+                                  f"{c[at + 1]} ({what}); sort the entries and sum duplicates (or build the tensor "
+                                  f"with from_coo, which does both)")

@@ -76,13 +76,12 @@ class SparseTensor(LevelBuffers):
 
     def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...], *,
                  validate: bool = True):
+        shape = storage.check_shape(shape)
         fmt = as_format(fmt, len(shape))
         if fmt.is_dense:
             raise FormatError("a SparseTensor needs a sparse format; use a numpy array for dense data")
-        shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
-            raise ShapeError(f"shape {shape} has a negative size")
         fmt.check_shape(shape)
+        storage.check_shape(shape, fmt)
         buffers = tuple(np.asarray(b) for b in buffers)
         self.dtype = check_dtype(buffers[-1].dtype if buffers else None, "values")
         if validate:
@@ -103,15 +102,23 @@ class SparseTensor(LevelBuffers):
 
     @classmethod
     def from_coo(cls, coords: Any, values: Any, shape: tuple[int, ...], format: Format | str = COO) -> SparseTensor:
-        """Build from coordinates (ndim x nnz) and values; unsorted input is sorted and duplicates summed."""
-        shape = tuple(int(s) for s in shape)
+        """Build from coordinates (ndim x nnz) and values; unsorted input is sorted and duplicates summed.
+
+        ``coords`` must be ``(ndim, nnz)`` (one row per dimension, as
+        ``np.nonzero`` gives them); a 1-d tensor also takes a flat list.  An
+        ``(nnz, ndim)`` array is refused, not reshaped: reshaping it would
+        silently build a different tensor.
+        """
+        shape = storage.check_shape(shape)
         fmt = as_format(format, len(shape))
         values = np.asarray(values)
         check_dtype(values.dtype, "values")
         if values.ndim != 1:
             raise ShapeError(f"values must be 1-d, got shape {values.shape}")
         fmt.check_shape(shape)
-        coords, values = storage.canonicalize(np.asarray(coords).reshape(len(shape), -1), values, shape, fmt)
+        storage.check_shape(shape, fmt)
+        coords = _coordinate_rows(coords, len(shape), values.size)
+        coords, values = storage.canonicalize(coords, values, shape, fmt)
         fmt = _fit_widths(fmt, shape, values.size)
         return cls(fmt, shape, storage.pack(fmt, shape, coords, values), validate=False)
 
@@ -205,6 +212,24 @@ class SparseTensor(LevelBuffers):
 
 
 _SCIPY_FORMATS = {"csr": CSR, "csc": CSC, "coo": COO}
+
+
+def _coordinate_rows(coords: Any, ndim: int, nnz: int) -> np.ndarray:
+    """``coords`` as an ``(ndim, nnz)`` array, without guessing at any other layout.
+
+    Only layouts with one reading are accepted: ``(ndim, nnz)`` itself, a
+    flat list for a 1-d tensor, and an empty list when there are no entries.
+    """
+    array = np.asarray(coords)
+    if array.ndim == 1 and (ndim == 1 or array.size == 0 == nnz):
+        return array.reshape(ndim, -1)
+    if array.ndim == 2 and array.shape[0] == ndim:
+        return array
+    hint = ""
+    if array.ndim == 2 and array.shape[1] == ndim:
+        hint = f"; these look like ({array.shape[0]}, {ndim}) coordinate pairs: pass coords.T"
+    raise InvalidIndicesError(f"coordinates must have shape ({ndim}, nnz), one row per dimension, "
+                              f"got {array.shape}{hint}")
 
 
 def _check_scipy_structure(matrix: Any) -> None:
