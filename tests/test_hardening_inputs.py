@@ -111,3 +111,41 @@ def test_bad_shapes_raise_shape_error(shape, match):
     if isinstance(shape, tuple) and len(shape) == 2:
         with pytest.raises(ShapeError):
             sm.SparseTensor("csr", shape, (np.array([0, 0], I32), np.zeros(0, I32), np.zeros(0)))
+
+
+# -- item 8: a Python scalar for a 0-d operand is never cast -------------------------------------------
+
+@pytest.fixture(scope="module")
+def scaled_int():
+    import scipy.sparse as sp
+
+    kernel = sm.compile("y[i] = A[i,j] * s[]", formats={"A": "csr"}, dtype="int32")
+    return kernel, sm.SparseTensor.from_scipy(sp.eye(3, format="csr", dtype=np.int32))
+
+
+@pytest.mark.parametrize("value", [2.7, "2", b"2", True, 2**40, 1 + 0j])
+def test_inexact_scalars_are_refused_exact_ones_accepted(scaled_int, value):
+    kernel, a = scaled_int
+    with pytest.raises(DTypeError):
+        kernel(A=a, s=value)
+    for exact in (2, 2.0, np.int32(2), np.array(2, np.int32)):
+        assert kernel(A=a, s=exact).tolist() == [2, 2, 2]
+
+
+EXACTNESS = [
+    (0.1, "float32", False), (0.5, "float32", True), (1e300, "float32", False), (float("nan"), "float32", True),
+    (2**53 + 1, "float64", False), (2**53, "float64", True), (70000.0, "float16", False),
+    (2**31, "int32", False), (-2**31, "int32", True), (np.float64(0.5), "float32", False),
+]
+
+
+def test_scalar_exactness_per_dtype():
+    from sparse_mlir.runtime.operands import dense_operand
+
+    for value, dtype, ok in EXACTNESS:
+        if ok:
+            got = dense_operand("s", value, 0, np.dtype(dtype), "cpu")
+            assert got.dtype == dtype and (got == value or value != value)
+        else:
+            with pytest.raises(DTypeError):
+                dense_operand("s", value, 0, np.dtype(dtype), "cpu")

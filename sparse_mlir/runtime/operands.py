@@ -79,8 +79,13 @@ def dense_operand(name: str, value: Any, rank: int, dtype: np.dtype, target: str
         raise FormatError(f"operand {name} is dense in this kernel; pass a numpy array, or declare a sparse "
                           f"format for it with formats={{'{name}': ...}}")
     if not isinstance(value, np.ndarray):
-        if np.isscalar(value) and rank == 0:
-            value = np.asarray(value, dtype=dtype)
+        if rank == 0 and isinstance(value, np.generic):
+            value = np.asarray(value)  # a numpy scalar carries its dtype: checked like an array below
+        elif rank == 0 and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = _exact_scalar(name, value, dtype)
+        elif rank == 0 and isinstance(value, (str, bytes, bool, complex)):
+            raise DTypeError(f"operand {name} is a 0-d {dtype} operand; pass a Python int or float, or a numpy "
+                             f"scalar or 0-d array of {dtype}, got {type(value).__name__} {value!r}")
         else:
             raise OperandError(f"operand {name} must be a numpy array, got {type(value).__name__}")
     if value.dtype != dtype:
@@ -89,6 +94,28 @@ def dense_operand(name: str, value: Any, rank: int, dtype: np.dtype, target: str
     if value.ndim != rank:
         raise ShapeError(f"operand {name} is used with {rank} indices but has shape {value.shape}")
     return np.array(value, order="C", copy=True)  # the kernel needs contiguous, aligned rows
+
+
+def _exact_scalar(name: str, value: int | float, dtype: np.dtype) -> np.ndarray:
+    """A Python number as a 0-d array of ``dtype``, only when the conversion loses nothing.
+
+    Dense operands are never cast, and a Python number has no dtype to check:
+    so it is accepted exactly when ``dtype`` represents it (``2.0`` in an int32
+    kernel, ``0.5`` in a float32 one), and refused otherwise (``2.7`` in an
+    int32 kernel, ``0.1`` in a float32 one, ``2**40`` in an int32 one).
+    """
+    if dtype.kind == "i":
+        info = np.iinfo(dtype)
+        exact = (isinstance(value, int) or value.is_integer()) and info.min <= value <= info.max
+    else:
+        with np.errstate(over="ignore"):
+            converted = dtype.type(value)
+        # compared as Python numbers (exact for int against float), not in dtype, which would round value too
+        exact = float(converted) == value or (value != value and converted != converted)  # NaN stays NaN
+    if not exact:
+        raise DTypeError(f"operand {name}: {value!r} is not exactly representable as {dtype} (no implicit casts: "
+                         f"pass np.{dtype.name}(...) to round it yourself)")
+    return np.asarray(value, dtype=dtype)
 
 
 def dense_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype,
