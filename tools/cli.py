@@ -113,11 +113,17 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
-    from sparse_mlir.runtime.cache import cache_dir
+    """Delete the cache's own entries only: ``SPARSE_MLIR_CACHE_DIR`` may name a folder that holds other files."""
+    from sparse_mlir.runtime.cache import clear
 
-    folder = cache_dir()
-    shutil.rmtree(folder)
-    print(f"removed {folder}")
+    report = clear()
+    if report.root_removed:
+        print(f"removed {report.root} ({report.removed} files)")
+    else:
+        print(f"removed {report.removed} cache files from {report.root}")
+    if report.kept:
+        shown = ", ".join(str(p) for p in report.kept[:5]) + (", ..." if len(report.kept) > 5 else "")
+        print(f"kept {len(report.kept)} entries that are not the cache's own: {shown}")
     return 0
 
 
@@ -227,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("cache", help="manage the kernel cache")
     cache_sub = p.add_subparsers(dest="action", required=True)
-    cache_sub.add_parser("clear", help="delete every cached kernel").set_defaults(func=cmd_cache_clear)
+    cache_sub.add_parser("clear", help="delete every cached kernel (only the cache's own files)").set_defaults(func=cmd_cache_clear)
     p = sub.add_parser("convert", help="convert a sparse tensor file: .smt, .mtx[.gz], .smtx[.gz], .npz")
     p.add_argument("input")
     p.add_argument("output")
