@@ -13,11 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from . import __version__
-from .errors import DeviceError, FormatError, ShapeError
-from .runtime.artifact import MANIFEST_SCHEMA
+from .errors import DeviceError, FormatError, LoweringError, ShapeError
+from .runtime.artifact import DIGEST_MARK, MANIFEST_SCHEMA, manifest_digest, ptx_digest_line
 from .runtime.cuda import CudaKernel
 from .runtime.kernel import Kernel
 from .signature import BAD_LEVELS, C_TYPES, NULL_POINTER, OK, SIZE_MISMATCH, Signature
@@ -67,14 +70,18 @@ def export(kernel: Kernel | CudaKernel, out_dir: str | Path, name: str,
             raise DeviceError("threads=True needs an OpenMP runtime: pip install intel-openmp")
     stages = worker.call("build_library", spec, sizes, sig, obj, kernel.target, cpu, openmp=openmp,
                          object_file=True)
-    link_shared([obj], lib, standalone=True, openmp=openmp)
+    data = _as_json({"schema": MANIFEST_SCHEMA, "kind": "cpu", "cpu": cpu, "sparse_mlir": __version__,
+                     "threads": openmp is not None, "openmp_runtime": openmp.name if openmp else None,
+                     "tools": tool_versions(), "library": lib.name, "object": obj.name, "header": header.name,
+                     "signature": sig.to_json()})
+    digest = data["manifest_sha256"] = manifest_digest(data)
+    with tempfile.TemporaryDirectory(prefix="sparse_mlir_export_") as tmp:
+        link_shared([obj, _digest_object(Path(tmp), digest)], lib, standalone=True, openmp=openmp)
+    if lib.read_bytes().count(DIGEST_MARK + digest.encode()) != 1:
+        raise LoweringError("the linker dropped the manifest digest from the library", stage="link", target="cpu")
     header.write_text(c_header(sig, openmp))
     (folder / f"{name}.mlir").write_text(stages["input"])
-    data = {"schema": MANIFEST_SCHEMA, "kind": "cpu", "cpu": cpu, "sparse_mlir": __version__,
-            "threads": openmp is not None, "openmp_runtime": openmp.name if openmp else None,
-            "tools": tool_versions(), "library": lib.name, "object": obj.name, "header": header.name,
-            "sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (lib, obj, header)},
-            "signature": sig.to_json()}
+    data["sha256"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (lib, obj, header)}
     manifest.write_text(json.dumps(data, indent=1))
     return {"object": obj, "library": lib, "header": header, "manifest": manifest}
 
@@ -94,22 +101,53 @@ def _export_cuda(kernel: CudaKernel, folder: Path, name: str, shapes: dict[str, 
     program, sig = function.program, Signature(name, function.signature.expression, function.signature.operands)
     folder.mkdir(parents=True, exist_ok=True)
     code: dict[str, str] = {}
+    sums: dict[str, str] = {}
     for chip, ptx in program.ptx.items():
-        (folder / f"{name}.{chip}.ptx").write_text(ptx)
         code[chip] = f"{name}.{chip}.ptx"
         if cuda_toolkit.ptxas() is not None:
-            (folder / f"{name}.{chip}.cubin").write_bytes(cuda_toolkit.assemble(ptx, chip))
+            cubin = cuda_toolkit.assemble(ptx, chip)
+            (folder / f"{name}.{chip}.cubin").write_bytes(cubin)
             code[f"{chip}.cubin"] = f"{name}.{chip}.cubin"
-    (folder / f"{name}.mlir").write_text(kernel.ir["input"])
+            sums[code[f"{chip}.cubin"]] = hashlib.sha256(cubin).hexdigest()
     header = folder / f"{name}.h"
+    data = _as_json({"schema": MANIFEST_SCHEMA, "kind": "cuda", "sparse_mlir": __version__, "tools": tool_versions(),
+                     "code": code, "header": header.name, "program": program.to_json(include_ptx=False),
+                     "sha256": sums, "signature": sig.to_json()})
+    # each PTX file carries the digest of the manifest (signature, launches, cubin checksums): load_kernel refuses
+    # a manifest that does not match its code
+    digest = data["manifest_sha256"] = manifest_digest(data)
+    for chip, ptx in program.ptx.items():
+        (folder / code[chip]).write_text(ptx + ("" if ptx.endswith("\n") else "\n") + ptx_digest_line(digest))
+    (folder / f"{name}.mlir").write_text(kernel.ir["input"])
     header.write_text(cuda_header(sig, program))
+    data["sha256"] = {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in (*code.values(), header.name)}
     manifest = folder / f"{name}.json"
-    data = {"schema": MANIFEST_SCHEMA, "kind": "cuda", "sparse_mlir": __version__, "tools": tool_versions(),
-            "code": code, "header": header.name, "program": program.to_json(include_ptx=False),
-            "sha256": {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in (*code.values(), header.name)},
-            "signature": sig.to_json()}
     manifest.write_text(json.dumps(data, indent=1))
     return {"manifest": manifest, "header": header, **{f"code:{chip}": folder / f for chip, f in code.items()}}
+
+
+def _as_json(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as ``json.loads`` will read it back (tuples become lists), so its digest is the one checked."""
+    return json.loads(json.dumps(data))
+
+
+def _digest_object(folder: Path, digest: str) -> Path:
+    """An object file holding the manifest digest in a section of its own, linked into the exported library.
+
+    The symbol is static (the library still exports only the kernel); ``load_kernel`` finds the
+    digest by its mark in the file's bytes before anything is loaded.
+    """
+    from .lowering.toolchain import c_compiler
+
+    source, obj = folder / "manifest_digest.c", folder / "manifest_digest.o"
+    text = f"{DIGEST_MARK.decode()}{digest}"
+    source.write_text(f'__attribute__((used, section(".sparse_mlir_manifest")))\n'
+                      f'static const char sparse_mlir_manifest_digest[] = "{text}";\n')
+    done = subprocess.run([c_compiler(), "-c", "-fPIC", "-o", str(obj), str(source)], capture_output=True, text=True)
+    if done.returncode:
+        raise LoweringError("compiling the manifest digest failed", stage="link", target="cpu",
+                            diagnostics=done.stderr)
+    return obj
 
 
 def _static_extents(kernel: Kernel, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidIndicesError, LoweringError, OperandError, ShapeError
+from ..errors import FormatError, InvalidIndicesError, LoweringError, OperandError, ShapeError
 from ..signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, STATUS_TEXT, Signature
 from ..tensor import SparseTensor
 from . import abi, threads
@@ -48,8 +48,15 @@ class NativeFunction:
         self.threaded = threaded
         if threaded:
             threads.load_runtime()  # before the library, whose __kmpc_* symbols it provides
-        self.library = ctypes.CDLL(str(path))
-        self.function = getattr(self.library, sig.name)
+        try:
+            self.library = ctypes.CDLL(str(path))
+        except OSError as exc:  # not a shared library, or one that needs what this machine lacks
+            raise FormatError(f"{path}: cannot load this kernel library ({exc})") from exc
+        try:
+            self.function = getattr(self.library, sig.name)
+        except AttributeError:
+            raise FormatError(f"{path}: the library has no function {sig.name!r}, which its signature "
+                              f"names") from None
         self.function.restype = ctypes.c_int32
         self.function.argtypes = [ctypes.c_int64 if p.ctype == "int64_t" else ctypes.c_void_p
                                   for p in sig.params()]
