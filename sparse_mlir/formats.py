@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 
 import enum
+import numbers
 import re
 from dataclasses import dataclass, field, replace
 
@@ -28,6 +29,11 @@ __all__ = [
 ]
 
 _WIDTHS = (0, 8, 16, 32, 64)
+
+
+def _is_int(value: object) -> bool:
+    """A real integer (not a bool, not 2.0): format fields computed with must stay exact."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class LevelKind(str, enum.Enum):
@@ -51,7 +57,15 @@ class Level:
     m: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", LevelKind(self.kind))
+        try:
+            object.__setattr__(self, "kind", LevelKind(self.kind))
+        except ValueError:
+            raise FormatError(f"unknown level kind {self.kind!r}; kinds: "
+                              f"{', '.join(k.value for k in LevelKind)}") from None
+        if not all(isinstance(flag, bool) for flag in (self.unique, self.ordered)):
+            raise FormatError(f"level properties unique/ordered must be booleans, got {self.unique!r}, {self.ordered!r}")
+        if not all(_is_int(v) for v in (self.n, self.m)):
+            raise FormatError(f"structured level sizes must be integers, got {self.n!r}:{self.m!r}")
         if self.kind is LevelKind.STRUCTURED and not (0 < self.n <= self.m):
             raise FormatError(f"structured level needs 0 < n <= m, got {self.n}:{self.m}")
         if self.kind is not LevelKind.STRUCTURED and (self.n or self.m):
@@ -86,6 +100,9 @@ class LevelExpr:
     factor: int = 0
 
     def __post_init__(self) -> None:
+        if not (_is_int(self.dim) and _is_int(self.factor)) or self.dim < 0:
+            raise FormatError(f"a level expression needs a dimension >= 0 and an integer factor, "
+                              f"got d{self.dim!r} {self.op} {self.factor!r}")
         if self.op not in ("", "floordiv", "mod"):
             raise FormatError(f"level expression op must be '', 'floordiv' or 'mod', got {self.op!r}")
         if self.op and self.factor < 1:
@@ -121,7 +138,7 @@ class Format:
         if len(self.levels) != len(self.dim_to_lvl):
             raise FormatError(f"{len(self.levels)} levels but {len(self.dim_to_lvl)} level expressions")
         for width, what in ((self.pos_width, "pos_width"), (self.crd_width, "crd_width")):
-            if width not in _WIDTHS:
+            if not _is_int(width) or width not in _WIDTHS:
                 raise FormatError(f"{what} must be one of {_WIDTHS}, got {width}")
         dims = {e.dim for e in self.dim_to_lvl}
         if dims != set(range(len(dims))):

@@ -33,7 +33,8 @@ Differences wrap around in the buffer's own dtype, so they are exact for any
 content and never widen a buffer.  Values are always stored raw.  Each
 buffer is then compressed with ``zlib`` or ``lzma`` when asked and when that
 makes it smaller.  Aligned raw, uncompressed buffers are what let
-``load_tensor`` return zero-copy ``np.memmap`` views.
+``load_tensor`` return ``np.memmap`` views (of a private snapshot of the
+file, never of the file itself: see ``_snapshot``).
 
 Files are written to a temporary name and renamed into place, so a reader --
 or a tensor still mapping the previous file -- never sees a half-written one.
@@ -41,11 +42,14 @@ or a tensor still mapping the previous file -- never sees a half-written one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import lzma
 import os
+import shutil
 import struct
+import tempfile
 import uuid
 import zlib
 from collections.abc import Callable
@@ -56,9 +60,9 @@ from typing import Any
 import numpy as np
 
 from .errors import FormatError, OperandError, SparseMLIRError
-from .formats import Format
+from .formats import Format, LevelKind
 from .signature import format_from_json, format_to_json
-from .storage import index_dtype
+from .storage import check_shape, index_dtype
 from .tensor import SparseTensor, check_dtype
 
 __all__ = ["MAGIC", "VERSION", "save_tensor", "load_tensor"]
@@ -270,7 +274,7 @@ def _entry(record: dict[str, Any], expected: np.dtype, file_size: int) -> _Entry
         raise ValueError(f"buffer {e.name!r} has dtype {e.dtype}, but the format stores {expected}")
     if e.encoding not in _ENCODINGS or e.compression not in _COMPRESS:
         raise ValueError(f"buffer {e.name!r} has unknown encoding {e.encoding!r} or compression {e.compression!r}")
-    if not all(isinstance(v, int) and v >= 0 for v in (e.count, e.offset, e.length)):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (e.count, e.offset, e.length)):
         raise ValueError(f"buffer {e.name!r} needs non-negative integer count, offset and length")
     if e.compression == "none" and e.length != e.count * expected.itemsize:
         raise ValueError(f"buffer {e.name!r} stores {e.length} bytes for {e.count} elements of {expected}")
@@ -285,21 +289,88 @@ def _expected_dtypes(fmt: Format, dtype: np.dtype) -> list[np.dtype]:
             for n in fmt.buffer_names]
 
 
+def _check_counts(fmt: Format, shape: tuple[int, ...], entries: list[_Entry]) -> None:
+    """Check every buffer's element count against the shape, the format and the counts before it.
+
+    Runs on the header alone, before anything is decompressed or allocated,
+    so a small file cannot make the loader build buffers its shape rules out
+    (a bomb behind a count the shape contradicts).  The counts must chain as
+    the levels do: ``posN`` has one entry per parent plus one, a singleton
+    or N:M level a fixed number per parent, ``values`` one per entry of the
+    last level; a compressed level stores at most ``size`` coordinates per
+    parent when it is unique (and, in a COO region, at most one per distinct
+    tuple).  Whether ``posN`` really ends at the coordinate count is checked
+    after decoding, with the rest of the buffers.
+    """
+    count = {e.name: e.count for e in entries}
+    sizes = fmt.level_sizes(shape)
+    n = 1  # entries of the level above
+    for i, level in enumerate(fmt.levels):
+        if level.kind is LevelKind.DENSE:
+            n *= sizes[i]
+            continue
+        crd = count[f"crd{i}"]
+        if level.kind is LevelKind.STRUCTURED:
+            want: int | None = n * level.n
+        elif level.kind is LevelKind.SINGLETON:
+            want = n
+        else:
+            if count[f"pos{i}"] != n + 1:
+                raise ValueError(f"buffer 'pos{i}' holds {count[f'pos{i}']} positions, but shape {shape} in format "
+                                 f"{fmt} has {n} parents at level {i} ({n + 1} positions)")
+            want = None
+            bound = _coordinate_bound(fmt, sizes, i)
+            if bound is not None and crd > n * bound:
+                raise ValueError(f"buffer 'crd{i}' holds {crd} coordinates, more than the {n * bound} that shape "
+                                 f"{shape} in format {fmt} can hold at level {i}")
+        if want is not None and crd != want:
+            raise ValueError(f"buffer 'crd{i}' holds {crd} coordinates, but shape {shape} in format {fmt} "
+                             f"needs {want} at level {i}")
+        n = crd
+    if count["values"] != n:
+        raise ValueError(f"buffer 'values' holds {count['values']} values, but the levels of format {fmt} "
+                         f"store {n} entries (nnz mismatch)")
+
+
+def _coordinate_bound(fmt: Format, sizes: tuple[int, ...], i: int) -> int | None:
+    """Most coordinates compressed level ``i`` can store per parent, or ``None`` when duplicates are legal."""
+    bound = 1
+    for k in range(i, len(fmt.levels)):
+        level = fmt.levels[k]
+        if k > i and level.kind is not LevelKind.SINGLETON:
+            return None  # a nonunique level not closed by a unique singleton: any repeat count is valid
+        bound *= sizes[k]
+        if level.unique:
+            return bound
+    return None
+
+
 def _read_header(data: np.ndarray, path: PathLike) -> tuple[Format, tuple[int, ...], list[_Entry]]:
     header_len = _read_prefix(data, path)
     try:
         header = json.loads(data[_PREFIX.size:_PREFIX.size + header_len].tobytes().decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
         fmt = format_from_json(header["format"])
-        shape = tuple(int(s) for s in header["shape"])
+        if fmt.is_dense:
+            raise ValueError("the format is dense; .smt files hold sparse tensors")
+        shape = check_shape(header["shape"])
+        fmt.check_shape(shape)
+        check_shape(shape, fmt)
         expected = _expected_dtypes(fmt, check_dtype(header["dtype"], "the header's values"))
         records = header["buffers"]
-        if [r["name"] for r in records] != list(fmt.buffer_names):
-            raise ValueError(f"buffers {[r['name'] for r in records]} do not match the format's "
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise ValueError("'buffers' must be a list of objects")
+        if [r.get("name") for r in records] != list(fmt.buffer_names):
+            raise ValueError(f"buffers {[r.get('name') for r in records]} do not match the format's "
                              f"{list(fmt.buffer_names)}")
         entries = [_entry(r, dt, data.size) for r, dt in zip(records, expected)]
+        _check_counts(fmt, shape, entries)
     except EOFError as exc:
         raise FormatError(f"{path}: truncated .smt file: {exc}") from exc
-    except (ValueError, TypeError, KeyError, SparseMLIRError) as exc:
+    except RecursionError:  # JSON nested thousands deep
+        raise FormatError(f"{path}: malformed .smt header: nested too deeply") from None
+    except (ValueError, TypeError, KeyError, AttributeError, SparseMLIRError) as exc:
         raise FormatError(f"{path}: malformed .smt header: {exc}") from exc
     return fmt, shape, entries
 
@@ -328,17 +399,89 @@ def _load_buffer(data: np.ndarray, entry: _Entry, pos: np.ndarray | None, verify
     return np.asarray(_decode(arr, entry, pos, path), dtype=dtype)  # native byte order; no copy when it is
 
 
+# -- owning the bytes ---------------------------------------------------------------------------------
+#
+# A tensor is validated once and trusted by kernels afterwards, so its bytes must not change under it.
+# Mapping the named file cannot promise that: a writer that rewrites it in place (``cp other.smt a.smt``
+# truncates, then writes) makes mapped pages read the new bytes or raise SIGBUS -- even MAP_PRIVATE
+# mappings, since Linux drops private pages past a truncation too.  So the tensor never maps the file it
+# was named: it maps a private snapshot, an unlinked file nobody else can open (a reflink clone where the
+# file system shares blocks, so that stays zero-copy; else a kernel-side copy in the temporary folder,
+# page-cache backed and evictable), or, where neither can be made, owns an in-memory copy.
+
+_FICLONE = 0x40049409  # linux/fs.h: share the source's blocks, copy on write
+
+
+def _unlinked_file(folder: str) -> Any:
+    """A new read-write file in ``folder`` that has no name, or ``None`` where that is unsupported."""
+    try:
+        fd = os.open(folder, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (OSError, AttributeError):  # no O_TMPFILE on this system or file system, or no write access
+        return None
+    return os.fdopen(fd, "w+b")
+
+
+def _copy_into(src: Any, dst: Any, size: int, clone_only: bool) -> bool:
+    """Copy ``size`` bytes of ``src`` into ``dst``: reflink, else (unless ``clone_only``) in the kernel."""
+    try:
+        fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+        return True
+    except OSError:
+        if clone_only:
+            return False
+    copied = 0
+    try:
+        while copied < size:
+            step = os.copy_file_range(src.fileno(), dst.fileno(), size - copied, copied, copied)
+            if step == 0:
+                break
+            copied += step
+    except OSError:  # no copy_file_range across these file systems: copy through user space
+        src.seek(0)
+        dst.seek(0)
+        shutil.copyfileobj(src, dst)
+    dst.flush()
+    return os.fstat(dst.fileno()).st_size == size
+
+
+def _snapshot(path: PathLike, mmap: bool) -> np.ndarray:
+    """The file's bytes, in storage only this process can change (see above)."""
+    with open(path, "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        if mmap and size:
+            for folder, clone_only in ((os.path.dirname(os.path.abspath(path)), True),
+                                       (tempfile.gettempdir(), False)):
+                copy = _unlinked_file(folder)
+                if copy is None:
+                    continue
+                with copy:
+                    try:
+                        if _copy_into(src, copy, size, clone_only):
+                            return np.memmap(copy, np.uint8, mode="r")  # the map keeps its own descriptor
+                    except OSError:  # out of space in the temporary folder, say: read it instead
+                        pass
+        src.seek(0)
+        return np.fromfile(src, np.uint8)
+
+
 def load_tensor(path: PathLike, *, mmap: bool = True, verify: bool = True) -> SparseTensor:
     """Read a tensor written by :func:`save_tensor`.
 
-    With ``mmap`` raw, uncompressed buffers are read-only views of the mapped
-    file (zero-copy); the others are decoded into new arrays.  ``verify``
-    checks every buffer's sha256.  The buffers are always validated as a
-    ``SparseTensor``.  Any bad file -- wrong magic or version, truncated,
-    malformed header, checksum mismatch, invalid buffers -- raises
+    The tensor never reads the file it was named after it returns, so
+    rewriting or truncating that file afterwards (even in place) leaves it
+    intact.  With ``mmap`` the file is first snapshotted into a private,
+    unlinked file (a reflink clone where the file system supports it,
+    otherwise a kernel-side copy in the temporary folder) and raw,
+    uncompressed buffers are read-only views of that mapping; without, the
+    file is read into memory.  Other buffers are decoded into new arrays.
+    ``verify`` checks every buffer's sha256.  Every count in the header is
+    checked against the shape and format before any buffer is decompressed,
+    and the buffers are always validated as a ``SparseTensor``.  Any bad
+    file -- wrong magic or version, truncated, malformed header, counts the
+    shape rules out, checksum mismatch, invalid buffers -- raises
     ``FormatError`` naming the problem.
     """
-    data = np.memmap(path, np.uint8, mode="r") if mmap and os.path.getsize(path) else np.fromfile(path, np.uint8)
+    data = _snapshot(path, mmap)
     fmt, shape, entries = _read_header(data, path)
     buffers: dict[str, np.ndarray] = {}
     for entry in entries:

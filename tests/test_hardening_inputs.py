@@ -149,3 +149,162 @@ def test_scalar_exactness_per_dtype():
         else:
             with pytest.raises(DTypeError):
                 dense_operand("s", value, 0, np.dtype(dtype), "cpu")
+
+
+# -- item 4: a loaded tensor never reads the file it was named -----------------------------------------
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    """What ``cp other.smt path`` does: truncate the same inode, then write."""
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write(data)
+
+
+def test_rewriting_a_loaded_file_in_place_leaves_the_tensor_intact(tmp_path):
+    a = sm.SparseTensor.from_coo([[0, 1, 2], [2, 0, 1]], [1.0, 2.0, 3.0], (3, 3), "csr")
+    b = sm.SparseTensor.from_coo([[0, 0, 0], [0, 1, 2]], [7.0, 8.0, 9.0], (3, 3), "csr")
+    path, other = tmp_path / "a.smt", tmp_path / "b.smt"
+    sm.save_tensor(a, path, compression="none", index_encoding="raw")
+    sm.save_tensor(b, other, compression="none", index_encoding="raw")
+    for mmap in (True, False):
+        t = sm.load_tensor(path, mmap=mmap)
+        _rewrite_in_place(path, other.read_bytes())  # same length, other contents
+        np.testing.assert_array_equal(t.to_dense(), a.to_dense())
+        sm.save_tensor(a, path, compression="none", index_encoding="raw")
+
+
+def test_truncating_a_loaded_file_does_not_crash_a_kernel_call(tmp_path):
+    path = tmp_path / "a.smt"
+    a = sm.SparseTensor.from_coo(np.nonzero(np.eye(300)), np.ones(300), (300, 300), "csr")
+    sm.save_tensor(a, path, compression="none", index_encoding="raw")
+    script = textwrap.dedent(f"""
+        import numpy as np, sparse_mlir as sm
+        t = sm.load_tensor({str(path)!r})
+        with open({str(path)!r}, "r+b") as f:
+            f.truncate(0)
+            f.write(b"short")
+        y = sm.compile("y[i] = A[i,j] * x[j]", formats={{"A": "csr"}}, dtype="float64")(A=t, x=np.ones(300))
+        print("sum", y.sum())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "sum 300.0" in out.stdout, (out.returncode, out.stderr[-2000:])
+
+
+# -- item 15 and 20 (.smt): counts are checked before anything is inflated ------------------------------
+
+def _forge(path: Path, tensor: sm.SparseTensor, edit, payloads: dict[str, bytes] | None = None) -> None:
+    """Write ``tensor`` as .smt with its header records edited and some buffers' stored bytes replaced."""
+    from dataclasses import asdict
+
+    from sparse_mlir.signature import format_to_json
+    from sparse_mlir.tensor_file import _Entry, _header, _stored, _write_atomically
+
+    entries, stored = _stored(tensor, "none", "raw")
+    for i, e in enumerate(entries):
+        if payloads and e.name in payloads:
+            stored[i] = payloads[e.name]
+            entries[i] = _Entry(**{**asdict(e), "length": len(stored[i]), "compression": "zlib"})
+    meta = {"format": format_to_json(tensor.format), "shape": list(tensor.shape), "dtype": tensor.dtype.name}
+    edit(meta, entries)
+    header, placed = _header(meta, entries)
+    _write_atomically(path, header, placed, stored)
+
+
+def _zlib_zeros(nbytes: int) -> bytes:
+    c = zlib.compressobj(9)
+    chunk = bytes(1 << 24)
+    out = [c.compress(chunk) for _ in range(nbytes >> 24)]
+    return b"".join(out) + c.flush()
+
+
+def _peak_mib(action) -> float:
+    tracemalloc.start()
+    try:
+        action()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak / 2**20
+
+
+def test_a_count_the_shape_rules_out_is_refused_before_inflating(tmp_path):
+    from dataclasses import asdict
+
+    from sparse_mlir.tensor_file import _Entry
+
+    t = sm.SparseTensor.from_coo([[0, 1], [1, 2]], [1.0, 2.0], (3, 3), "csr")
+    bomb = _zlib_zeros(1 << 28)  # 256 MiB of zeros in about 260 KB
+
+    def claim(meta, entries):
+        entries[0] = _Entry(**{**asdict(entries[0]), "count": (1 << 28) // 4})
+
+    path = tmp_path / "bomb.smt"
+    _forge(path, t, claim, {"pos1": bomb})
+    assert path.stat().st_size < 400_000
+
+    def load():
+        with pytest.raises(FormatError, match="positions"):
+            sm.load_tensor(path, verify=False)
+
+    assert _peak_mib(load) < 32
+
+
+def _edit_record(name, **changes):
+    from dataclasses import asdict
+
+    from sparse_mlir.tensor_file import _Entry
+
+    def edit(meta, entries):
+        i = next(k for k, e in enumerate(entries) if e.name == name)
+        entries[i] = _Entry(**{**asdict(entries[i]), **changes})
+    return edit
+
+
+def _edit_meta(**changes):
+    return lambda meta, entries: meta.update(changes)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (_edit_meta(shape=[2**64, 3]), "2\\*\\*63"),
+    (_edit_meta(shape=[3.5, 3]), "integers"),
+    (_edit_meta(shape="33"), "integers"),
+    (_edit_meta(shape=None), "sequence"),
+    (_edit_meta(format={"levels": [["dense", True, True, 0, 0], ["compressed", 1, True, 0, 0]],
+                        "dim_to_lvl": [[0, "", 0], [1, "", 0]], "pos_width": 32, "crd_width": 32, "name": "x"}),
+     "boolean"),
+    (_edit_meta(format={"levels": [["dense", True, True, 0, 0], ["compressed", True, True, 0, 0]],
+                        "dim_to_lvl": [[0, "", 0], [1, "", 0]], "pos_width": 32.0, "crd_width": 32, "name": "x"}),
+     "pos_width"),
+    (_edit_record("crd1", count=10, compression="zlib", length=len(zlib.compress(bytes(40)))), "more than the 9"),
+    (_edit_record("pos1", count=True), "non-negative integer"),
+])
+def test_odd_headers_raise_format_error(tmp_path, edit, match):
+    t = sm.SparseTensor.from_coo([[0, 1], [1, 2]], [1.0, 2.0], (3, 3), "csr")
+    path = tmp_path / "odd.smt"
+    _forge(path, t, edit, {"crd1": zlib.compress(bytes(40))} if "9" in match else None)
+    with pytest.raises(FormatError, match=match):
+        sm.load_tensor(path, verify=False)
+
+
+def test_deeply_nested_header_is_a_format_error(tmp_path):
+    from sparse_mlir.tensor_file import MAGIC, VERSION
+
+    header = b"[" * 100_000 + b"]" * 100_000
+    path = tmp_path / "deep.smt"
+    path.write_bytes(struct.pack("<8sII", MAGIC, VERSION, len(header)) + header)
+    with pytest.raises(FormatError, match="nested"):
+        sm.load_tensor(path)
+
+
+def test_coo_coordinate_count_is_bounded_by_its_tuples(tmp_path):
+    t = sm.SparseTensor.from_coo([[0, 1], [1, 2]], [1.0, 2.0], (2, 3), "coo")
+
+    stored = {"crd0": zlib.compress(bytes(28)), "crd1": zlib.compress(bytes(28)), "values": zlib.compress(bytes(56))}
+
+    def grow(meta, entries):  # 2 x 3 holds at most 6 distinct (row, col) tuples
+        for name, payload in stored.items():
+            _edit_record(name, count=7, length=len(payload), compression="zlib")(meta, entries)
+    path = tmp_path / "coo.smt"
+    _forge(path, t, grow, stored)
+    with pytest.raises(FormatError, match="more than the 6"):
+        sm.load_tensor(path, verify=False)
