@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,15 @@ __all__ = ["compile"]
 
 _kernels: dict[tuple, Kernel] = {}
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A fork may happen while another thread holds the lock; the child starts with a free one."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",  # noqa: A001 - as in re.compile
@@ -67,11 +77,4 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
         kernel = _kernels.get(key)
         if kernel is None:
             kernel = _kernels[key] = make()
-    return kernel
-    options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
-    key = (spec.key(), options, schedule)
-    with _lock:
-        kernel = _kernels.get(key)
-        if kernel is None:
-            kernel = _kernels[key] = (AutoKernel if schedule == "auto" else Kernel)(spec, options)
     return kernel

@@ -10,6 +10,11 @@ Grammar::
     primary    := NUMBER | access | FUNC '(' expr [',' expr] ')' | '(' expr ')'
 
 Errors are ``DSLError`` with the 1-based column of the offending token.
+
+Nesting is bounded (``MAX_DEPTH`` operations from the root to the deepest
+leaf, a chain ``a + b + c`` counting one per operator): the parser, the
+planner and the IR emitter all walk the tree recursively, and a flat sum of
+600 terms used to end in a raw ``RecursionError`` somewhere among them.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from dataclasses import dataclass
 from ..errors import DSLError
 from .ast import FUNCTIONS, Access, Assignment, Binary, Call, Expr, Literal, Unary
 
-__all__ = ["parse"]
+__all__ = ["parse", "MAX_DEPTH"]
+
+MAX_DEPTH = 128  # far above any kernel a sparsifier compiles in reasonable time; far below Python's stack limit
 
 _TOKEN = re.compile(r"\s*(?:(?P<number>\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+(?:[eE][+-]?\d+)?)"
                     r"|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>[-+*=\[\](),]))")
@@ -54,6 +61,8 @@ class _Parser:
         self.text = text
         self.tokens = _tokenize(text)
         self.i = 0
+        self.depths: dict[int, int] = {}  # id(node) -> levels below and including it (leaves: 1, not stored)
+        self.nesting = 0  # open parentheses, calls and unary minuses: how deep the parser itself recursed
 
     @property
     def tok(self) -> _Token:
@@ -62,6 +71,22 @@ class _Parser:
     def error(self, message: str, tok: _Token | None = None) -> DSLError:
         tok = tok or self.tok
         return DSLError(message, self.text, tok.column)
+
+    def made(self, node: Expr, tok: _Token) -> Expr:
+        """Record ``node``'s depth; refuse it (at ``tok``) past ``MAX_DEPTH``."""
+        depth = 1 + max((self.depths.get(id(c), 1) for c in node.children()), default=0)
+        if depth > MAX_DEPTH:
+            raise self.error(f"the expression nests deeper than {MAX_DEPTH} operations (a chain a + b + ... counts "
+                             f"one per operator); split it into several kernels", tok)
+        self.depths[id(node)] = depth
+        return node
+
+    def nested(self, tok: _Token) -> None:
+        """Count one more level of parser recursion; refuse past ``MAX_DEPTH`` before Python's stack runs out."""
+        self.nesting += 1
+        if self.nesting > MAX_DEPTH:
+            raise self.error(f"the expression nests deeper than {MAX_DEPTH} levels of parentheses, calls and "
+                             f"unary minus; split it into several kernels", tok)
 
     def expect(self, text: str) -> _Token:
         if self.tok.text != text or self.tok.kind not in ("op",):
@@ -106,20 +131,26 @@ class _Parser:
     def expr(self) -> Expr:
         node = self.term()
         while self.tok.kind == "op" and self.tok.text in "+-":
-            op = self.tok.text
+            tok = self.tok
             self.i += 1
-            node = Binary(op, node, self.term())
+            node = self.made(Binary(tok.text, node, self.term()), tok)
         return node
 
     def term(self) -> Expr:
         node = self.unary()
-        while self.accept("*"):
-            node = Binary("*", node, self.unary())
+        while self.tok.kind == "op" and self.tok.text == "*":
+            tok = self.tok
+            self.i += 1
+            node = self.made(Binary("*", node, self.unary()), tok)
         return node
 
     def unary(self) -> Expr:
+        tok = self.tok
         if self.accept("-"):
-            return Unary("-", self.unary())
+            self.nested(tok)
+            node = self.made(Unary("-", self.unary()), tok)
+            self.nesting -= 1
+            return node
         return self.primary()
 
     def primary(self) -> Expr:
@@ -136,8 +167,10 @@ class _Parser:
                 return self.access()
             raise self.error(f"{tok.text!r} must be indexed, e.g. {tok.text}[i,j], or called as a function", tok)
         if self.accept("("):
+            self.nested(tok)
             node = self.expr()
             self.expect(")")
+            self.nesting -= 1
             return node
         raise self.error(f"expected a tensor, a number, a function or '(', found {tok.text or 'end of expression'!r}")
 
@@ -147,13 +180,15 @@ class _Parser:
             raise self.error(f"unknown function {tok.text!r}; known: {', '.join(sorted(FUNCTIONS))}", tok)
         self.i += 1
         self.expect("(")
+        self.nested(tok)
         args = [self.expr()]
         while self.accept(","):
             args.append(self.expr())
         self.expect(")")
+        self.nesting -= 1
         if len(args) != FUNCTIONS[tok.text]:
             raise self.error(f"{tok.text} takes {FUNCTIONS[tok.text]} argument(s), got {len(args)}", tok)
-        return Call(tok.text, tuple(args), tok.column)
+        return self.made(Call(tok.text, tuple(args), tok.column), tok)
 
 
 def parse(text: str) -> Assignment:

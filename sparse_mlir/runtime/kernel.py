@@ -4,13 +4,22 @@ A call checks and converts its operands, works out every index's size,
 picks (or compiles, once per process and once per disk cache) the
 specialization for the sparse operands' shapes and index widths, and runs its
 native entry point.
+
+A compile that the sparsifier refuses (an error from its passes, or a crash
+inside them) is retried on dense copies of the sparse inputs, but only when
+those copies fit ``dense_budget()``; a compiler process that was killed or
+timed out is not a refusal and raises, so nothing densified is cached for
+a problem that had nothing to do with the kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
+import os
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +36,7 @@ from . import cache
 from .library import NativeFunction
 from .operands import check_extents, dense_output, prepare
 
-__all__ = ["Kernel", "Specialization", "BuildOptions", "ENTRY_NAME", "cache_key"]
+__all__ = ["Kernel", "Specialization", "BuildOptions", "ENTRY_NAME", "cache_key", "dense_budget"]
 
 ENTRY_NAME = "sparse_mlir_kernel"
 _compile_lock = threading.Lock()
@@ -36,6 +45,65 @@ _key_locks: dict[str, threading.Lock] = {}
 _loaded: OrderedDict[str, Specialization] = OrderedDict()
 # per process: native compiles, libraries loaded (compiled or cached), compiles that fell back to densified inputs
 stats = {"compiled": 0, "loaded": 0, "densified": 0}
+DENSE_BUDGET_FRACTION = 0.25  # of the memory available now: a dense copy must leave room for everything else
+# MLIR stages whose failure is the sparsifier (or its lowering) refusing the kernel, not a broken toolchain
+_REFUSING_STAGES = frozenset({"sparsified", "llvm"})
+
+
+def _after_fork_in_child() -> None:
+    """A fork inherits these locks in whatever state another thread held them: start free in the child."""
+    global _compile_lock, _key_locks
+    _compile_lock = threading.Lock()
+    _key_locks = {}
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def dense_budget() -> int:
+    """Bytes a dense copy made by this package may take.
+
+    ``SPARSE_MLIR_DENSE_BUDGET`` (bytes), else ``DENSE_BUDGET_FRACTION`` of
+    the memory available now: the kernel's ``MemAvailable``, lowered to
+    what the cgroup's limit leaves.  Dense copies that do not fit are never
+    planned: ``schedule="auto"`` leaves out its dense candidate and a
+    refused compile is not retried densified.
+    """
+    text = os.environ.get("SPARSE_MLIR_DENSE_BUDGET", "").strip()
+    if text:
+        if text.isdigit():
+            return int(text)
+        warnings.warn(f"SPARSE_MLIR_DENSE_BUDGET={text!r} is not a number of bytes; using the default",
+                      RuntimeWarning, stacklevel=2)
+    return int(_available_memory() * DENSE_BUDGET_FRACTION)
+
+
+def _available_memory() -> int:
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            available = int(next(line for line in f if line.startswith("MemAvailable:")).split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):  # cgroup v2: the container's own limit, when it has one
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, max(0, int(limit) - used))
+    return available
+
+
+def densified_bytes(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]]) -> int:
+    """Bytes of the dense copies ``spec.densified()`` makes of the sparse inputs (their shapes are static)."""
+    return sum(math.prod(shapes[n]) for n in spec.inputs if spec.is_sparse(n)) * spec.dtype.itemsize
+
+
+def _refused(error: LoweringError) -> bool:
+    """Whether ``error`` is the sparsifier refusing the kernel (so dense copies may compile), not a compiler
+    process stopped from outside (killed, out of memory, timed out) or a broken toolchain."""
+    from ..worker import CompilerDied
+
+    if isinstance(error, CompilerDied):
+        return error.crashed
+    return error.stage in _REFUSING_STAGES
 
 
 @dataclass(frozen=True)
@@ -62,7 +130,18 @@ class Specialization:
     @property
     def ir(self) -> dict[str, str]:
         """The IR of every stage (``input``, ``sparsified``, ``llvm``), read from the cache on demand."""
-        return cache.load_ir(self.key)
+        return stored_ir(self.key)
+
+
+def stored_ir(key: str) -> dict[str, str]:
+    """The IR of a cache entry; a missing, unreadable or malformed IR file is a ``CacheError`` naming it."""
+    try:
+        ir = cache.load_ir(key)
+    except (OSError, ValueError) as exc:
+        raise cache.CacheError(f"{cache.ir_path(key)}: the kernel's IR cannot be read ({exc})") from exc
+    if not isinstance(ir, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ir.items()):
+        raise cache.CacheError(f"{cache.ir_path(key)}: the kernel's IR file is not a mapping of stage to text")
+    return ir
 
 
 class Kernel:
@@ -101,7 +180,7 @@ class Kernel:
         """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``llvm``)."""
         if not self._keys:
             raise ShapeError("the kernel has not been specialized yet: call it (or use .specializations) first")
-        return cache.load_ir(next(reversed(self._keys.values())))
+        return stored_ir(next(reversed(self._keys.values())))
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{k}={v}" for k, v in self.spec.formats.items())
@@ -158,9 +237,15 @@ def _compile(lib_path: Path, spec: KernelSpec, formats: dict[str, Format],
     try:
         stages = worker.call("build_library", special, shapes, sig, lib_path, options.target, options.cpu,
                              openmp=options.openmp)
-    except LoweringError:
-        if spec.sparse_output or not spec.formats:
+    except LoweringError as exc:
+        if spec.sparse_output or not spec.formats or not _refused(exc):
             raise
+        need, budget = densified_bytes(spec, shapes), dense_budget()
+        if need > budget:
+            raise LoweringError(f"the sparsifier refused this kernel ({exc.message}), and computing it on dense "
+                                f"copies of its sparse inputs needs {need:,} bytes, over the dense budget of "
+                                f"{budget:,} (SPARSE_MLIR_DENSE_BUDGET)", stage=exc.stage, target=exc.target,
+                                diagnostics=exc.diagnostics) from exc
         # the sparsifier failed on this co-iteration: copy the sparse inputs to dense and compute densely
         stages = worker.call("build_library", special.densified(), shapes, sig, lib_path, options.target,
                              options.cpu, openmp=options.openmp)

@@ -6,22 +6,29 @@ nonzeros come in blocks the BSR kernel on a BSR copy (dense register
 blocks), and dense BLAS on a dense copy of the sparse operands (for kernels
 that are a sum of products) so that a user never pays for sparsity that does
 not pay off.  Those copies are the conversions ``auto`` may make; they are
-cached with the tensor and their cost is reported.  Decisions are cached per
-sparse tensor (weakly) and dense sizes; ``kernel.schedule`` shows the last
-one.
+cached with the tensor and their cost is reported.  A dense copy is planned
+only when it fits ``dense_budget()`` (``SPARSE_MLIR_DENSE_BUDGET``): a 1M x
+1M SpMV must not ask for terabytes.  Decisions are cached per operand
+structure (each sparse operand's format, shape, nnz and a fingerprint of a
+sample of its index buffers, plus the dense sizes), not per tensor object:
+a scipy operand becomes a new ``SparseTensor`` on every call, and timing
+every variant again on each of them made calls 24x slower.
+``kernel.schedule`` shows the last decision.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import string
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-
-from dataclasses import replace
 
 from ..dsl.ast import Access, Binary, Expr, Literal
 from ..dsl.plan import KernelSpec
@@ -30,7 +37,7 @@ from ..knobs import knobs
 from ..tensor import SparseTensor
 from ..timing import median_seconds
 from . import threads
-from .kernel import BuildOptions, Kernel
+from .kernel import BuildOptions, Kernel, dense_budget
 from .operands import dense_output, prepare
 
 __all__ = ["AutoKernel", "einsum_plan"]
@@ -40,6 +47,9 @@ _block_copies: weakref.WeakKeyDictionary[SparseTensor, dict[Format, SparseTensor
 BLOCKS = ((4, 4), (2, 2))  # BSR blocks tried for a CSR SpMM operand, the largest that fits first
 MAX_FILL = 1.25  # ... when storing whole blocks adds at most this many entries per nonzero
 MAX_BLOCK_DENSITY = 0.5  # ... and the blocks cover at most half the matrix (denser is dense BLAS's ground)
+MAX_DECISIONS = 256  # operand structures remembered per kernel (least recently used dropped)
+FINGERPRINT_SAMPLES = 256  # index entries hashed per buffer: O(1) per call, whatever the tensor's size
+_structures: weakref.WeakKeyDictionary[SparseTensor, tuple] = weakref.WeakKeyDictionary()
 
 
 def einsum_plan(spec: KernelSpec) -> tuple[str, tuple[str, ...], float] | None:
@@ -96,19 +106,20 @@ class AutoKernel(Kernel):
         self._einsum = einsum_plan(spec)
         self._matmul = matmul_form(self._einsum[0]) if self._einsum is not None else None
         self._blocked: dict[Format, Kernel] = {}  # the same expression over a BSR copy, per block format
-        self._decisions: weakref.WeakKeyDictionary[SparseTensor, dict[tuple, dict[str, Any]]] = \
-            weakref.WeakKeyDictionary()
+        self._decisions: OrderedDict[tuple, dict[str, Any]] = OrderedDict()  # by operand structure, LRU
         self.schedule: dict[str, Any] | None = None
 
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
         spec = self.spec
         args = prepare(spec.expression, self._inputs, operands, spec.dtype, self.target)
-        anchor = args[self._sparse_inputs[0]] if self._sparse_inputs else None
-        key = tuple((n, getattr(v, "shape", ())) for n, v in args.items())
-        cache = self._decisions.setdefault(anchor, {}) if anchor is not None else {}
-        decision = cache.get(key)
+        key = tuple((n, structure(v) if isinstance(v, SparseTensor) else v.shape) for n, v in args.items())
+        decision = self._decisions.get(key)
         if decision is None:
-            decision = cache[key] = self._decide(args)
+            decision = self._decisions[key] = self._decide(args)
+            while len(self._decisions) > MAX_DECISIONS:
+                self._decisions.popitem(last=False)
+        else:
+            self._decisions.move_to_end(key)
         self.schedule = decision
         return self._run(decision["choice"], args, out)
 
@@ -118,7 +129,7 @@ class AutoKernel(Kernel):
         if choice.startswith("sparse, bsr"):
             (name,) = self._sparse_inputs
             fmt = next(f for f in self._blocked if f"sparse, {f}" == choice)
-            return self._blocked[fmt](out=out, **{**args, name: _block_copies[args[name]][fmt]})
+            return self._blocked[fmt](out=out, **{**args, name: _block_copy(args[name], fmt)})
         if choice == "sparse, 1 thread":
             with threads.fixed(1):
                 return super().__call__(out=out, **args)
@@ -150,14 +161,20 @@ class AutoKernel(Kernel):
         # threaded call (KMP_BLOCKTIME, 200 ms by default), and BLAS threads timed inside that window ran up to
         # 10x slower here, which made sparsity look worth it where it was not
         candidates: dict[str, Callable[[], object]] = {}
+        skipped: dict[str, str] = {}
         conversion = 0.0
+        sparse = [v for v in args.values() if isinstance(v, SparseTensor)]
         if self._einsum is not None:
-            start = time.perf_counter()
-            for value in args.values():
-                if isinstance(value, SparseTensor):
+            need, budget = sum(math.prod(t.shape) for t in sparse) * self.spec.dtype.itemsize, dense_budget()
+            if need > budget:
+                skipped["dense"] = (f"dense copies of the sparse operands need {need:,} bytes, over the dense "
+                                    f"budget of {budget:,} (SPARSE_MLIR_DENSE_BUDGET)")
+            else:
+                start = time.perf_counter()
+                for value in sparse:
                     _dense_copy(value)
-            conversion = time.perf_counter() - start
-            candidates["dense"] = lambda: self._dense(args, None)
+                conversion = time.perf_counter() - start
+                candidates["dense"] = lambda: self._dense(args, None)
         candidates["sparse"] = lambda: super(AutoKernel, self).__call__(**args)
         if self.options.openmp is not None and knobs.num_threads() > 1:
             candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
@@ -167,7 +184,10 @@ class AutoKernel(Kernel):
             conversion += time.perf_counter() - start
         times = {name: median_seconds(fn, 5) for name, fn in candidates.items()}
         choice = min(times, key=times.__getitem__)
-        return {"choice": choice, "seconds": times, "conversion_seconds": conversion}
+        if choice != "dense":  # the copies made to time the dense candidate would only hold memory
+            for value in sparse:
+                _dense_copies.pop(value, None)
+        return {"choice": choice, "seconds": times, "conversion_seconds": conversion, "skipped": skipped}
 
     def _block_candidate(self, args: dict[str, Any]) -> Format | None:
         """For a CSR SpMM operand whose nonzeros fill whole blocks: a cached BSR copy and its kernel's format."""
@@ -186,9 +206,7 @@ class AutoKernel(Kernel):
             if not all(_fits_blocks(pos, crd, rows, bm, bn, tensor.shape) for rows in (prefix, tensor.shape[0])):
                 continue
             fmt = BSR(bm, bn)
-            copies = _block_copies.setdefault(tensor, {})
-            if fmt not in copies:
-                copies[fmt] = SparseTensor.from_scipy(tensor.to_scipy(), fmt)
+            _block_copy(tensor, fmt)
             if fmt not in self._blocked:
                 self._blocked[fmt] = Kernel(replace(self.spec, formats={**self.spec.formats, found[0]: fmt}),
                                             self.options)
@@ -205,6 +223,29 @@ def _fits_blocks(pos: np.ndarray, crd: np.ndarray, rows: int, bm: int, bn: int, 
     row_of = np.repeat(np.arange(rows), np.diff(pos[:rows + 1]))
     stored = np.unique((row_of // bm) * (shape[1] // bn) + crd[:nnz] // bn).size * bm * bn
     return stored <= MAX_FILL * nnz and stored <= MAX_BLOCK_DENSITY * shape[0] * shape[1]
+
+
+def structure(tensor: SparseTensor) -> tuple:
+    """What a schedule decision depends on: format, shape, nnz and a hash of a strided sample of the index
+    buffers (where the nonzeros are, not their values), computed once per tensor object."""
+    found = _structures.get(tensor)
+    if found is None:
+        digest = hashlib.blake2b(digest_size=16)
+        for buf in tensor.buffers[:-1]:
+            step = max(1, buf.size // FINGERPRINT_SAMPLES)
+            digest.update(np.ascontiguousarray(buf[::step]).tobytes())
+            digest.update(np.ascontiguousarray(buf[-1:]).tobytes())
+        found = _structures[tensor] = (repr(tensor.format), tensor.format.pos_width, tensor.format.crd_width,
+                                       tensor.shape, tensor.nnz, digest.hexdigest())
+    return found
+
+
+def _block_copy(tensor: SparseTensor, fmt: Format) -> SparseTensor:
+    """``tensor`` converted to the block format ``fmt``, made once per tensor."""
+    copies = _block_copies.setdefault(tensor, {})
+    if fmt not in copies:
+        copies[fmt] = SparseTensor.from_scipy(tensor.to_scipy(), fmt)
+    return copies[fmt]
 
 
 def _dense_copy(tensor: SparseTensor) -> np.ndarray:
