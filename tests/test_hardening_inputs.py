@@ -308,3 +308,112 @@ def test_coo_coordinate_count_is_bounded_by_its_tuples(tmp_path):
     _forge(path, t, grow, stored)
     with pytest.raises(FormatError, match="more than the 6"):
         sm.load_tensor(path, verify=False)
+
+
+# -- items 15 and 20 (text files): .smtx and Matrix Market counts cannot drive memory ----------------
+
+def _write(path: Path, data: bytes) -> Path:
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def test_a_tiny_smtx_cannot_allocate_its_announced_nonzeros(tmp_path):
+    from sparse_mlir.io import read_smtx
+
+    path = _write(tmp_path / "a.smtx", b"1000000, 100, 20000000\n0\n\n")  # 28 bytes announcing 20M values
+    read_smtx(_write(tmp_path / "warm.smtx", b"1, 1, 0\n0 0\n"))  # imports outside the measurement
+
+    def load():
+        with pytest.raises(FormatError, match="holds only"):
+            read_smtx(path)
+
+    assert _peak_mib(load) < 16
+
+
+def test_a_tiny_mtx_cannot_allocate_its_announced_entries(tmp_path):
+    from sparse_mlir.io import read_mtx
+
+    path = _write(tmp_path / "a.mtx.gz", b"%%MatrixMarket matrix coordinate real general\n"
+                                         b"5000000 5000000 20000000\n1 1 1\n")
+    read_mtx(_write(tmp_path / "warm.mtx", b"%%MatrixMarket matrix coordinate real general\n1 1 1\n1 1 2\n"))
+
+    def load():
+        with pytest.raises(FormatError, match="holds only"):
+            read_mtx(path)
+
+    assert _peak_mib(load) < 16
+
+
+def test_a_gzip_bomb_behind_small_counts_is_not_inflated(tmp_path):
+    from sparse_mlir.io import read_smtx
+
+    path = tmp_path / "bomb.smtx.gz"
+    path.write_bytes(gzip.compress(b"3, 3, 1\n0 1 1 1\n0\n" + b" " * (1 << 27)))  # 128 MiB of blanks
+
+    def load():
+        with pytest.raises(FormatError, match="more data"):
+            read_smtx(path)
+
+    assert _peak_mib(load) < 16
+
+
+@pytest.mark.parametrize("text,match", [
+    (b"3, 3, 2\n0 1 2\n0 2\n", "row offsets"),            # one offset short
+    (b"3, 3, 2\n0 2 1 2\n0 2\n", "rise"),                 # offsets fall
+    (b"3, 3, 2\n0 1 2 2\n0 5\n", "column index"),         # column out of range
+    (b"3, 3, 2\n0 1 2 2\n0 99999999999999999999999\n", "64-bit"),
+    (b"3, 3, 2\n0 1 2 2\n0 2\n7 7 7\n", "after"),
+    (b"3, 3, 2\n0 1 2 2\n0\n", "column indices"),
+])
+def test_malformed_smtx_lines_raise_format_error(tmp_path, text, match):
+    from sparse_mlir.io import read_smtx
+
+    with pytest.raises(FormatError, match=match):
+        read_smtx(_write(tmp_path / "m.smtx", text))
+
+
+@pytest.mark.parametrize("body,match", [
+    (b"%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1.5\n3 9 2\n", "malformed"),
+    (b"%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 x\n3 2 2\n", "malformed"),
+    (b"%%MatrixMarket matrix coordinate real general\n9 9 20\n1 1 1\n", "holds only"),
+    (b"%%MatrixMarket matrix coordinate real general\n3 3 99\n", "do not fit"),
+    (b"%%MatrixMarket matrix array real general\n2 2\n1\n2\n3\n", "holds only"),
+    (b"%%MatrixMarket tensor coordinate real general\n3 3 1\n1 1 1\n", "banner"),
+])
+def test_malformed_mtx_raises_format_error(tmp_path, body, match):
+    from sparse_mlir.io import read_mtx
+
+    with pytest.raises(FormatError, match=match):
+        read_mtx(_write(tmp_path / "m.mtx", body))
+
+
+# -- item 11: converting to .smtx never drops values silently ------------------------------------------
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[1])
+
+
+def test_convert_to_smtx_needs_pattern_only_and_then_warns(tmp_path):
+    src, out = tmp_path / "x.smt", tmp_path / "y.smtx.gz"
+    sm.save_tensor(sm.SparseTensor.from_coo([[0, 1], [1, 0]], [2.5, -1.0], (2, 2), "csr"), src)
+    refused = _cli("convert", str(src), str(out))
+    assert refused.returncode != 0 and "--pattern-only" in refused.stderr and not out.exists()
+    done = _cli("convert", str(src), str(out), "--pattern-only")
+    assert done.returncode == 0 and "dropped" in done.stderr
+    assert sm.io.load_any(out).to_scipy().indices.tolist() == [1, 0]
+
+
+def test_save_any_to_smtx_warns_that_values_are_dropped(tmp_path):
+    from sparse_mlir.io import save_any
+
+    t = sm.SparseTensor.from_coo([[0], [1]], [2.5], (2, 2), "csr")
+    with pytest.warns(UserWarning, match="values are dropped"):
+        save_any(t, tmp_path / "m.smtx")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_any(t, tmp_path / "n.smtx", pattern_only=True)

@@ -139,12 +139,23 @@ def _save(tensor: sm.SparseTensor, path: str, args: argparse.Namespace) -> None:
 def cmd_convert(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sparse_mlir.io import load_any
+    from sparse_mlir.io import file_kind, load_any, save_any
 
+    # .smtx holds a pattern: writing one drops the values, which must be asked for (an .smtx input has none)
+    drops_values = file_kind(args.output) == "smtx" and file_kind(args.input) != "smtx"
+    if drops_values and not args.pattern_only:
+        raise SparseMLIRError(f"{args.output}: .smtx stores only the sparsity pattern, so converting "
+                              f"{args.input} to it would drop every value; pass --pattern-only to write the pattern "
+                              f"anyway, or write .smt, .mtx or .npz to keep the values")
     start = time.perf_counter()
     tensor = load_any(args.input, args.format)
     loaded = time.perf_counter()
-    _save(tensor, args.output, args)
+    if drops_values:
+        print(f"warning: {args.output} keeps the pattern of {args.input} only; its values are dropped "
+              f"(reading it back gives random values)", file=sys.stderr)
+        save_any(tensor, args.output, pattern_only=True)
+    else:
+        _save(tensor, args.output, args)
     done = time.perf_counter()
     print(f"{args.input} -> {args.output}: {tensor}, load {1e3 * (loaded - start):.1f} ms, "
           f"write {1e3 * (done - loaded):.1f} ms, {Path(args.input).stat().st_size} -> "
@@ -238,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("--format", help="storage format of the output tensor (default: the input's)")
+    p.add_argument("--pattern-only", action="store_true",
+                   help="allow writing .smtx[.gz], which keeps the sparsity pattern and drops the values")
     _storage_args(p)
     p.set_defaults(func=cmd_convert)
     p = sub.add_parser("prune", help="magnitude-prune dense weights (.npy or a matrix file) into a sparse file")
