@@ -194,6 +194,14 @@ CORPUS = [
     ("read-only dense operand", "compute", None, _layout(_readonly)),
     ("misaligned dense operand", "compute", None, _layout(_misaligned)),
     ("Fortran-order dense operand", "compute", None, _fortran),
+    ("expression nested deeper than 128 operations (a flat sum of 600 terms)", "raise", DSLError,
+     lambda: sm.compile("y[i] = " + " + ".join(f"A{n}[i]" for n in range(600)))),
+    ("sparse output summing more than 5 sparse operands", "raise", DSLError,
+     lambda: sm.compile("C[i,j] = " + " + ".join(f"A{n}[i,j]" for n in range(6)),
+                        formats={**{f"A{n}": "csr" for n in range(6)}, "C": "csr"})),
+    ("dense output summing more than 6 sparse operands", "raise", DSLError,
+     lambda: sm.compile("C[i,j] = " + " + ".join(f"A{n}[i,j]" for n in range(7)),
+                        formats={f"A{n}": "csr" for n in range(7)})),
 ]
 DANGEROUS = [0, 3, 6, 8]  # would read out of bounds if the checks before native code were missing
 

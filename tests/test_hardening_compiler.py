@@ -184,13 +184,18 @@ def test_an_exception_while_waiting_restarts_the_compiler(own_cache):
     def interrupt(signum, frame):
         raise _Interrupted
 
+    def alarm_while_compiling() -> None:  # a timeout signal, delivered while the reply is awaited
+        wait_until_compiling(threading.main_thread())
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+
     previous = signal.signal(signal.SIGALRM, interrupt)
+    sender = threading.Thread(target=alarm_while_compiling)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        sender.start()
         with pytest.raises(_Interrupted):
             k(**slow_operands())
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        sender.join()
         signal.signal(signal.SIGALRM, previous)
     assert compiler_pid() is None  # the interrupted compiler was ended, not left one reply ahead
     with pytest.raises(ProcessLookupError):
