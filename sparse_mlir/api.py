@@ -43,9 +43,12 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     ``formats`` maps tensor names to formats (``sm.CSR`` or ``"csr"``);
     tensors without one are dense.  Sparse operand shapes are specialized on
     the first call with each shape; later calls reuse the compiled code.
-    ``schedule="auto"`` times the variants (threads, serial, dense BLAS) on
-    the first call with each sparse operand and keeps the fastest; the
-    choice is in ``kernel.schedule``.  ``target="cuda"`` returns a
+    ``schedule="auto"`` times the variants (threads, serial, dense BLAS when
+    the dense copies fit ``SPARSE_MLIR_DENSE_BUDGET``, by default a quarter of
+    the available memory) on the first call with each sparse operand
+    structure and keeps the fastest; the choice is in ``kernel.schedule``.
+    Compiles run in a compiler process; ``SPARSE_MLIR_COMPILE_TIMEOUT``
+    (seconds) stops one that runs longer (``LoweringError``).  ``target="cuda"`` returns a
     ``CudaKernel`` that runs on CuPy arrays and ``DeviceSparseTensor``s; it
     compiles to PTX without a GPU or CuPy (``CudaKernel.function``), and
     raises ``DeviceError`` only when asked to run without them.

@@ -21,6 +21,7 @@ exist in the child.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import select
@@ -194,10 +195,14 @@ def _write_all(fd: int, data: bytes) -> None:
 def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
     """``size`` bytes from ``fd``; ``EOFError`` if the writer is gone first, ``TimeoutError`` past ``deadline``."""
     chunks: list[bytes] = []
+    poller = None
+    if deadline is not None:  # poll, not select: select fails on descriptors past 1023
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
     while size:
-        if deadline is not None:
+        if poller is not None and deadline is not None:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not poller.poll(max(1, math.ceil(left * 1000))):
                 raise TimeoutError
         chunk = os.read(fd, min(size, 1 << 20))
         if not chunk:
