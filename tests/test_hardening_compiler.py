@@ -27,7 +27,6 @@ from sparse_mlir.dsl import plan
 from sparse_mlir.errors import DSLError, LoweringError, SparseMLIRError
 from sparse_mlir.runtime import cache, schedule
 from sparse_mlir.runtime import kernel as runtime_kernel
-from sparse_mlir.signature import Signature
 
 # a dense result co-iterating 5 sparse operands: about a second to compile, several under load
 SLOW = "C[i,j] = A0[i,j] + A1[i,j] + A2[i,j] + A3[i,j] + A4[i,j] + {n}"
