@@ -62,6 +62,15 @@ _fallback_owner = -1  # the process that made the fallback folder removes it at 
 _warned: set[str] = set()
 
 
+def _reset_after_fork() -> None:
+    """A child forked while another thread held ``_lock`` would wait forever on its copy: give it a new one."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 class CacheError(SparseMLIRError, OSError):
     """A cache folder that cannot be used or cleared safely (not private, not a cache, unreadable)."""
 
