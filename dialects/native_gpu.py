@@ -31,15 +31,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 from mlir import ir
 
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
-from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch
+from sparse_mlir.gpu_program import CHIPS, GridRule, KernelArg, LaneRule, Launch
 
 from .encoding import TYPE_NAMES
+from .native_wgmma import HOPPER, fits_wgmma, metadata_words, wgmma_gemm
 from .patterns import dense_matmul_operands, is_csr, linear_operands, spmm_operands, spmv_operands
 
 __all__ = ["native_gpu", "NativeKernels", "WARP", "BLOCK"]
@@ -191,7 +193,19 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref),
                     fills_output=True)
-    return NativeKernels(ir.Module.parse(text), (launch,))
+    return _with_hopper(ir.Module.parse(text), launch, rows, inner, cols, True, out, args)
+
+
+def _with_hopper(module: ir.Module, portable: Launch, rows: int, inner: int, cols: int, sparse: bool, out: str,
+                 args: tuple[KernelArg, ...]) -> NativeKernels:
+    """``portable`` (every chip but sm_90a), plus the TMA + wgmma GEMM for sm_90a where TMA can address it."""
+    if not fits_wgmma(rows, inner, cols, sparse):
+        return NativeKernels(module, (portable,))
+    with ir.InsertionPoint(module.body.operations[0].regions[0].blocks[0]), ir.Location.unknown():
+        hopper = wgmma_gemm(rows, inner, cols, sparse, out, args)
+    scratch = (((metadata_words(rows, inner),), "int32"),) if sparse else ()
+    return NativeKernels(module, (replace(portable, chips=tuple(c for c in CHIPS if c != HOPPER)), *hopper),
+                         scratch)
 
 
 def _tensor_core_tiles(rows: int, cols: int) -> tuple[int, int]:
@@ -213,8 +227,8 @@ def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...
             KernelArg("buffer", order.index(spec.output), (rows, cols)))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,), fills_output=True)
-    return NativeKernels(ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out)),
-                         (launch,))
+    return _with_hopper(ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out)),
+                        launch, rows, inner, cols, False, out, args)
 
 
 def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:

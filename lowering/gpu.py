@@ -51,12 +51,18 @@ TO_LAUNCHES = ("builtin.module("
                "canonicalize)")
 
 
+def _ptx_version(chip: str) -> str:
+    """PTX 8.0 (CUDA 12.0 drivers) unless the chip's instructions need more: sparse wgmma needs 8.2 (sm_90a)."""
+    return "ptx83" if chip.endswith("a") else "ptx80"
+
+
 def _to_nvvm(chip: str) -> str:
     # math calls (exp, sqrt, ...) become libdevice calls, linked when the toolkit has libdevice
     link = f" l={bitcode}" if (bitcode := cuda_toolkit.libdevice()) else ""
     return ("builtin.module("
-            f"nvvm-attach-target{{chip={chip} features=+ptx80 O=3{link}}},"
-            "gpu.module(lower-affine,convert-scf-to-cf,convert-nvgpu-to-nvvm,convert-gpu-to-nvvm,canonicalize,cse),"
+            f"nvvm-attach-target{{chip={chip} features=+{_ptx_version(chip)} O=3{link}}},"
+            "gpu.module(lower-affine,convert-scf-to-cf,convert-nvgpu-to-nvvm,convert-gpu-to-nvvm,convert-nvvm-to-llvm,"
+            "canonicalize,cse),"
             "reconcile-unrealized-casts)")
 
 
@@ -83,7 +89,10 @@ def lower_to_ptx(module: ir.Module, sig: Signature, *, native: tuple[Launch, ...
         launches, mapped_scratch, notes = _map_to_launches(module, sig)
         scratch = tuple(mapped_scratch)
     stages["gpu"] = str(module)
-    ptx, nvvm = ptx_for_chips(str(module), chips)
+    # arch-specific kernels (sm_90a) add their chip; each chip's code holds only the kernels of its launches
+    chips = chips + tuple(sorted({c for launch in launches for c in launch.chips} - set(chips)))
+    ptx, nvvm = ptx_for_chips(str(module), chips, {c: {launch.kernel for launch in launches if not launch.on(c)}
+                                                   for c in chips})
     stages["nvvm"] = nvvm
     return GpuProgram("kernels", ptx, launches, scratch, notes), stages
 
@@ -107,18 +116,34 @@ def _map_to_launches(module: ir.Module, sig: Signature
     return _read_launches(gpu_rewrites.host_function(module), len(sig.kernel_arguments())), scratch, notes
 
 
-def ptx_for_chips(module_text: str, chips: tuple[str, ...]) -> tuple[dict[str, str], str]:
-    """PTX of the module's ``gpu.module`` for each chip, and the NVVM-level IR of the first."""
+def ptx_for_chips(module_text: str, chips: tuple[str, ...], leave_out: dict[str, set[str]] | None = None
+                  ) -> tuple[dict[str, str], str]:
+    """PTX of the module's ``gpu.module`` for each chip, and the NVVM-level IR of the first.
+
+    ``leave_out[chip]`` names kernels that chip's code does not hold (they use
+    instructions it lacks, or another kernel does their job there).
+    """
     ptx: dict[str, str] = {}
     nvvm = ""
     for chip in chips:  # none: stop at the gpu dialect (emulation)
         module = ir.Module.parse(module_text)
+        _drop_kernels(module, (leave_out or {}).get(chip, set()))
         _run(module, _to_nvvm(chip), "nvvm")
         rewrites.allow_contraction(module)
         nvvm = nvvm or str(module)
         _run(module, TO_BINARY, "ptx")
         ptx[chip] = _assembly(module)
     return ptx, nvvm
+
+
+def _drop_kernels(module: ir.Module, names: set[str]) -> None:
+    if not names:
+        return
+    for op in module.body.operations:
+        if op.operation.name == "gpu.module":
+            for fn in list(op.regions[0].blocks[0].operations):
+                if "sym_name" in fn.attributes and ir.StringAttr(fn.attributes["sym_name"]).value in names:
+                    fn.operation.erase()
 
 
 def _assembly(module: ir.Module) -> str:

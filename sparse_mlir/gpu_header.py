@@ -18,7 +18,8 @@ import math
 import numpy as np
 
 from . import __version__
-from .gpu_program import SKEWED_ROW, GpuProgram, GridRule, Launch, ParamPacker
+from .gpu_program import SKEWED_ROW, GpuProgram, GridRule, Launch, ParamPacker, TensorMapGeometry
+from .runtime.tensor_maps import DATA_TYPES, L2_PROMOTION_128B, SWIZZLE
 from .signature import OperandABI, Signature
 
 __all__ = ["cuda_header"]
@@ -34,12 +35,21 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
              "#include <cuda.h>", "", "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
              f"typedef struct {name}_module {{", "  CUmodule module;",
              f"  CUfunction functions[{len(kernels)}];", f"}} {name}_module;", "",
-             f"/* Loads {name}.<chip>.cubin or .ptx (pick the chip of the device) into the current context. */",
+             f"/* Loads {name}.<chip>.cubin or .ptx (pick the chip of the device; sm_90a only on compute capability 9.0)"
+             " into the current context. Each chip's code holds the kernels of the launches made for it; a launch"
+             " whose kernel the loaded code lacks is another chip's. */",
              f"static inline CUresult {name}_load({name}_module* m, const char* path) {{",
-             "  CUresult r = cuModuleLoad(&m->module, path);", "  if (r != CUDA_SUCCESS) return r;"]
-    for i, kernel in enumerate(kernels):
-        lines += [f'  r = cuModuleGetFunction(&m->functions[{i}], m->module, "{kernel}");',
-                  "  if (r != CUDA_SUCCESS) return r;"]
+             "  CUresult r = cuModuleLoad(&m->module, path);", "  if (r != CUDA_SUCCESS) return r;",
+             "  int found = 0;"]
+    for i, launch in enumerate(program.launches):
+        lines += [f'  r = cuModuleGetFunction(&m->functions[{i}], m->module, "{launch.kernel}");',
+                  f"  if (r == CUDA_ERROR_NOT_FOUND) m->functions[{i}] = NULL;",
+                  "  else if (r != CUDA_SUCCESS) return r;", "  else ++found;"]
+        if launch.shared_bytes > 48 * 1024:
+            lines += [f"  if (m->functions[{i}]) {{",
+                      f"    r = cuFuncSetAttribute(m->functions[{i}], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, "
+                      f"{launch.shared_bytes});", "    if (r != CUDA_SUCCESS) return r;", "  }"]
+    lines += ["  if (!found) return CUDA_ERROR_NOT_FOUND;"]
     lines += ["  return CUDA_SUCCESS;", "}", "",
               f"static inline CUresult {name}_unload({name}_module* m) {{ return cuModuleUnload(m->module); }}", ""]
     params, arguments = _parameters(sig)
@@ -53,12 +63,16 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
               f"static inline CUresult {name}({name}_module* m, CUstream stream,\n    {', '.join(params)}) {{",
               "  CUresult r;"]
     lines += _prologue(sig, program)
+    maps = _tensor_map_names(program)
+    lines += [f"  CUdeviceptr {n} = 0;" for n in maps.values()]
     for i, launch in enumerate(program.launches):
-        body = _launch(i, launch, arguments, [f"s{s}" for s in range(len(program.scratch))])
-        if launch.when:
-            body = [f"  if ({'' if launch.when == 'skewed' else '!'}skewed)", *body]
-        lines += body
+        body = _launch(i, launch, arguments, [f"s{s}" for s in range(len(program.scratch))], maps,
+                       sig.inputs[0].dtype.name if sig.inputs else "float16")
+        condition = f"m->functions[{i}]" + (f" && {'' if launch.when == 'skewed' else '!'}skewed" if launch.when
+                                            else "")
+        lines += [f"  if ({condition})", *body]
     lines += ["done:", *(f"  if (s{s}) cuMemFreeAsync(s{s}, stream);" for s in range(len(program.scratch))),
+              *(f"  if ({n}) cuMemFreeAsync({n}, stream);" for n in maps.values()),
               *(f"  if ({ptr}) cuMemFreeAsync({ptr}, stream);" for ptr, _ in _implicit(sig)),
               "  return r;", "}", "", "#ifdef __cplusplus", "}", "#endif", f"#endif /* {guard} */", ""]
     return "\n".join(lines)
@@ -123,10 +137,47 @@ def _prologue(sig: Signature, program: GpuProgram) -> list[str]:
     return lines
 
 
-def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], scratch: list[str]) -> list[str]:
+def _tensor_map_names(program: GpuProgram) -> dict[tuple[int, TensorMapGeometry], str]:
+    """A C name for the device copy of each distinct TMA descriptor (buffer, geometry) the launches take."""
+    names: dict[tuple[int, TensorMapGeometry], str] = {}
+    for launch in program.launches:
+        for arg in launch.args:
+            if arg.kind == "tensormap":
+                names.setdefault((arg.ref, TensorMapGeometry(*arg.shape)), f"tm{len(names)}")
+    return names
+
+
+def _encode_tensor_map(name: str, pointer: str, geometry: TensorMapGeometry, dtype: str) -> list[str]:
+    """Encode a descriptor on the host (``cuTensorMapEncodeTiled``, as ``runtime.tensor_maps``), copy it over."""
+    stride = geometry.inner * geometry.element_bytes
+    return ["    {", "      CUtensorMap map;",
+            f"      cuuint64_t dims[2] = {{{geometry.inner}, {geometry.outer}}}, strides[1] = {{{stride}}};",
+            f"      cuuint32_t box[2] = {{{geometry.box_inner}, {geometry.box_outer}}}, steps[2] = {{1, 1}};",
+            f"      if (({pointer}) % 16) {{ r = CUDA_ERROR_INVALID_VALUE; goto done; }}",
+            f"      r = cuTensorMapEncodeTiled(&map, (CUtensorMapDataType){DATA_TYPES[dtype]}, 2, (void*)({pointer}), "
+            f"dims, strides, box, steps, (CUtensorMapInterleave)0, (CUtensorMapSwizzle){SWIZZLE[geometry.swizzle]}, "
+            f"(CUtensorMapL2promotion){L2_PROMOTION_128B}, (CUtensorMapFloatOOBfill)0);",
+            "      if (r != CUDA_SUCCESS) goto done;",
+            f"      r = cuMemAllocAsync(&{name}, sizeof(map), stream);",
+            f"      if (r == CUDA_SUCCESS) r = cuMemcpyHtoDAsync({name}, &map, sizeof(map), stream);",
+            "      if (r == CUDA_SUCCESS) r = cuStreamSynchronize(stream); /* the host copy must outlive it */",
+            "      if (r != CUDA_SUCCESS) goto done;", "    }"]
+
+
+def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], scratch: list[str],
+            maps: dict[tuple[int, TensorMapGeometry], str], dtype: str) -> list[str]:
     """One launch: its grid (rules evaluated in C), its parameter words (``ParamPacker`` over C names), the call."""
-    words = ParamPacker(launch)(arguments, scratch, lanes="lanes")
+    needed: list[tuple[str, str, TensorMapGeometry]] = []
+
+    def tensor_map(pointer: str, geometry: TensorMapGeometry) -> str:
+        ref = next(r for (r, g), _ in maps.items() if g == geometry and arguments[r][0] == pointer)
+        needed.append((maps[(ref, geometry)], pointer, geometry))
+        return maps[(ref, geometry)]
+
+    words = ParamPacker(launch)(arguments, scratch, lanes="lanes", tensor_map=tensor_map)
     lines = [f"  {{ /* launch {index}: {launch.kernel} */"]
+    for name, pointer, geometry in needed:
+        lines += [f"    if (!{name})", *_encode_tensor_map(name, pointer, geometry, dtype)]
     if launch.lanes is not None:
         nnz = arguments[launch.lanes.ref][1]
         lines += [f"    double mean = (double)({nnz}) / {max(launch.lanes.rows, 1)} / 2; /* as LaneRule.lanes */",

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "ParamPacker",
+__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "ParamPacker", "TensorMapGeometry",
            "descriptor_words", "is_skewed", "CHIPS"]
 
 CHIPS = ("sm_80", "sm_90")
@@ -33,12 +33,16 @@ CHIPS = ("sm_80", "sm_90")
 
 @dataclass(frozen=True)
 class KernelArg:
-    """One ``gpu.func`` parameter: ``kind`` is ``buffer``, ``scratch``, ``index`` or ``lanes`` (``LaneRule``).
+    """One ``gpu.func`` parameter: ``kind`` is ``buffer``, ``scratch``, ``index``, ``lanes`` (``LaneRule``) or
+    ``tensormap``.
 
-    ``ref`` is the position in ``Signature.kernel_arguments()`` (buffer), in
-    ``GpuProgram.scratch`` (scratch), or the constant's value (index).
-    ``shape`` is the memref's static shape, ``None`` for a size taken from the
-    buffer at run time.
+    ``ref`` is the position in ``Signature.kernel_arguments()`` (buffer,
+    tensormap), in ``GpuProgram.scratch`` (scratch), or the constant's value
+    (index).  ``shape`` is the memref's static shape, ``None`` for a size
+    taken from the buffer at run time.  A ``tensormap`` is a pointer to a TMA
+    descriptor (``CUtensorMap``) of buffer ``ref`` that the launcher encodes:
+    its ``shape`` is ``TensorMapGeometry`` (a row-major 2-d view of the
+    buffer and the box one load copies).
     """
 
     kind: str
@@ -95,9 +99,15 @@ class Launch:
     when: str = ""  # "", or "skewed" / "balanced": run only when the sparse operand's rows are (not) skewed
     # needs no zeroed output: stores every element of it, or (an earlier stage) does not write it at all
     fills_output: bool = False
+    # the chips whose code holds this kernel ("" / empty: every chip); a chip runs the launches made for it
+    chips: tuple[str, ...] = ()
 
     def runs(self, skewed: bool) -> bool:
         return not self.when or (self.when == "skewed") == skewed
+
+    def on(self, chip: str) -> bool:
+        """Whether this launch is part of the program when it runs from ``chip``'s code."""
+        return not self.chips or chip in self.chips
 
     def grid_for(self, lengths: list[int]) -> tuple[int, int, int]:
         """The grid given each kernel argument's length (entries)."""
@@ -110,6 +120,17 @@ class Launch:
 
     def param_count(self) -> int:
         return sum(descriptor_words(len(a.shape)) if a.kind in ("buffer", "scratch") else 1 for a in self.args)
+
+
+class TensorMapGeometry(NamedTuple):
+    """A ``tensormap`` argument's shape: the buffer as ``outer x inner`` elements and the box of one TMA load."""
+
+    inner: int  # elements per row (contiguous)
+    outer: int  # rows
+    box_inner: int
+    box_outer: int
+    swizzle: int  # bytes: 0, 32, 64 or 128
+    element_bytes: int
 
 
 def is_skewed(longest_row: int | None, entries: int, rows: int) -> bool:
@@ -143,7 +164,7 @@ class GpuProgram:
                                               "shared_bytes": k.shared_bytes,
                                               "lanes": [k.lanes.ref, k.lanes.rows] if k.lanes else None,
                                               "aligned": list(k.aligned), "when": k.when,
-                                              "fills_output": k.fills_output,
+                                              "fills_output": k.fills_output, "chips": list(k.chips),
                                               "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
                                              for k in self.launches]}
         if include_ptx:
@@ -158,7 +179,8 @@ class GpuProgram:
         launches = tuple(Launch(k["kernel"], grid(k["grid"]), tuple(k["block"]),
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
                                 k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None,
-                                tuple(k.get("aligned", ())), k.get("when", ""), k.get("fills_output", False))
+                                tuple(k.get("aligned", ())), k.get("when", ""), k.get("fills_output", False),
+                                tuple(k.get("chips", ())))
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))
@@ -196,6 +218,9 @@ class ParamPacker:
             if arg.kind in ("index", "lanes"):
                 self.items.append((arg.kind, arg.ref, None))
                 continue
+            if arg.kind == "tensormap":
+                self.items.append((arg.kind, arg.ref, list(arg.shape)))
+                continue
             shape = arg.shape
             if arg.kind == "scratch" or all(s is not None for s in shape):
                 sizes = [s or 0 for s in shape]
@@ -204,12 +229,20 @@ class ParamPacker:
                 assert len(shape) == 1, "only 1-d buffers have a run-time size"
                 self.items.append((arg.kind, arg.ref, None))
 
-    def __call__(self, buffers: list[tuple[Any, Any]], scratch: list[Any], lanes: Any = None) -> list[Any]:
-        """The words; ``lanes`` overrides the lane rule's value (the C launcher passes names, not numbers)."""
+    def __call__(self, buffers: list[tuple[Any, Any]], scratch: list[Any], lanes: Any = None,
+                 tensor_map: Any = None) -> list[Any]:
+        """The words; ``lanes`` overrides the lane rule's value (the C launcher passes names, not numbers).
+
+        ``tensor_map(pointer, geometry)`` gives the device address of the TMA
+        descriptor of a ``tensormap`` argument.
+        """
         words: list[Any] = []
         for kind, ref, tail in self.items:
             if kind == "index":
                 words.append(ref)
+            elif kind == "tensormap":
+                assert tensor_map is not None, "a tensormap argument needs the launcher's descriptor maker"
+                words.append(tensor_map(buffers[ref][0], TensorMapGeometry(*tail)))
             elif kind == "lanes":
                 assert self.lanes is not None, "a lanes argument needs the launch's LaneRule"
                 words.append(lanes if lanes is not None else self.lanes.lanes(buffers[self.lanes.ref][1]))

@@ -74,6 +74,19 @@ class FakeDriver:
         words = [ctypes.c_uint64.from_address(a).value for a in addresses]
         self.launches.append((function.name, (gx, gy, gz), (bx, by, bz), words, shared))
 
+    def funcSetAttribute(self, f: int, attribute: int, value: int) -> None:
+        assert f in self.functions and attribute == 8 and 48 * 1024 < value <= 227 * 1024  # dynamic shared bytes
+        self.functions[f].shared_limit = value
+
+
+def fake_tensor_map_encoder(*args: Any) -> int:
+    """``cuTensorMapEncodeTiled`` as the runtime calls it through ctypes: checks the argument kinds, fills bytes."""
+    out, dtype, rank, base, dims, strides, box, steps, interleave, swizzle, promotion, fill = args
+    assert rank == 2 and len(dims) == 2 and len(strides) == 1 and len(box) == 2 and len(steps) == 2
+    assert strides[0] >= dims[0] * 2 and strides[0] % 16 == 0 and base.value % 16 == 0
+    ctypes.memmove(ctypes.addressof(out._obj), bytes(range(128)), 128)  # out is ctypes.byref(the host CUtensorMap)
+    return 0
+
 
 def _numpy_function(name: str) -> Any:
     found = getattr(np, name)
@@ -170,6 +183,7 @@ def install(monkeypatch: Any, capability: str = "90") -> types.SimpleNamespace:
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr("sparse_mlir.device_tensor.cupy", lambda: cp)
     monkeypatch.setattr("sparse_mlir.runtime.cuda.cupy", lambda: cp)
+    monkeypatch.setattr("sparse_mlir.runtime.tensor_maps.TENSOR_MAPS._encode", fake_tensor_map_encoder)
     return record
 
 
@@ -179,6 +193,9 @@ if __name__ == "__main__":  # python fake_cupy.py SCRIPT ARGS...: run a script a
     cp, cupyx, _ = build()
     sys.modules["cupy"] = cp
     sys.modules.update(cupyx)
+    from sparse_mlir.runtime.tensor_maps import TENSOR_MAPS
+
+    TENSOR_MAPS._encode = fake_tensor_map_encoder
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     runpy.run_path(script, run_name="__main__")

@@ -133,6 +133,11 @@ def test_parameters_are_expanded_memref_descriptors():
 
 def test_pick_chip():
     assert pick_chip(["sm_80", "sm_90"], "90") == "sm_90"
+    hopper = ["sm_80", "sm_90", "sm_90a"]
+    assert pick_chip(hopper, "90", arch_specific=True) == "sm_90a"  # arch-specific code, exactly its chip
+    assert pick_chip(hopper, "90", arch_specific=False) == "sm_90"  # not yet checked on a GPU: opt-in
+    assert pick_chip(hopper, "100", arch_specific=True) == "sm_90"  # sm_90a code does not run on sm_100
+    assert pick_chip(hopper, "89", arch_specific=True) == "sm_80"
     assert pick_chip(["sm_80", "sm_90"], "89") == "sm_80"
     assert pick_chip(["sm_80", "sm_90"], "100") == "sm_90"
     with pytest.raises(DeviceError, match="compute capability 75"):
@@ -412,9 +417,13 @@ def test_float16_2to4_spmm_runs_on_sparse_tensor_cores(tmp_path):
     tool = _ptxas()
     kernel = sm.compile("C[i,j] = A[i,k]*B[k,j]", formats={"A": "2:4"}, dtype="float16", target="cuda")
     program = kernel.function({"A": sm.NM(2, 4)}, {"A": (64, 128), "B": (128, 96), "C": (64, 96)}).program
-    (launch,) = program.launches
+    launch = program.launches[0]  # the portable kernel; sm_90a runs the wgmma one (test_hopper_gemm_...)
     assert launch.kernel == "spmm_2to4" and launch.grid == (1, 3, 1)  # 4 warps of 16 rows, 32-column tiles
+    assert launch.chips == ("sm_80", "sm_90")
     for chip, ptx in program.ptx.items():
+        if chip == "sm_90a":
+            assert "spmm_2to4" not in _entry_params(ptx)
+            continue
         assert "mma.sp.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32" in ptx  # float16 in, float32 sums
         (tmp_path / "k.ptx").write_text(ptx)
         done = subprocess.run([tool, f"-arch={chip}", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
@@ -429,8 +438,8 @@ def test_float16_dense_gemm_runs_on_tensor_cores_with_the_same_tiling(tmp_path):
     tool = _ptxas()
     kernel = sm.compile("C[i,j] = A[i,k]*B[k,j]", dtype="float16", target="cuda")
     program = kernel.function({}, {"A": (64, 128), "B": (128, 96), "C": (64, 96)}).program
-    (launch,) = program.launches
-    assert launch.kernel == "gemm_f16" and launch.grid == (1, 3, 1)
+    launch = program.launches[0]
+    assert launch.kernel == "gemm_f16" and launch.grid == (1, 3, 1) and launch.chips == ("sm_80", "sm_90")
     ptx = program.ptx["sm_90"]
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 32  # 2 per step, 4 x 4 tiles
     (tmp_path / "k.ptx").write_text(ptx)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,26 +31,48 @@ from ..device_tensor import DeviceSparseTensor, cupy
 from ..dsl.plan import KernelSpec
 from ..errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
 from ..formats import Format
-from ..gpu_program import CHIPS, GpuProgram, ParamPacker, is_skewed
+from ..gpu_program import CHIPS, GpuProgram, Launch, ParamPacker, is_skewed
 from ..signature import Signature
 from ..tensor import SparseTensor
 from . import cache
 from .kernel import cache_key
 from .operands import check_extents, check_names
+from .tensor_maps import TENSOR_MAPS
 
 __all__ = ["CudaKernel", "LoadedCudaKernel", "GpuFunction", "device_operands", "pick_chip", "PROGRAM_SUFFIX"]
 
 PROGRAM_SUFFIX = ".gpu.json"
 EMITTERS = ("auto", "sparsifier")  # see compiler.build_gpu_program
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 
 
-def pick_chip(available: list[str], capability: str) -> str:
-    """The newest ``sm_XY`` in ``available`` that a device of compute capability ``XY`` runs."""
-    usable = sorted((int(c.removeprefix("sm_").rstrip("a")), c) for c in available
-                    if int(c.removeprefix("sm_").rstrip("a")) <= int(capability))
+def arch_specific_enabled() -> bool:
+    """Whether arch-specific code (the sm_90a TMA + wgmma GEMMs) may run: opt-in with ``SPARSE_MLIR_HOPPER=1``.
+
+    The Hopper kernels pass ptxas but have not yet been checked on a GPU
+    (``benchmarks/gpu/tensor_core_check.py`` does that and sets it); until a
+    device run confirms them, every chip runs the portable kernels.
+    """
+    return os.environ.get("SPARSE_MLIR_HOPPER", "0") == "1"
+
+
+def pick_chip(available: list[str], capability: str, arch_specific: bool | None = None) -> str:
+    """The newest ``sm_XY`` in ``available`` that a device of compute capability ``XY`` runs.
+
+    Arch-specific code (``sm_90a``: wgmma, setmaxnreg) runs only on exactly
+    its capability and, where enabled (``arch_specific_enabled``), is
+    preferred there over the portable ``sm_90``.
+    """
+    def version(chip: str) -> int:
+        return int(chip.removeprefix("sm_").rstrip("a"))
+
+    allowed = arch_specific_enabled() if arch_specific is None else arch_specific
+    usable = sorted((version(c), c.endswith("a"), c) for c in available
+                    if version(c) <= int(capability) and
+                    (not c.endswith("a") or (allowed and version(c) == int(capability))))
     if not usable:
         raise DeviceError(f"no code for compute capability {capability}: the kernel has {', '.join(available)}")
-    return usable[-1][1]
+    return usable[-1][2]
 
 
 class _ParamBlock:
@@ -88,16 +111,20 @@ class GpuFunction:
             (op, -1) if op.output or not op.sparse else
             (op, op.format.buffer_names.index(buf) if buf in op.format.buffer_names else None)
             for op, buf in self._arguments]
-        self._packers = [ParamPacker(launch) for launch in program.launches]
+        self._packers = {id(launch): ParamPacker(launch) for launch in program.launches}
         # the operand whose row lengths decide between "balanced" and "skewed" launches, if any
         self._skew_operand = next((op for op in sig.inputs if op.sparse), None) \
             if any(launch.when for launch in program.launches) else None
         self._implicit: dict[int, Any] = {}  # N:M positions per device
         self._local = threading.local()  # parameter blocks of this Python thread
         self._zeroed = {s: program.needs_zeroed_output(s) for s in (False, True)}  # by skew
-        self._aligned = sorted({ref for launch in program.launches for ref in launch.aligned})
+        # TMA reads need 16-byte aligned buffers too
+        self._aligned = sorted({ref for launch in program.launches for ref in launch.aligned} |
+                               {arg.ref for launch in program.launches for arg in launch.args
+                                if arg.kind == "tensormap"})
 
-    def _functions(self, cp: Any) -> list[Any]:
+    def _functions(self, cp: Any) -> list[tuple[Launch, Any]]:
+        """The launches of the chip this device runs, each with its loaded function."""
         device = cp.cuda.Device()
         loaded = self._modules.get(device.id)
         if loaded is None:
@@ -105,9 +132,15 @@ class GpuFunction:
                 capability = device.compute_capability
                 chip = pick_chip([c for c in self.files if "." not in c], capability)
                 cubin = self.files.get(f"{chip}.cubin")
-                path = cubin if cubin is not None and chip == f"sm_{capability}" else self.files[chip]
+                path = cubin if cubin is not None and chip.rstrip("a") == f"sm_{capability}" else self.files[chip]
                 module = cp.RawModule(path=str(path))
-                loaded = (module, [module.get_function(launch.kernel) for launch in self.program.launches])
+                launches = [(launch, module.get_function(launch.kernel)) for launch in self.program.launches
+                            if launch.on(chip)]
+                for launch, function in launches:
+                    if launch.shared_bytes > 48 * 1024:  # above the default limit, the kernel must opt in
+                        cp.cuda.driver.funcSetAttribute(function.ptr, MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                        launch.shared_bytes)
+                loaded = (module, launches)
                 self._modules[device.id] = loaded
         return loaded[1]
 
@@ -141,21 +174,26 @@ class GpuFunction:
         scratch_ptrs = [s.data.ptr for s in scratch]
         lengths = [n for _, n in buffers]
         stream = cp.cuda.get_current_stream().ptr
-        blocks = self._param_blocks(cp)
-        for launch, function, packer, block in zip(self.program.launches, functions, self._packers, blocks):
+        blocks = self._param_blocks(cp, functions)
+
+        def tensor_map(pointer: int, geometry: Any) -> int:
+            dtype = self.signature.inputs[0].dtype.name if self.signature.inputs else "float16"
+            return TENSOR_MAPS(cp, pointer, geometry, dtype)
+
+        for (launch, function), block in zip(functions, blocks):
             if launch.runs(skewed):
-                block.words[:] = packer(buffers, scratch_ptrs)
+                block.words[:] = self._packers[id(launch)](buffers, scratch_ptrs, tensor_map=tensor_map)
                 cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths), *launch.block,
                                             launch.shared_bytes, stream, block.pointer, 0)
         return out
 
-    def _param_blocks(self, cp: Any) -> list[_ParamBlock]:
+    def _param_blocks(self, cp: Any, functions: list[tuple[Launch, Any]]) -> list[_ParamBlock]:
         blocks = getattr(self._local, "blocks", None)
         if blocks is None:
             # a driver-API launch needs a current context, which a fresh Python thread gets only from a runtime
             # call (CuPy's own launches make one too); cudaFree(0) is the documented no-op that does it
             cp.cuda.runtime.free(0)
-            blocks = self._local.blocks = [_ParamBlock(launch.param_count()) for launch in self.program.launches]
+            blocks = self._local.blocks = [_ParamBlock(launch.param_count()) for launch, _ in functions]
         return blocks
 
     def _positions(self, cp: Any, op: Any) -> Any:
