@@ -391,3 +391,18 @@ def test_cache_clear_errors_are_sparse_mlir_errors(monkeypatch, tmp_path):
     use_cache(monkeypatch, root)
     with pytest.raises(SparseMLIRError, match="not a kernel cache"):
         cache.clear()
+
+
+def test_a_deeply_nested_manifest_raises_format_error(tmp_path):
+    manifest = tmp_path / "deep.json"
+    manifest.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(FormatError, match="no readable kernel manifest"):
+        sm.load_kernel(manifest)
+
+
+def test_a_damaged_ir_file_in_the_cache_raises_cache_error(monkeypatch, tmp_path):
+    use_cache(monkeypatch, tmp_path / "c")
+    key = "9a" + "b" * 62
+    cache.ir_path(key).write_text("{ truncated")
+    with pytest.raises(cache.CacheError, match="unreadable"):
+        cache.load_ir(key)

@@ -228,7 +228,7 @@ def load_kernel(path: str | Path) -> Any:
         ".json")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
         raise FormatError(f"{path}: no readable kernel manifest at {manifest_path} ({exc})") from exc
     check_manifest(manifest, manifest_path)
     try:

@@ -241,14 +241,23 @@ def load_entry(key: str, suffix: str = ".so") -> tuple[Path, dict[str, Any]] | N
         meta = json.loads(meta_path.read_text())
         if not isinstance(meta, dict) or meta.get("sha256") != sha256_file(lib):
             return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return lib, meta
 
 
 def load_ir(key: str) -> dict[str, str]:
-    """The IR of every stage of an entry."""
-    return json.loads(ir_path(key).read_text())
+    """The IR of every stage of an entry; a damaged IR file is a ``CacheError`` that says how to recover."""
+    path = ir_path(key)
+    try:
+        ir = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CacheError(f"{path}: the IR of this cached kernel is unreadable ({exc}); `sparse-mlir cache clear` "
+                         f"removes it and the next compile writes it again") from exc
+    if not isinstance(ir, dict):
+        raise CacheError(f"{path}: the IR of this cached kernel is not a JSON object; `sparse-mlir cache clear` "
+                         f"removes it")
+    return ir
 
 
 def write_atomically(path: Path, text: str) -> None:
