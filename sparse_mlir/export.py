@@ -5,7 +5,10 @@ shape is fixed at export (``shapes=``); dense sizes stay run-time arguments.
 The library exports exactly ``NAME`` (and ``NAME_free`` for a sparse
 output): every other symbol is local, so several kernels link into one
 program.  It needs libc and libm only.  ``load_kernel`` runs it from Python
-without MLIR; C and C++ include ``NAME.h``.
+without MLIR; C and C++ include ``NAME.h``.  The library (for a GPU export,
+every PTX file) also carries ``manifest_sha256``, the digest of the manifest
+fields that decide how it is called, so ``load_kernel`` refuses a manifest
+that does not match its code (``runtime.artifact``).
 """
 
 from __future__ import annotations
