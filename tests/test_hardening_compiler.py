@@ -158,8 +158,8 @@ def test_a_refused_kernel_is_not_densified_beyond_the_budget(own_cache, monkeypa
 
 
 def test_only_refusals_densify():
-    refusal = LoweringError("x", stage="sparsified", target="cpu")
-    assert runtime_kernel._refused(refusal)
+    for stage in ("input", "sparsified", "llvm"):  # MLIR refusing to build, sparsify or lower the kernel
+        assert runtime_kernel._refused(LoweringError("x", stage=stage, target="cpu"))
     assert runtime_kernel._refused(worker.CompilerDied("x", returncode=-signal.SIGSEGV))
     assert runtime_kernel._refused(worker.CompilerDied("x", returncode=-signal.SIGABRT))
     for other in (worker.CompilerDied("x", returncode=-signal.SIGKILL), worker.CompilerDied("x", returncode=1),

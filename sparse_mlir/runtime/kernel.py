@@ -46,8 +46,9 @@ _loaded: OrderedDict[str, Specialization] = OrderedDict()
 # per process: native compiles, libraries loaded (compiled or cached), compiles that fell back to densified inputs
 stats = {"compiled": 0, "loaded": 0, "densified": 0}
 DENSE_BUDGET_FRACTION = 0.25  # of the memory available now: a dense copy must leave room for everything else
-# MLIR stages whose failure is the sparsifier (or its lowering) refusing the kernel, not a broken toolchain
-_REFUSING_STAGES = frozenset({"sparsified", "llvm"})
+# MLIR stages whose failure is MLIR (building the module, the sparsifier or its lowering) refusing the kernel,
+# not a broken toolchain
+_REFUSING_STAGES = frozenset({"input", "sparsified", "llvm"})
 
 
 def _after_fork_in_child() -> None:
