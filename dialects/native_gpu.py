@@ -41,7 +41,7 @@ from sparse_mlir.formats import Format
 from sparse_mlir.gpu_program import CHIPS, GridRule, KernelArg, LaneRule, Launch
 
 from .encoding import TYPE_NAMES
-from .native_wgmma import HOPPER, fits_wgmma, metadata_words, wgmma_gemm
+from .native_wgmma import HOPPER, HopperGemm, fits_wgmma, metadata_words, wgmma_gemm
 from .patterns import dense_matmul_operands, is_csr, linear_operands, spmm_operands, spmv_operands
 
 __all__ = ["native_gpu", "NativeKernels", "WARP", "BLOCK"]
@@ -108,6 +108,9 @@ def native_gpu(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
         return _dense_tensor_core(spec, shapes, *gemm, out)
     if (roles := linear_operands(spec, formats)) is not None and is_csr(formats[roles["w"]]):
         return _linear(spec, shapes, formats[roles["w"]], roles, elt, out)
+    if roles is not None and elt == "f16" and (found := _linear_tensor_core(spec, shapes, formats[roles["w"]], roles,
+                                                                             out)):
+        return found
     if spmm is None or not is_csr(formats[spmm[0]]):
         return None
     a, b, bias, bias_dim = spmm
@@ -158,6 +161,80 @@ def _linear(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Fo
     return NativeKernels(ir.Module.parse(_module_of(*functions)), launches, scratch)
 
 
+def _linear_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Format,
+                        roles: dict[str, str | None], out: str) -> NativeKernels | None:
+    """float16 ``Y[b,o] = X[b,i] * W[o,i] (+ bias)`` with 2:4 ``W`` on Sparse Tensor Cores.
+
+    Portable: ``XT = X^T``, the ``mma.sp`` SpMM ``T = W @ XT`` in float32,
+    then ``Y = T^T (+ bias)`` rounded to ``Y``'s type.  sm_90a: one wgmma.sp
+    GEMM reads ``X`` as it is stored (a K-major B operand), stores ``Y``
+    transposed and adds the bias in its epilogue.
+    """
+    if not fmt.is_nm or (fmt.levels[-1].n, fmt.levels[-1].m) != (2, 4) or fmt.crd_width != 8:
+        return None
+    w, x, bias = roles["w"], roles["x"], roles["bias"]
+    outputs, inputs = shapes[w]
+    batch = shapes[x][0]
+    if batch is None or outputs % 16 or inputs % 32 or batch % 8:
+        return None
+    bias_dim = -1 if bias is None else (0 if roles["bias_index"] == roles["o"] else 1)
+    dense = [(x, (batch, inputs))] + ([(bias, (outputs,) if bias_dim == 0 else (batch,))] if bias else [])
+    args = _args(spec, w, *dense, (spec.output, (batch, outputs)))  # W's buffers, X, [bias], Y
+    xt, t = KernelArg("scratch", 0, (inputs, batch)), KernelArg("scratch", 1, (outputs, batch))
+    per_warp, m_tiles = _tensor_core_tiles(outputs, batch)
+    product = Launch("spmm_2to4", (math.ceil(outputs / (16 * m_tiles) / (BLOCK // WARP)), batch // (8 * per_warp), 1),
+                     (BLOCK, 1, 1), (*args[:3], xt, t), aligned=(args[1].ref, args[2].ref), fills_output=True)
+    bias_arg = (args[4],) if bias else ()
+    back = Launch("transpose_out", (math.ceil(outputs * batch / BLOCK), 1, 1), (BLOCK, 1, 1),
+                  (t, *bias_arg, args[-1]), fills_output=True)
+    module = ir.Module.parse(_module_of(_transpose_text("transpose_in", "f16", (batch, inputs)),
+                                        _tensor_core_text(outputs, inputs, batch, per_warp, _index_types(fmt)[0],
+                                                          m_tiles, "f32")))
+    with ir.InsertionPoint(module.body.operations[0].regions[0].blocks[0]), ir.Location.unknown():
+        _transpose_with_bias("transpose_out", (outputs, batch), bias_dim, out)
+    scratch = (((inputs, batch), "float16"), ((outputs, batch), "float32"))
+    gemm = HopperGemm(outputs, inputs, batch, True, out, b_k_major=True, c_transposed=True, bias_dim=bias_dim)
+    return _with_hopper(module, (_transpose_launch("transpose_in", args[3], xt, (batch, inputs)), product, back),
+                        gemm, args[2], args[3], args[-1], crd=args[1], bias=args[4] if bias else None,
+                        scratch=scratch)
+
+
+def _transpose_with_bias(name: str, shape: tuple[int, int], bias_dim: int, out: str) -> None:
+    """``dst[c, r] = src[r, c] (+ bias[r] or bias[c])`` from float32 ``src`` of ``shape``, rounded to ``out``.
+
+    A thread per element of ``dst``, consecutive threads on consecutive
+    elements (coalesced stores).  Built with the bindings' op builders.
+    """
+    from mlir.dialects import arith, gpu, memref, scf
+
+    rows, cols = shape
+    f32 = ir.F32Type.get()
+    out_type = ir.F16Type.get() if out == "f16" else f32
+    index = ir.IndexType.get()
+    inputs = [ir.MemRefType.get([rows, cols], f32)]
+    if bias_dim >= 0:
+        inputs.append(ir.MemRefType.get([rows if bias_dim == 0 else cols], ir.F16Type.get()))
+    inputs.append(ir.MemRefType.get([cols, rows], out_type))
+    func = gpu.GPUFuncOp(ir.TypeAttr.get(ir.FunctionType.get(inputs, [])), sym_name=name, kernel=True)
+    block = func.body.blocks.append(*inputs)
+    with ir.InsertionPoint(block):
+        src, dst = block.arguments[0], block.arguments[-1]
+        at = arith.addi(arith.muli(gpu.block_id(gpu.Dimension.x), gpu.block_dim(gpu.Dimension.x)),
+                        gpu.thread_id(gpu.Dimension.x))
+        inside = arith.cmpi(arith.CmpIPredicate.ult, at, arith.constant(index, rows * cols))
+        with ir.InsertionPoint(scf.IfOp(inside).then_block):
+            c = arith.divui(at, arith.constant(index, rows))
+            r = arith.remui(at, arith.constant(index, rows))
+            value = memref.load(src, [r, c])
+            if bias_dim >= 0:
+                value = arith.addf(value, arith.extf(f32, memref.load(block.arguments[1], [r if bias_dim == 0 else c])))
+            if out_type != f32:
+                value = arith.truncf(out_type, value)
+            memref.store(value, dst, [c, r])
+            scf.YieldOp([])
+        gpu.ReturnOp([])
+
+
 def _transpose_launch(name: str, src: KernelArg, dst: KernelArg, shape: tuple[int, int]) -> Launch:
     """A thread per element of ``dst``; it stores every element (a kernel's scratch, or the output)."""
     return Launch(name, (math.ceil(shape[0] * shape[1] / BLOCK), 1, 1), (BLOCK, 1, 1), (src, dst), fills_output=True)
@@ -193,19 +270,27 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref),
                     fills_output=True)
-    return _with_hopper(ir.Module.parse(text), launch, rows, inner, cols, True, out, args)
+    return _with_hopper(ir.Module.parse(_module_of(text)), (launch,), HopperGemm(rows, inner, cols, True, out), args[2],
+                        args[3], args[4], crd=args[1])
 
 
-def _with_hopper(module: ir.Module, portable: Launch, rows: int, inner: int, cols: int, sparse: bool, out: str,
-                 args: tuple[KernelArg, ...]) -> NativeKernels:
-    """``portable`` (every chip but sm_90a), plus the TMA + wgmma GEMM for sm_90a where TMA can address it."""
-    if not fits_wgmma(rows, inner, cols, sparse):
-        return NativeKernels(module, (portable,))
+def _with_hopper(module: ir.Module, portable: tuple[Launch, ...], gemm: HopperGemm, a: KernelArg, b: KernelArg,
+                 c: KernelArg, crd: KernelArg | None = None, bias: KernelArg | None = None,
+                 scratch: tuple[tuple[tuple[int, ...], str], ...] = ()) -> NativeKernels:
+    """``portable`` (every chip but sm_90a), plus the TMA + wgmma GEMM for sm_90a where TMA can address it.
+
+    The Hopper GEMM's metadata words, if any, are scratch 0: the portable
+    launches' own scratch buffers follow.
+    """
+    if not fits_wgmma(gemm.rows, gemm.inner, gemm.cols, gemm.sparse):
+        return NativeKernels(module, portable, scratch)
     with ir.InsertionPoint(module.body.operations[0].regions[0].blocks[0]), ir.Location.unknown():
-        hopper = wgmma_gemm(rows, inner, cols, sparse, out, args)
-    scratch = (((metadata_words(rows, inner),), "int32"),) if sparse else ()
-    return NativeKernels(module, (replace(portable, chips=tuple(c for c in CHIPS if c != HOPPER)), *hopper),
-                         scratch)
+        hopper = wgmma_gemm(gemm, a, b, c, crd, bias)
+    own = (((metadata_words(gemm.rows, gemm.inner),), "int32"),) if gemm.sparse else ()
+    portable = tuple(replace(launch, chips=tuple(chip for chip in CHIPS if chip != HOPPER),
+                             args=tuple(replace(arg, ref=arg.ref + len(own)) if arg.kind == "scratch" else arg
+                                        for arg in launch.args)) for launch in portable)
+    return NativeKernels(module, (*portable, *hopper), own + scratch)
 
 
 def _tensor_core_tiles(rows: int, cols: int) -> tuple[int, int]:
@@ -227,8 +312,8 @@ def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...
             KernelArg("buffer", order.index(spec.output), (rows, cols)))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,), fills_output=True)
-    return _with_hopper(ir.Module.parse(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out)),
-                        launch, rows, inner, cols, False, out, args)
+    return _with_hopper(ir.Module.parse(_module_of(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out))),
+                        (launch,), HopperGemm(rows, inner, cols, False, out), *args)
 
 
 def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
@@ -624,9 +709,9 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
                      f"{c_pair}"]
     body += ["}", "gpu.return"]
     if sparse:
-        return _module("spmm_2to4", f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, "
-                                    f"%b: {b_t}, %c: {c_t}", body)
-    return _module("gemm_f16", f"%a: {a_t}, %b: {b_t}, %c: {c_t}", body)
+        return _function("spmm_2to4", f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, "
+                                      f"%b: {b_t}, %c: {c_t}", body)
+    return _function("gemm_f16", f"%a: {a_t}, %b: {b_t}, %c: {c_t}", body)
 
 
 def _function(name: str, params: str, body: list[str]) -> str:

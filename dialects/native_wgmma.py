@@ -1,8 +1,10 @@
 """Hopper (``sm_90a``) GEMM kernels: TMA loads, an mbarrier ring and ``wgmma`` on shared-memory descriptors.
 
-``C[M,N] = A[M,K] @ B[K,N]`` in float16 with float32 sums, ``A`` dense or
-2:4 (values ``[M, K/2]`` plus the in-group offsets), ``B`` row-major.  The
-layout follows the sm_90 GEMMs (CUTLASS's warp-specialized kernels):
+``C[M,N] (+ bias) = A[M,K] @ B`` in float16 with float32 sums, ``A`` dense
+or 2:4 (values ``[M, K/2]`` plus the in-group offsets), ``B`` stored
+``[K,N]`` (a GEMM) or ``[N,K]`` (the Linear orientation's ``X``), ``C``
+stored ``[M,N]`` or transposed (``HopperGemm``).  The layout follows the
+sm_90 GEMMs (CUTLASS's warp-specialized kernels):
 
 * a block owns a ``128 x 256`` tile of ``C`` and has three warpgroups: the
   first (the producer, 40 registers) issues one TMA load of ``A`` and four of
@@ -15,17 +17,19 @@ layout follows the sm_90 GEMMs (CUTLASS's warp-specialized kernels):
   are done reading) mbarriers hand stages back and forth; a consumer keeps
   one wgmma group in flight (``wait_group 1``) and releases the stage the
   previous group read;
-* ``A`` is K-major (no transpose), ``B`` MN-major (``tnspB``): its shared
-  layout is four 64-column boxes of ``64 x 128 B`` swizzled rows, so the
-  descriptor's leading offset steps a box (8 KiB) and the stride offset
-  8 rows (1 KiB);
+* ``A`` is K-major (no transpose).  A ``[K,N]`` ``B`` is MN-major
+  (``tnspB``): its shared layout is four 64-column boxes of ``64 x 128 B``
+  swizzled rows, so the descriptor's leading offset steps a box (8 KiB) and
+  the stride offset 8 rows (1 KiB).  An ``[N,K]`` ``B`` is K-major like
+  ``A``: one ``256 x 128 B`` box, K advancing within the swizzled rows;
 * 2:4 ``A`` uses ``wgmma.mma_async.sp`` (no dialect has it: ``llvm.inline_asm``)
   with its metadata in the instruction's own layout, one 32-bit word per
   thread and k32 step, made from the stored offsets by a small kernel
   (``nm_metadata``) that runs before the GEMM;
 * TMA zero-fills reads past the edges and the epilogue guards its stores, so
   any ``M`` and ``N`` work; TMA needs 16-byte row strides (``K % 8`` dense,
-  ``K % 16`` 2:4, ``N % 8``).
+  ``K % 16`` 2:4, ``N % 8``).  The epilogue adds the bias in float32 and
+  rounds to the output type (``out_dtype``).
 
 Descriptors for TMA are made on the host (``runtime.tensor_maps``) from the
 ``tensormap`` kernel arguments' geometry.
@@ -34,6 +38,7 @@ Descriptors for TMA are made on the host (``runtime.tensor_maps``) from the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from mlir import ir
@@ -41,7 +46,7 @@ from mlir.dialects import arith, builtin, gpu, llvm, memref, nvgpu, nvvm, scf, v
 
 from sparse_mlir.gpu_program import KernelArg, Launch
 
-__all__ = ["WgmmaTiling", "TILING", "wgmma_gemm", "metadata_words", "META_FILL", "fits_wgmma", "HOPPER"]
+__all__ = ["WgmmaTiling", "TILING", "HopperGemm", "wgmma_gemm", "metadata_words", "META_FILL", "fits_wgmma", "HOPPER"]
 
 HOPPER = "sm_90a"
 WARPGROUP = 128
@@ -97,96 +102,149 @@ def _accumulator_type() -> ir.Type:
     return llvm.StructType.get_literal([ir.F32Type.get()] * (TILING.block_n // 2))
 
 
-def _sparse_mma(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, meta: ir.Value) -> ir.Value:
-    """``wgmma.mma_async.sp`` m64n256k32 f32 += f16 * f16, B transposed (MN-major), metadata selector 0."""
+def _sparse_mma(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, meta: ir.Value, b_k_major: bool) -> ir.Value:
+    """``wgmma.mma_async.sp`` m64n256k32 f32 += f16 * f16, metadata selector 0; B transposed unless K-major."""
     n = TILING.block_n // 2
     registers = ", ".join(f"${i}" for i in range(n))
     text = ("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
             f"wgmma.mma_async.sp.sync.aligned.m64n{TILING.block_n}k32.f32.f16.f16 "
-            f"{{{registers}}}, ${2 * n}, ${2 * n + 1}, ${2 * n + 2}, 0, p, 1, 1, 0, 1;\n}}\n")
+            f"{{{registers}}}, ${2 * n}, ${2 * n + 1}, ${2 * n + 2}, 0, p, 1, 1, 0, {0 if b_k_major else 1};\n}}\n")
     constraints = ",".join(["=f"] * n + [str(i) for i in range(n)] + ["l", "l", "r"])
     values = [llvm.extractvalue(ir.F32Type.get(), acc, [i]) for i in range(n)]
     return llvm.inline_asm(_accumulator_type(), [*values, desc_a, desc_b, meta], text, constraints,
                            has_side_effects=True)
 
 
-def _dense_mma(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value) -> ir.Value:
-    """``wgmma.mma_async`` m64n256k16 f32 += f16 * f16, A K-major, B MN-major."""
+def _dense_mma(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, b_k_major: bool) -> ir.Value:
+    """``wgmma.mma_async`` m64n256k16 f32 += f16 * f16, A K-major, B MN-major (``row``) or K-major (``col``)."""
     return nvvm.WgmmaMmaAsyncOp(
         _accumulator_type(), acc, desc_a, desc_b,
         ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {TILING.block_n}, k = 16>"),
         ir.Attribute.parse("#nvvm.wgmma_type<f16>"), ir.Attribute.parse("#nvvm.wgmma_type<f16>"),
         ir.Attribute.parse("#nvvm.wgmma_type<f32>"), ir.Attribute.parse("#nvvm.wgmma_scale_out<one>"),
         ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"), ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
-        ir.Attribute.parse("#nvvm.mma_layout<row>"), ir.Attribute.parse("#nvvm.mma_layout<row>")).result
+        ir.Attribute.parse("#nvvm.mma_layout<row>"),
+        ir.Attribute.parse(f"#nvvm.mma_layout<{'col' if b_k_major else 'row'}>")).result
 
 
-def wgmma_gemm(rows: int, inner: int, cols: int, sparse: bool, out_elt: str, args: tuple[KernelArg, ...]
-               ) -> tuple[Launch, ...]:
+@dataclass(frozen=True)
+class HopperGemm:
+    """One GEMM's geometry: ``C[M,N] (+ bias) = A[M,K] @ B``, with ``B`` given as ``[K,N]`` or ``[N,K]``.
+
+    ``b_k_major``: ``B`` is stored ``[N,K]`` (the Linear orientation's ``X``,
+    read without a transpose); ``c_transposed``: ``C`` is stored ``[N,M]``
+    (the Linear orientation's ``Y``); ``bias_dim`` 0 adds ``bias[m]``, 1 adds
+    ``bias[n]``, -1 none.
+    """
+
+    rows: int
+    inner: int
+    cols: int
+    sparse: bool
+    out_elt: str = "f16"
+    b_k_major: bool = False
+    c_transposed: bool = False
+    bias_dim: int = -1
+
+    @property
+    def stages(self) -> int:
+        return TILING.stages + (1 if self.sparse else 0)  # a 2:4 stage is 40 KiB, a dense one 48: 5 or 4 fit
+
+    @property
+    def a_row_bytes(self) -> int:  # bytes of one A row in a stage: the stored half of K for 2:4
+        return TILING.block_k if self.sparse else 2 * TILING.block_k
+
+    @property
+    def stage_a(self) -> int:
+        return TILING.block_m * self.a_row_bytes
+
+    @property
+    def stage(self) -> int:
+        return self.stage_a + TILING.block_k * TILING.block_n * 2
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * self.stage + 1024  # + alignment slack for the 1024-byte swizzle atoms
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.inner / TILING.block_k)
+
+    @property
+    def a_box(self) -> tuple[int, int]:
+        return TILING.block_m, self.a_row_bytes // 2
+
+    @property
+    def b_box(self) -> tuple[int, int]:
+        """One TMA load of B: K-major, the whole 256 x 64 tile; otherwise 64 rows of K x 64 columns."""
+        return (TILING.block_n, TILING.block_k) if self.b_k_major else (TILING.block_k, _BOX)
+
+
+def wgmma_gemm(gemm: HopperGemm, a: KernelArg, b: KernelArg, c: KernelArg, crd: KernelArg | None = None,
+               bias: KernelArg | None = None) -> tuple[Launch, ...]:
     """Add the Hopper GEMM (and for 2:4 the metadata kernel) to the ``gpu.module`` at the insertion point.
 
-    ``args`` are the kernel arguments of ``A`` (dense: the matrix; 2:4:
-    positions, offsets, values), ``B`` and ``C``; a 2:4 GEMM also takes
-    scratch 0 (the metadata words).  Returns the launches, in order.
+    ``a`` is A's matrix (2:4: its values, ``crd`` its offsets), ``b``, ``c``
+    and ``bias`` the other buffers; a 2:4 GEMM also takes scratch 0 (the
+    metadata words).  Returns the launches, in order.
     """
     t = TILING
-    a_box, a_swizzle, a_row_bytes = ((t.block_m, t.block_k // 2), "swizzle_64b", t.block_k) if sparse else \
-        ((t.block_m, t.block_k), "swizzle_128b", 2 * t.block_k)
-    a_stored = inner // 2 if sparse else inner
-    stage_a = t.block_m * a_row_bytes
-    stage_b = t.block_k * t.block_n * 2
-    stage = stage_a + stage_b
-    shared_bytes = t.stages * stage + 1024  # + alignment slack for the 1024-byte swizzle atoms
-    steps = math.ceil(inner / t.block_k)
-    a_arg, b_arg, c_arg = (args[2] if sparse else args[0]), args[-2], args[-1]
-    tma_a = KernelArg("tensormap", a_arg.ref, (a_stored, rows, a_box[1], a_box[0], a_row_bytes, 2))
-    tma_b = KernelArg("tensormap", b_arg.ref, (cols, inner, _BOX, t.block_k, 128, 2))
-    f16, f32, i32, i64 = ir.F16Type.get(), ir.F32Type.get(), ir.IntegerType.get_signless(32), \
-        ir.IntegerType.get_signless(64)
-    out_type = f16 if out_elt == "f16" else f32
-    c_type = ir.MemRefType.get([rows, cols], out_type)
-    meta_words = metadata_words(rows, inner)
+    g = gemm
+    a_stored = g.inner // 2 if g.sparse else g.inner
+    tma_a = KernelArg("tensormap", a.ref, (a_stored, g.rows, g.a_box[1], g.a_box[0], g.a_row_bytes, 2))
+    b_dims = (g.inner, g.cols) if g.b_k_major else (g.cols, g.inner)
+    tma_b = KernelArg("tensormap", b.ref, (*b_dims, g.b_box[1], g.b_box[0], 128, 2))
+    i32 = ir.IntegerType.get_signless(32)
+    out_type = ir.F16Type.get() if g.out_elt == "f16" else ir.F32Type.get()
+    c_type = ir.MemRefType.get([g.cols, g.rows] if g.c_transposed else [g.rows, g.cols], out_type)
+    meta_words = metadata_words(g.rows, g.inner)
     # TMA descriptors arrive as plain pointers (a gpu.func signature keeps no nvgpu type through the NVVM
     # conversion) and are viewed as the descriptor types inside
     pointer = llvm.PointerType.get()
     inputs = [pointer, pointer, c_type]
-    if sparse:
+    if bias is not None:
+        inputs.append(ir.MemRefType.get([g.rows if g.bias_dim == 0 else g.cols], ir.F16Type.get()))
+    if g.sparse:
         inputs.append(ir.MemRefType.get([meta_words], i32))
-    name = "gemm_2to4_sm90" if sparse else "gemm_f16_sm90"
+    name = f"{'gemm_2to4' if g.sparse else 'gemm_f16'}_sm90{'_linear' if g.b_k_major else ''}"
     func = gpu.GPUFuncOp(ir.TypeAttr.get(ir.FunctionType.get(inputs, [])), sym_name=name, kernel=True)
     func.attributes["nvvm.maxntid"] = ir.Attribute.parse(f"array<i32: {3 * WARPGROUP}, 1, 1>")
     func.attributes["nvvm.minctasm"] = ir.Attribute.parse("1 : i32")
     block = func.body.blocks.append(*inputs)
     with ir.InsertionPoint(block):
         desc_a, desc_b = (builtin.unrealized_conversion_cast([kind], [value]) for kind, value in
-                          ((_tensor_map_type(a_box, a_swizzle), block.arguments[0]),
-                           (_tensor_map_type((t.block_k, _BOX), "swizzle_128b"), block.arguments[1])))
-        c_out = block.arguments[2]
-        meta = block.arguments[3] if sparse else None
-        _gemm_body(desc_a, desc_b, c_out, meta, rows, inner, cols, sparse, out_type, stage_a, stage, steps)
+                          ((_tensor_map_type(g.a_box, "swizzle_64b" if g.sparse else "swizzle_128b"),
+                            block.arguments[0]),
+                           (_tensor_map_type(g.b_box, "swizzle_128b"), block.arguments[1])))
+        rest = list(block.arguments[3:])
+        bias_value = rest.pop(0) if bias is not None else None
+        meta = rest.pop(0) if g.sparse else None
+        _gemm_body(g, desc_a, desc_b, block.arguments[2], bias_value, meta)
         gpu.ReturnOp([])
-    grid = (math.ceil(rows / t.block_m), math.ceil(cols / t.block_n), 1)
+    grid = (math.ceil(g.rows / t.block_m), math.ceil(g.cols / t.block_n), 1)
     launches = []
     scratch_args: tuple[KernelArg, ...] = ()
-    if sparse:
+    if g.sparse:
+        assert crd is not None, "a 2:4 GEMM reads its offsets"
         meta_arg = KernelArg("scratch", 0, (meta_words,))
         scratch_args = (meta_arg,)
-        _metadata_kernel(rows, inner)
+        _metadata_kernel(g.rows, g.inner)
         launches.append(Launch("nm_metadata", (math.ceil(meta_words / WARPGROUP), 1, 1), (WARPGROUP, 1, 1),
-                               (args[1], meta_arg), fills_output=True, chips=(HOPPER,)))
-    launches.append(Launch(name, grid, (3 * WARPGROUP, 1, 1), (tma_a, tma_b, c_arg, *scratch_args),
-                           shared_bytes=shared_bytes, fills_output=True, chips=(HOPPER,)))
+                               (crd, meta_arg), fills_output=True, chips=(HOPPER,)))
+    bias_args = (bias,) if bias is not None else ()
+    launches.append(Launch(name, grid, (3 * WARPGROUP, 1, 1), (tma_a, tma_b, c, *bias_args, *scratch_args),
+                           shared_bytes=g.shared_bytes, fills_output=True, chips=(HOPPER,)))
     return tuple(launches)
 
 
-def _gemm_body(desc_a: ir.Value, desc_b: ir.Value, c_out: ir.Value, meta: ir.Value | None, rows: int, inner: int,
-               cols: int, sparse: bool, out_type: ir.Type, stage_a: int, stage: int, steps: int) -> None:
+def _gemm_body(g: HopperGemm, desc_a: ir.Value, desc_b: ir.Value, c_out: ir.Value, bias: ir.Value | None,
+               meta: ir.Value | None) -> None:
     t = TILING
-    i1, i32, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+    i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
     index = ir.IndexType.get()
     shared = _shared()
-    smem = gpu.dynamic_shared_memory(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8),
-                                                       memory_space=shared))
+    smem = gpu.dynamic_shared_memory(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
+                                                       ir.IntegerType.get_signless(8), memory_space=shared))
     base = arith.index_cast(i64, memref.extract_aligned_pointer_as_index(smem))
     aligned = arith.andi(arith.addi(base, _c(1023, i64)), _c(-1024, i64))
     pad = arith.index_cast(index, arith.subi(aligned, base))
@@ -195,17 +253,16 @@ def _gemm_body(desc_a: ir.Value, desc_b: ir.Value, c_out: ir.Value, meta: ir.Val
     thread = arith.remui(tid, _c(WARPGROUP))
     m0 = arith.muli(gpu.block_id(gpu.Dimension.x), _c(t.block_m))
     n0 = arith.muli(gpu.block_id(gpu.Dimension.y), _c(t.block_n))
-    barriers = ir.Type.parse(f"!nvgpu.mbarrier.group<memorySpace = {shared}, num_barriers = {t.stages}>")
+    barriers = ir.Type.parse(f"!nvgpu.mbarrier.group<memorySpace = {shared}, num_barriers = {g.stages}>")
     full, empty = nvgpu.mbarrier_create(barriers), nvgpu.mbarrier_create(barriers)
     first = arith.cmpi(arith.CmpIPredicate.eq, tid, _c(0))
-    for s in range(t.stages):
+    for s in range(g.stages):
         nvgpu.mbarrier_init(full, _c(1), _c(s), predicate=first)
         nvgpu.mbarrier_init(empty, _c(8), _c(s), predicate=first)  # the eight consumer warps
     nvgpu.tma_prefetch_descriptor(desc_a, predicate=first)
     nvgpu.tma_prefetch_descriptor(desc_b, predicate=first)
     gpu.barrier()
     ticks = _c(10_000_000)
-    a_box = (t.block_m, t.block_k // 2) if sparse else (t.block_m, t.block_k)
 
     def view(offset: ir.Value, shape: tuple[int, int]) -> ir.Value:
         return memref.view(ir.MemRefType.get(list(shape), ir.F16Type.get(), memory_space=shared), smem,
@@ -215,108 +272,128 @@ def _gemm_body(desc_a: ir.Value, desc_b: ir.Value, c_out: ir.Value, meta: ir.Val
     branch = scf.IfOp(producer, has_else=True)
     with ir.InsertionPoint(branch.then_block):
         nvvm.setmaxregister(t.producer_registers, nvvm.SetMaxRegisterAction.decrease)
-        loop = scf.ForOp(_c(0), _c(steps), _c(1))
+        loop = scf.ForOp(_c(0), _c(g.steps), _c(1))
         with ir.InsertionPoint(loop.body):
             k = loop.induction_variable
-            s = arith.remui(k, _c(t.stages))
-            phase = arith.index_cast(i1, arith.remui(arith.divui(k, _c(t.stages)), _c(2)))
+            s = arith.remui(k, _c(g.stages))
+            phase = arith.index_cast(i1, arith.remui(arith.divui(k, _c(g.stages)), _c(2)))
             nvgpu.MBarrierTryWaitParityOp(empty, arith.xori(phase, _c(1, i1)), ticks, s)
-            nvgpu.mbarrier_arrive_expect_tx(full, _c(stage), s, predicate=first)
-            at = arith.muli(s, _c(stage))
-            nvgpu.TmaAsyncLoadOp(view(at, a_box), full, desc_a,
-                                 [arith.muli(k, _c(a_box[1])), m0], s, predicate=first)
-            k_row = arith.muli(k, _c(t.block_k))
-            for box in range(t.block_n // _BOX):
-                offset = arith.addi(at, _c(stage_a + box * t.block_k * _BOX * 2))
-                nvgpu.TmaAsyncLoadOp(view(offset, (t.block_k, _BOX)), full, desc_b,
-                                     [arith.addi(n0, _c(box * _BOX)), k_row], s, predicate=first)
+            nvgpu.mbarrier_arrive_expect_tx(full, _c(g.stage), s, predicate=first)
+            at = arith.muli(s, _c(g.stage))
+            nvgpu.TmaAsyncLoadOp(view(at, g.a_box), full, desc_a,
+                                 [arith.muli(k, _c(g.a_box[1])), m0], s, predicate=first)
+            k_first = arith.muli(k, _c(t.block_k))
+            b_at = arith.addi(at, _c(g.stage_a))
+            if g.b_k_major:  # one box: 256 rows of N, 64 of K each
+                nvgpu.TmaAsyncLoadOp(view(b_at, g.b_box), full, desc_b, [k_first, n0], s, predicate=first)
+            else:  # four boxes of 64 columns, each 64 rows of K
+                for box in range(t.block_n // _BOX):
+                    nvgpu.TmaAsyncLoadOp(view(arith.addi(b_at, _c(box * t.block_k * _BOX * 2)), g.b_box), full,
+                                         desc_b, [arith.addi(n0, _c(box * _BOX)), k_first], s, predicate=first)
             scf.YieldOp([])
         scf.YieldOp([])
     with ir.InsertionPoint(branch.else_block):
         nvvm.setmaxregister(t.consumer_registers, nvvm.SetMaxRegisterAction.increase)
-        _consumer(full, empty, smem, aligned, c_out, meta, warpgroup, thread, m0, n0, rows, inner, cols, sparse,
-                  out_type, stage_a, stage, steps, ticks)
+        acc = _consumer(g, full, empty, aligned, meta, warpgroup, thread, m0, ticks)
+        _epilogue(g, acc, c_out, bias, arith.subi(warpgroup, _c(1)), thread, m0, n0)
         scf.YieldOp([])
 
 
-def _consumer(full: ir.Value, empty: ir.Value, smem: ir.Value, aligned: ir.Value, c_out: ir.Value,
-              meta: ir.Value | None, warpgroup: ir.Value, thread: ir.Value, m0: ir.Value, n0: ir.Value, rows: int,
-              inner: int, cols: int, sparse: bool, out_type: ir.Type, stage_a: int, stage: int, steps: int,
-              ticks: ir.Value) -> None:
+def _consumer(g: HopperGemm, full: ir.Value, empty: ir.Value, aligned: ir.Value, meta: ir.Value | None,
+              warpgroup: ir.Value, thread: ir.Value, m0: ir.Value, ticks: ir.Value) -> ir.Value:
+    """The MMA loop of one consumer warpgroup over its 64 rows; returns the accumulator."""
     t = TILING
-    i1, i32, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
-    index = ir.IndexType.get()
+    i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
     half = arith.subi(warpgroup, _c(1))  # which 64 rows of the tile
     lane = arith.remui(thread, _c(32))
     warp_leader = arith.cmpi(arith.CmpIPredicate.eq, lane, _c(0))
-    a_rows_bytes = (t.block_k if sparse else 2 * t.block_k)  # bytes per A row in a stage
-    a_half = arith.index_cast(i64, arith.muli(half, _c(64 * a_rows_bytes)))
-    mmas = t.block_k // (32 if sparse else 16)
-    a_step = 32  # bytes of A per MMA along K: 16 stored elements (k32 sparse, k16 dense)
-    b_step = (32 if sparse else 16) * 128  # bytes of B per MMA: 32 or 16 rows of 128-byte box rows
-    a_stride = 512 if sparse else 1024  # 8 rows of the swizzle atom
-    a_mode = 2 if sparse else 1  # 64B / 128B swizzle
-    tiles_k = math.ceil(inner / t.block_k)
+    a_half = arith.index_cast(i64, arith.muli(half, _c(64 * g.a_row_bytes)))
+    k_per_mma = 32 if g.sparse else 16
+    mmas = t.block_k // k_per_mma
+    a_stride = 512 if g.sparse else 1024  # 8 rows of the swizzle atom
+    a_mode = 2 if g.sparse else 1  # 64B / 128B swizzle
+    if g.b_k_major:  # 256 rows of 128 swizzled bytes: like A, K advances within the row
+        b_step, b_leading, b_stride = k_per_mma * 2, 16, 1024
+    else:  # four 64-column boxes (8 KiB apart) of K rows of 128 bytes: K advances by rows
+        b_step, b_leading, b_stride = k_per_mma * 128, t.block_k * 128, 1024
     meta_base = None
-    if sparse:  # words of this thread: [(row tile), (k32 step), thread]
+    if g.sparse:  # words of this thread: [(row tile), (k32 step), thread]
         row_tile = arith.addi(arith.divui(m0, _c(64)), half)
-        meta_base = arith.addi(arith.muli(row_tile, _c(tiles_k * mmas * WARPGROUP)), thread)
+        meta_base = arith.addi(arith.muli(row_tile, _c(g.steps * mmas * WARPGROUP)), thread)
     zero = llvm.mlir_zero(_accumulator_type())
-    loop = scf.ForOp(_c(0), _c(steps), _c(1), [zero])
+    loop = scf.ForOp(_c(0), _c(g.steps), _c(1), [zero])
     with ir.InsertionPoint(loop.body):
         k = loop.induction_variable
         acc = loop.inner_iter_args[0]
-        s = arith.remui(k, _c(t.stages))
-        phase = arith.index_cast(i1, arith.remui(arith.divui(k, _c(t.stages)), _c(2)))
+        s = arith.remui(k, _c(g.stages))
+        phase = arith.index_cast(i1, arith.remui(arith.divui(k, _c(g.stages)), _c(2)))
         words = []
-        if sparse:
+        if g.sparse:
             for j in range(mmas):
                 at = arith.addi(meta_base, arith.muli(arith.addi(arith.muli(k, _c(mmas)), _c(j)), _c(WARPGROUP)))
                 words.append(memref.load(meta, [at]))
         nvgpu.MBarrierTryWaitParityOp(full, phase, ticks, s)
-        stage_at = arith.addi(aligned, arith.index_cast(i64, arith.muli(s, _c(stage))))
+        stage_at = arith.addi(aligned, arith.index_cast(i64, arith.muli(s, _c(g.stage))))
         a_at = arith.addi(stage_at, a_half)
-        b_at = arith.addi(stage_at, _c(stage_a, i64))
+        b_at = arith.addi(stage_at, _c(g.stage_a, i64))
         nvvm.WgmmaFenceAlignedOp()
         for j in range(mmas):
-            da = _descriptor(arith.addi(a_at, _c(j * a_step, i64)), 16, a_stride, a_mode)
-            db = _descriptor(arith.addi(b_at, _c(j * b_step, i64)), t.block_k * 128, 1024, 1)
-            acc = _sparse_mma(acc, da, db, words[j]) if sparse else _dense_mma(acc, da, db)
+            da = _descriptor(arith.addi(a_at, _c(j * 32, i64)), 16, a_stride, a_mode)
+            db = _descriptor(arith.addi(b_at, _c(j * b_step, i64)), b_leading, b_stride, 1)
+            acc = _sparse_mma(acc, da, db, words[j], g.b_k_major) if g.sparse else \
+                _dense_mma(acc, da, db, g.b_k_major)
         nvvm.WgmmaGroupSyncAlignedOp()
         nvvm.WgmmaWaitGroupSyncOp(1)
         # the group of step k-1 is done: its stage may be refilled
         release = arith.andi(warp_leader, arith.cmpi(arith.CmpIPredicate.ugt, k, _c(0)))
         with ir.InsertionPoint(scf.IfOp(release).then_block):
-            previous = arith.remui(arith.addi(k, _c(t.stages - 1)), _c(t.stages))
+            previous = arith.remui(arith.addi(k, _c(g.stages - 1)), _c(g.stages))
             nvgpu.mbarrier_arrive(empty, previous)
             scf.YieldOp([])
         scf.YieldOp([acc])
     nvvm.WgmmaWaitGroupSyncOp(0)
-    _epilogue(loop.results[0], c_out, half, thread, m0, n0, rows, cols, out_type)
+    return loop.results[0]
 
 
-def _epilogue(acc: ir.Value, c_out: ir.Value, half: ir.Value, thread: ir.Value, m0: ir.Value, n0: ir.Value,
-              rows: int, cols: int, out_type: ir.Type) -> None:
+def _epilogue(g: HopperGemm, acc: ir.Value, c_out: ir.Value, bias: ir.Value | None, half: ir.Value,
+              thread: ir.Value, m0: ir.Value, n0: ir.Value) -> None:
     """Registers to ``C``: register ``4j + 2h + e`` holds row ``l/4 + 8h`` and column ``8j + 2(l%4) + e`` of the
-    warp's 16 rows (the wgmma accumulator layout); pairs are stored together, rows and columns guarded."""
+    warp's 16 rows (the wgmma accumulator layout).  The bias is added in float32, then the sums are rounded
+    to ``C``'s type; rows and columns past the edges are not stored.  Pairs of columns are stored together,
+    or, into a transposed ``C``, one element at a time."""
     f32 = ir.F32Type.get()
+    out_type = ir.F16Type.get() if g.out_elt == "f16" else f32
     warp = arith.divui(thread, _c(32))
     lane = arith.remui(thread, _c(32))
     row_base = arith.addi(arith.addi(m0, arith.muli(half, _c(64))),
                           arith.addi(arith.muli(warp, _c(16)), arith.divui(lane, _c(4))))
     col_base = arith.addi(n0, arith.muli(arith.remui(lane, _c(4)), _c(2)))
     pair = ir.VectorType.get([2], out_type)
+
+    def bias_at(at: ir.Value) -> ir.Value:
+        safe = arith.minui(at, _c((g.rows if g.bias_dim == 0 else g.cols) - 1))
+        return arith.extf(f32, memref.load(bias, [safe]))
+
     for h in range(2):
         row = arith.addi(row_base, _c(8 * h))
-        row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, _c(rows))
+        row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, _c(g.rows))
+        row_bias = bias_at(row) if g.bias_dim == 0 else None
         for j in range(TILING.block_n // 8):
             col = arith.addi(col_base, _c(8 * j))
             values = [llvm.extractvalue(f32, acc, [4 * j + 2 * h + e]) for e in range(2)]
+            if row_bias is not None:
+                values = [arith.addf(v, row_bias) for v in values]
+            elif g.bias_dim == 1:
+                values = [arith.addf(v, bias_at(arith.addi(col, _c(e)))) for e, v in enumerate(values)]
             if out_type != f32:
                 values = [arith.truncf(out_type, v) for v in values]
-            ok = arith.andi(row_ok, arith.cmpi(arith.CmpIPredicate.ult, col, _c(cols)))
+            ok = arith.andi(row_ok, arith.cmpi(arith.CmpIPredicate.ult, col, _c(g.cols)))
             with ir.InsertionPoint(scf.IfOp(ok).then_block):
-                vector.store(vector.from_elements(pair, values), c_out, [row, col])
+                if g.c_transposed:  # C[n, m]; cols is a multiple of 8, so col + 1 is inside too
+                    memref.store(values[0], c_out, [col, row])
+                    memref.store(values[1], c_out, [arith.addi(col, _c(1)), row])
+                else:
+                    vector.store(vector.from_elements(pair, values), c_out, [row, col])
                 scf.YieldOp([])
 
 

@@ -119,8 +119,13 @@ def _prologue(sig: Signature, program: GpuProgram) -> list[str]:
         lines += [f"  r = cuMemsetD8Async({out.name}, 0, {nbytes}, stream);", "  if (r != CUDA_SUCCESS) goto done;"]
     for s, (shape, dtype) in enumerate(program.scratch):
         size = math.prod(shape) * np.dtype(dtype).itemsize
-        lines += [f"  r = cuMemAllocAsync(&s{s}, {max(size, 1)}, stream);", "  if (r != CUDA_SUCCESS) goto done;",
-                  f"  r = cuMemsetD8Async(s{s}, 0, {max(size, 1)}, stream);", "  if (r != CUDA_SUCCESS) goto done;"]
+        # only where a launch of the loaded code reads it (each chip's code runs its own launches)
+        readers = [i for i, launch in enumerate(program.launches)
+                   if any(arg.kind == "scratch" and arg.ref == s for arg in launch.args)]
+        lines += [f"  if ({' || '.join(f'm->functions[{i}]' for i in readers) or '0'}) {{",
+                  f"    r = cuMemAllocAsync(&s{s}, {max(size, 1)}, stream);", "    if (r != CUDA_SUCCESS) goto done;",
+                  f"    r = cuMemsetD8Async(s{s}, 0, {max(size, 1)}, stream);", "    if (r != CUDA_SUCCESS) goto done;",
+                  "  }"]
     for ptr, op in _implicit(sig):
         assert op.format is not None
         width = (op.format.pos_width or 64) // 8

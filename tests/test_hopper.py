@@ -123,3 +123,44 @@ def test_the_c_launcher_encodes_tensor_maps_and_skips_other_chips_kernels(tmp_pa
                            str(tmp_path / "main.c"), "-o", str(tmp_path / "main")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert ctypes.sizeof(ctypes.c_uint64 * 16) == 128  # the CUtensorMap the runtime encodes into
+
+
+@pytest.mark.parametrize("bias", [None, "o", "b"])
+def test_float16_linear_with_a_2to4_weight_runs_on_sparse_tensor_cores(bias, tmp_path, monkeypatch):
+    """``Y[b,o] = X[b,i] * W[o,i] (+ bias)``: transposes around the mma.sp SpMM on sm_80/sm_90; on sm_90a one
+    wgmma.sp GEMM reading X as stored (K-major B), storing Y transposed, the bias in its epilogue."""
+    tool = _ptxas()
+    expr = "Y[b,o] = X[b,i]*W[o,i]" + (f" + bias[{bias}]" if bias else "")
+    kernel = sm.compile(expr, formats={"W": "2:4"}, dtype="float16", target="cuda")
+    shapes = {"X": (96, 128), "W": (64, 128), **({"bias": (64,) if bias == "o" else (96,)} if bias else {})}
+    program = kernel.specialize(shapes).program
+    assert [(launch.kernel, launch.chips) for launch in program.launches] == [
+        ("transpose_in", ("sm_80", "sm_90")), ("spmm_2to4", ("sm_80", "sm_90")), ("transpose_out", ("sm_80", "sm_90")),
+        ("nm_metadata", ("sm_90a",)), ("gemm_2to4_sm90_linear", ("sm_90a",))]
+    gemm = program.launches[-1]
+    assert TensorMapGeometry(*gemm.args[1].shape) == TensorMapGeometry(128, 96, 64, 256, 128, 2)  # X, K-major
+    for chip, ptx in program.ptx.items():
+        (tmp_path / "k.ptx").write_text(ptx)
+        done = subprocess.run([tool, f"-arch={chip}", "-v", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                              capture_output=True, text=True)
+        assert done.returncode == 0 and "bytes spill stores" in done.stderr, done.stderr
+        assert " 0 bytes spill stores" in done.stderr
+        for launch in program.launches:
+            if launch.on(chip):
+                assert _entry_params(ptx)[launch.kernel] == launch.param_count()
+    assert ", 0, p, 1, 1, 0, 0;" in program.ptx["sm_90a"]  # wgmma.sp reads X untransposed: tnspB = 0
+    monkeypatch.setenv("SPARSE_MLIR_HOPPER", "1")
+    for batch, capability, launched in ((96, "90", ["nm_metadata", "gemm_2to4_sm90_linear"]),
+                                        (104, "89", ["transpose_in", "spmm_2to4", "transpose_out"])):
+        record = fake_cupy.install(monkeypatch, capability=capability)  # a new batch: a new specialization
+        fresh = sm.compile(expr, formats={"W": "2:4"}, dtype="float16", target="cuda")
+        from sparse_mlir.device_tensor import DeviceSparseTensor
+
+        weight = np.zeros((64, 128), np.float16)
+        weight[:, 1::2] = 1
+        operands = {"X": fake_cupy.device(np.ones((batch, 128), np.float16)),
+                    "W": DeviceSparseTensor.from_dense_nm(fake_cupy.device(weight))}
+        if bias:
+            operands["bias"] = fake_cupy.device(np.ones(64 if bias == "o" else batch, np.float16))
+        fresh(**operands)
+        assert [name for name, *_ in record.launches] == launched

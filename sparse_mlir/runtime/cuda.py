@@ -170,8 +170,11 @@ class GpuFunction:
                                    f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
         if zero and given:  # after the checks: a refused call leaves the caller's array as it was
             out.fill(0)
-        scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) for shape, dtype in self.program.scratch]
-        scratch_ptrs = [s.data.ptr for s in scratch]
+        # only the scratch buffers the launches of this chip read (sm_90a's GEMM needs none of the portable ones)
+        used = {arg.ref for launch, _ in functions for arg in launch.args if arg.kind == "scratch"}
+        scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) if s in used else None
+                   for s, (shape, dtype) in enumerate(self.program.scratch)]
+        scratch_ptrs = [s.data.ptr if s is not None else 0 for s in scratch]
         lengths = [n for _, n in buffers]
         stream = cp.cuda.get_current_stream().ptr
         blocks = self._param_blocks(cp, functions)
