@@ -230,7 +230,7 @@ def wgmma_gemm(gemm: HopperGemm, a: KernelArg, b: KernelArg, c: KernelArg, crd: 
         scratch_args = (meta_arg,)
         _metadata_kernel(g.rows, g.inner)
         launches.append(Launch("nm_metadata", (math.ceil(meta_words / WARPGROUP), 1, 1), (WARPGROUP, 1, 1),
-                               (crd, meta_arg), fills_output=True, chips=(HOPPER,)))
+                               (crd, meta_arg), fills_output=True, chips=(HOPPER,), derives=True))
     bias_args = (bias,) if bias is not None else ()
     launches.append(Launch(name, grid, (3 * WARPGROUP, 1, 1), (tma_a, tma_b, c, *bias_args, *scratch_args),
                            shared_bytes=g.shared_bytes, fills_output=True, chips=(HOPPER,)))

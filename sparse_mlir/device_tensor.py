@@ -42,7 +42,7 @@ def cupy() -> Any:
 class DeviceSparseTensor(LevelBuffers):
     """Level buffers on the GPU (read-only by convention: kernels never write inputs)."""
 
-    __slots__ = ("format", "shape", "dtype", "buffers", "longest_row", "__weakref__")
+    __slots__ = ("format", "shape", "dtype", "buffers", "longest_row", "derived", "__weakref__")
 
     def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[Any, ...], longest_row: int | None = None):
         self.format = fmt
@@ -52,6 +52,9 @@ class DeviceSparseTensor(LevelBuffers):
         # entries of the longest row (CSR), known when the tensor was checked: lets the runtime pick a
         # row-splitting kernel for skewed rows without reading the device
         self.longest_row = longest_row
+        # device data kernels derive from these buffers alone (the 2:4 wgmma metadata in the instruction's
+        # layout), made by the first call that needs it and kept while the buffers are the same
+        self.derived: dict = {}
 
     @classmethod
     def from_host(cls, tensor: SparseTensor) -> DeviceSparseTensor:

@@ -101,6 +101,9 @@ class Launch:
     fills_output: bool = False
     # the chips whose code holds this kernel ("" / empty: every chip); a chip runs the launches made for it
     chips: tuple[str, ...] = ()
+    # fills its scratch arguments from a sparse operand's level buffers alone (the 2:4 wgmma metadata): a runtime
+    # may keep them with the operand and skip the launch while the operand's buffers are the same
+    derives: bool = False
 
     def runs(self, skewed: bool) -> bool:
         return not self.when or (self.when == "skewed") == skewed
@@ -165,6 +168,7 @@ class GpuProgram:
                                               "lanes": [k.lanes.ref, k.lanes.rows] if k.lanes else None,
                                               "aligned": list(k.aligned), "when": k.when,
                                               "fills_output": k.fills_output, "chips": list(k.chips),
+                                              "derives": k.derives,
                                               "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
                                              for k in self.launches]}
         if include_ptx:
@@ -180,7 +184,7 @@ class GpuProgram:
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
                                 k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None,
                                 tuple(k.get("aligned", ())), k.get("when", ""), k.get("fills_output", False),
-                                tuple(k.get("chips", ())))
+                                tuple(k.get("chips", ())), bool(k.get("derives", False)))
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))

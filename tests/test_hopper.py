@@ -99,6 +99,11 @@ def test_hopper_kernels_launch_with_tensor_maps_on_compute_capability_9_0_only(m
     assert [name for name, *_ in record.launches] == ["nm_metadata", "gemm_2to4_sm90"]
     words = record.launches[1][3]
     assert all(w % 16 == 0 and w for w in words[:2])  # device addresses of the two descriptors
+    metadata = record.launches[0][3][-5]  # the metadata words: the scratch the GEMM reads, kept on the tensor
+    record.launches.clear()
+    kernel(A=left, B=fake_cupy.device(np.ones((512, 256), np.float16)))
+    assert [name for name, *_ in record.launches] == ["gemm_2to4_sm90"]  # metadata made once per tensor
+    assert metadata in record.launches[0][3]
     record.launches.clear()
     monkeypatch.setattr("sparse_mlir.runtime.cuda.cupy", lambda: fake_cupy.build("89")[0])
     other = sm.compile(GEMM, formats={"A": "2:4"}, dtype="float16", target="cuda")

@@ -170,11 +170,7 @@ class GpuFunction:
                                    f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
         if zero and given:  # after the checks: a refused call leaves the caller's array as it was
             out.fill(0)
-        # only the scratch buffers the launches of this chip read (sm_90a's GEMM needs none of the portable ones)
-        used = {arg.ref for launch, _ in functions for arg in launch.args if arg.kind == "scratch"}
-        scratch = [cp.zeros(shape, dtype=np.dtype(dtype)) if s in used else None
-                   for s, (shape, dtype) in enumerate(self.program.scratch)]
-        scratch_ptrs = [s.data.ptr if s is not None else 0 for s in scratch]
+        scratch_ptrs, skip = self._scratch(cp, args, functions, buffers)
         lengths = [n for _, n in buffers]
         stream = cp.cuda.get_current_stream().ptr
         blocks = self._param_blocks(cp, functions)
@@ -184,11 +180,49 @@ class GpuFunction:
             return TENSOR_MAPS(cp, pointer, geometry, dtype)
 
         for (launch, function), block in zip(functions, blocks):
-            if launch.runs(skewed):
+            if launch.runs(skewed) and id(launch) not in skip:
                 block.words[:] = self._packers[id(launch)](buffers, scratch_ptrs, tensor_map=tensor_map)
                 cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths), *launch.block,
                                             launch.shared_bytes, stream, block.pointer, 0)
         return out
+
+    def _scratch(self, cp: Any, args: dict[str, Any], functions: list[tuple[Launch, Any]],
+                 buffers: list[tuple[int, int]]) -> tuple[list[int], set[int]]:
+        """Scratch pointers for this call, and the ``derives`` launches to skip (their results kept on the operand).
+
+        Only the scratch buffers the launches of this chip read are made
+        (sm_90a's GEMM needs none of the portable ones); zeroed, except those
+        a ``derives`` launch fills, which the operand keeps for later calls.
+        """
+        used = {arg.ref for launch, _ in functions for arg in launch.args if arg.kind == "scratch"}
+        found: dict[int, Any] = {}
+        skip: set[int] = set()
+        for launch, _ in functions:
+            if not launch.derives:
+                continue
+            refs = [arg.ref for arg in launch.args if arg.kind == "buffer"]
+            tensor = args.get(self._sources[refs[0]][0].name)
+            derived = getattr(tensor, "derived", None)
+            if derived is None:
+                continue
+            key = (launch.kernel, tuple(buffers[r] for r in refs),
+                   tuple(self.program.scratch[a.ref] for a in launch.args if a.kind == "scratch"))
+            kept = derived.get(key)
+            if kept is None:
+                kept = derived[key] = [cp.empty(*self._scratch_spec(a.ref)) for a in launch.args
+                                       if a.kind == "scratch"]
+            else:
+                skip.add(id(launch))
+            for arg, array in zip((a for a in launch.args if a.kind == "scratch"), kept):
+                found[arg.ref] = array
+        for s, (shape, dtype) in enumerate(self.program.scratch):
+            if s in used and s not in found:
+                found[s] = cp.zeros(shape, dtype=np.dtype(dtype))
+        return [found[s].data.ptr if s in found else 0 for s in range(len(self.program.scratch))], skip
+
+    def _scratch_spec(self, ref: int) -> tuple[tuple[int, ...], np.dtype]:
+        shape, dtype = self.program.scratch[ref]
+        return tuple(shape), np.dtype(dtype)
 
     def _param_blocks(self, cp: Any, functions: list[tuple[Launch, Any]]) -> list[_ParamBlock]:
         blocks = getattr(self._local, "blocks", None)
