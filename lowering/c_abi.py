@@ -118,10 +118,37 @@ def _check_levels(t: _Text, op: OperandABI, args: dict[str, str], one: str) -> N
             continue
         if level.has_positions:
             t.fail_if(t.ne(args[f"pos{i}_len"], t(f"llvm.add {n}, {one} : i64")), BAD_LEVELS)
+            _check_monotone(t, args[f"pos{i}"], n, dtypes[f"pos{i}"], one)
             n = _load_index(t, args[f"pos{i}"], n, dtypes[f"pos{i}"])
             t.fail_if(t(f'llvm.icmp "slt" {n}, {t.i64(0)} : i64'), BAD_LEVELS)
         t.fail_if(t.ne(args[f"crd{i}_len"], n), BAD_LEVELS)
     t.fail_if(t.ne(args["values_len"], n), BAD_LEVELS)
+
+
+def _check_monotone(t: _Text, pos: str, n: str, dtype: np.dtype, one: str) -> None:
+    """Fail with ``BAD_LEVELS`` unless ``pos[0] == 0`` and ``pos[k] <= pos[k + 1]`` for every ``k < n``.
+
+    With the last position equal to the coordinate count (checked next), this
+    keeps every segment the kernel walks inside the coordinate buffer: a
+    spike in the middle of an otherwise well-formed position buffer would
+    otherwise send it reading far out of bounds.  The loop has no early
+    exit, only an or-reduction, so LLVM vectorizes it: O(rows), a small
+    fraction of any kernel that reads those rows anyway.
+    """
+    t.fail_if(t.ne(_load_index(t, pos, t.i64(0), dtype), t.i64(0)), BAD_LEVELS)
+    t.blocks += 1
+    loop, body, done = f"^mono{t.blocks}", f"^monobody{t.blocks}", f"^monodone{t.blocks}"
+    k, bad = f"%mk{t.blocks}", f"%mbad{t.blocks}"
+    t.stmt(f"llvm.br {loop}({t.i64(0)}, {t('llvm.mlir.constant(false) : i1')} : i64, i1)")
+    t.lines.append(f"{loop}({k}: i64, {bad}: i1):")
+    more = t(f'llvm.icmp "slt" {k}, {n} : i64')
+    t.stmt(f"llvm.cond_br {more}, {body}, {done}")
+    t.lines.append(f"{body}:")
+    following = t(f"llvm.add {k}, {one} : i64")
+    falls = t(f'llvm.icmp "slt" {_load_index(t, pos, following, dtype)}, {_load_index(t, pos, k, dtype)} : i64')
+    t.stmt(f"llvm.br {loop}({following}, {t(f'llvm.or {bad}, {falls} : i1')} : i64, i1)")
+    t.lines.append(f"{done}:")
+    t.fail_if(bad, BAD_LEVELS)
 
 
 def _implicit_positions(t: _Text, op: OperandABI, zero: str, one: str) -> tuple[str, str]:

@@ -417,3 +417,45 @@ def test_save_any_to_smtx_warns_that_values_are_dropped(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         save_any(t, tmp_path / "n.smtx", pattern_only=True)
+
+
+# -- item 5: the exported C function refuses a position buffer that is not monotone -----------------
+
+SPIKE_SCRIPT = """
+import sys, numpy as np, sparse_mlir as sm
+from sparse_mlir.errors import InvalidIndicesError
+kernel = sm.load_kernel(sys.argv[1]) if len(sys.argv) > 1 else sm.compile(
+    "y[i] = A[i,j] * x[j]", formats={"A": "csr"}, dtype="float64")
+rows = 64
+pos = np.full(rows + 1, 2, np.int32)
+pos[0], pos[rows // 2] = 0, 1 << 28                      # right length, 0 ... nnz, a spike inside
+spiky = sm.SparseTensor("csr", (rows, rows), (pos, np.array([0, 1], np.int32), np.ones(2)), validate=False)
+for bad in (spiky,
+            sm.SparseTensor("csr", (rows, rows), (np.r_[np.int32(1), pos[1:]].astype(np.int32),
+                                                   np.array([0, 1], np.int32), np.ones(2)), validate=False)):
+    try:
+        kernel(A=bad, x=np.ones(rows))
+        print("computed")
+    except InvalidIndicesError as exc:
+        print("refused:", exc)
+good = sm.SparseTensor.from_coo([[0, 1], [0, 1]], [1.0, 2.0], (rows, rows), "csr")
+print("good", kernel(A=good, x=np.ones(rows))[:2].tolist())
+"""
+
+
+def _run_spike(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-c", SPIKE_SCRIPT, *args], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    return out.stdout
+
+
+def test_jit_kernel_refuses_a_position_spike():
+    out = _run_spike()
+    assert out.count("refused:") == 2 and "good [1.0, 2.0]" in out, out
+
+
+def test_exported_library_refuses_a_position_spike(tmp_path):
+    sm.export(sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"}, dtype="float64"), tmp_path, "spmv_spike",
+              shapes={"A": (64, 64)})
+    out = _run_spike(str(tmp_path / "spmv_spike.json"))
+    assert out.count("refused:") == 2 and "good [1.0, 2.0]" in out, out
