@@ -202,6 +202,16 @@ CORPUS = [
     ("dense output summing more than 6 sparse operands", "raise", DSLError,
      lambda: sm.compile("C[i,j] = " + " + ".join(f"A{n}[i,j]" for n in range(7)),
                         formats={f"A{n}": "csr" for n in range(7)})),
+    ("unsorted or duplicate COO coordinates given directly", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_buffers("coo", (3, 3), (np.array([0, 2], np.int32), np.array([0, 0], np.int32),
+                                                          np.array([2, 1], np.int32), np.ones(2)))),
+    ("COO coordinates given as (nnz, ndim) pairs", "raise", InvalidIndicesError,
+     lambda: sm.SparseTensor.from_coo(np.array([[0, 1], [1, 2], [2, 0]]), [1.0, 2.0, 3.0], (3, 3))),
+    ("Python scalar the kernel's dtype cannot hold exactly (2.7 or '2' for int32)", "raise", DTypeError,
+     lambda: sm.compile("y[i] = A[i,j] * s[]", formats={"A": "csr"}, dtype="int32")(
+         A=sp.eye(3, format="csr", dtype=np.int32), s=2.7)),
+    ("negative, fractional or huge shape", "raise", ShapeError,
+     lambda: sm.SparseTensor.from_coo([[0], [0]], [1.0], (2.5, 3), "csr")),
 ]
 DANGEROUS = [0, 3, 6, 8]  # would read out of bounds if the checks before native code were missing
 
