@@ -29,7 +29,8 @@ from sparse_mlir.formats import Format
 
 from .encoding import TYPE_NAMES
 from .kernel import FILLS_OUTPUT, KERNEL_NAME
-from .patterns import is_csr, spmm_operands
+from .epilogue import SCALAR_EPILOGUE, VECTOR_EPILOGUE, epilogue_functions
+from .patterns import is_csr, spmm_epilogue, spmm_operands
 
 __all__ = ["native_spmm", "multiply_add", "column_tiers"]
 
@@ -119,7 +120,7 @@ def column_tiers(tiers: list[int], lanes: int, tile_loop: Callable[[str, int, st
     return bounds, loops, start
 
 
-def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int) -> list[str]:
+def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, finish_row: list[str] = ()) -> list[str]:
     """The parallel loop running ``row_body`` for every row ``%i``.
 
     CSR: one parallel iteration per row.  N:M: blocks of ``ROW_BLOCK`` rows,
@@ -128,9 +129,11 @@ def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int) -> list[str]
     from L2 once per block instead of once per row; ``%first`` tells the
     row body whether to start from scratch or from the sums stored in C.
     Positions are implicit, so a panel's bounds need no search.
+    ``finish_row`` runs on each row ``%i`` once its sums are complete (the
+    epilogue): after the row (CSR), after the block's last panel (N:M).
     """
     if stream.nm is None:
-        return ["scf.parallel (%i) = (%c0) to (%rows) step (%c1) {", *row_body, "scf.reduce", "}"]
+        return ["scf.parallel (%i) = (%c0) to (%rows) step (%c1) {", *row_body, *finish_row, "scf.reduce", "}"]
     group_bytes = itemsize * stream.nm.m
     return [f"%row_block = arith.constant {ROW_BLOCK} : index",
             f"%panel_budget = arith.constant {PANEL_BYTES} : index",
@@ -147,7 +150,27 @@ def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int) -> list[str]
             "%glo_end = arith.addi %glo, %panel : index", "%ghi = arith.minui %glo_end, %groups : index",
             "%first = arith.cmpi eq, %glo, %c0 : index",
             "scf.for %i = %ib to %ie step %c1 {", *row_body, "}",
-            "}", "scf.reduce", "}"]
+            "}",
+            *(["scf.for %i = %ib to %ie step %c1 {", *finish_row, "}"] if finish_row else []),
+            "scf.reduce", "}"]
+
+
+def _epilogue_pass(types: dict[str, str], reads: list[str], vec: str, lanes: int) -> list[str]:
+    """Row ``%i`` of C through the epilogue functions, in place: whole vectors, then the scalar tail.
+
+    ``reads`` are the kernel parameters the expression reads, ``types`` every parameter's type.
+    """
+    extra = "".join(f", {r}" for r in reads)
+    extra_types = "".join(f", {types[r]}" for r in reads)
+    elt = vec.split("x")[-1].rstrip(">")
+    return [f"scf.for %ej = %c0 to %ep_end step %c{lanes} {{",
+            f"%ecv = vector.load %C[%i, %ej] : memref<?x?x{elt}>, {vec}",
+            f"%eev = func.call @{VECTOR_EPILOGUE}(%ecv, %i, %ej{extra}) : ({vec}, index, index{extra_types}) -> {vec}",
+            f"vector.store %eev, %C[%i, %ej] : memref<?x?x{elt}>, {vec}", "}",
+            "scf.for %ej = %ep_end to %N step %c1 {",
+            f"%ecs = memref.load %C[%i, %ej] : memref<?x?x{elt}>",
+            f"%ees = func.call @{SCALAR_EPILOGUE}(%ecs, %i, %ej{extra}) : ({elt}, index, index{extra_types}) -> {elt}",
+            f"memref.store %ees, %C[%i, %ej] : memref<?x?x{elt}>", "}"]
 
 
 def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
@@ -160,6 +183,9 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     larger kernel (``native_linear``).
     """
     found = spmm_operands(spec, formats)
+    epilogue = spmm_epilogue(spec, formats) if found is None else None
+    if epilogue is not None:  # an elementwise expression of the sums, applied to each finished row
+        found = (epilogue.a, epilogue.b, None, -1)
     if found is None or not (is_csr(formats[found[0]]) or formats[found[0]].is_nm):
         return None  # BSR has its own emitter (native_bsr)
     a_name, b_name, bias, bias_dim = found
@@ -180,6 +206,9 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
         elif name == b_name:
             params.append("%B")
             types.append(f"memref<?x?x{elt}>")
+        elif epilogue is not None:
+            params.append(f"%e_{name}")
+            types.append(f"memref<{'?x' * spec.ranks[name]}{elt}>")
         else:
             params.append("%bias")
             types.append(f"memref<?x{elt}>")
@@ -269,6 +298,12 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     # FMA chains), then scalars; each tier starts where the previous one ended
     tiers = sorted({accumulators, 2, 1}, reverse=True)
     tier_lines, tier_loops, start = column_tiers(tiers, lanes, tile_block)
+    finish_row, helpers = [], ""
+    if epilogue is not None:
+        reads = {name: spec.ranks[name] for name in epilogue.operands}
+        helpers = epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j, reads, elt, lanes)
+        finish_row = _epilogue_pass(dict(zip(params, types)), ["%B" if r == b_name else f"%e_{r}" for r in reads],
+                                    vec, lanes)
     offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
@@ -281,12 +316,13 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
              *tier_lines,
              f"%zero = arith.constant {zero} : {elt}",
              f"%zv = arith.constant dense<{zero}> : {vec}",
+             f"%ep_over = arith.remui %N, %c{lanes} : index", "%ep_end = arith.subi %N, %ep_over : index",
              *_rows_loop(stream, [*stream.setup(), *row_init, *tier_loops,
                                   f"scf.for %j = {start} to %N step %c1 {{", *scalar_lines, *scalar_loop,
                                   f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>", "}"],
-                         spec.dtype.itemsize),
+                         spec.dtype.itemsize, finish_row),
              f"return %C : memref<?x?x{elt}>",
-             "}", "}"]
+             "}", helpers, "}"]
     text = "\n".join(lines).replace("{elt}", elt)
     module = ir.Module.parse(text)
     module.operation.verify()

@@ -7,7 +7,10 @@ matcher returns the operand names the emitter needs, or ``None``.
 
 from __future__ import annotations
 
-from sparse_mlir.dsl.ast import Access, Binary
+from dataclasses import replace
+from typing import NamedTuple
+
+from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, CSR, Format
 
@@ -137,3 +140,59 @@ def dense_matmul_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple
             and a.tensor != b.tensor and spec.output_indices == (i, j):
         return a.tensor, b.tensor
     return None
+
+
+class SpmmEpilogue(NamedTuple):
+    """A SpMM followed by an elementwise expression of its result: ``C[i,j] = f(sum_k A[i,k] B[k,j], ...)``.
+
+    ``expr`` reads the product as ``temp[i,j]``; ``operands`` are the other
+    dense tensors it reads, each indexed ``(i,)``, ``(j,)`` or ``(i,j)``.
+    """
+
+    a: str
+    b: str
+    expr: Expr
+    temp: str
+    i: str
+    j: str
+    operands: tuple[str, ...]
+
+
+def spmm_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> SpmmEpilogue | None:
+    """The CSR/N:M SpMM of a two-stage kernel whose second stage is elementwise over its result, or ``None``.
+
+    ``relu(A[i,k]*B[k,j] + bias[j])``, ``exp(A@B) * 2.0``, ``max(A@B, D[i,j])``:
+    the register-tiled SpMM applies the expression to the finished sums
+    instead of writing a temporary for a second loop nest.
+    """
+    if spec.sparse_output or len(spec.stages) != 2 or spmm_operands(spec, formats) is not None:
+        return None
+    product, after = spec.stages
+    single = replace(spec, stages=(replace(product, result=spec.output),))
+    found = spmm_operands(single, formats)
+    if found is None or not (is_csr(formats[found[0]]) or formats[found[0]].is_nm) or after.reduce:
+        return None
+    i, j = product.indices
+    if after.indices != (i, j) or after.result != spec.output:
+        return None
+    operands: dict[str, None] = {}
+
+    def allowed(node: Expr) -> bool:
+        if isinstance(node, Access):
+            if node.tensor == product.result:
+                return node.index == (i, j)
+            if node.tensor in formats or node.index not in ((i,), (j,), (i, j)):
+                return False
+            operands[node.tensor] = None
+            return True
+        return isinstance(node, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in node.children())
+
+    if not allowed(after.body) or product.result not in _tensors(after.body):
+        return None
+    return SpmmEpilogue(found[0], found[1], after.body, product.result, i, j, tuple(operands))
+
+
+def _tensors(node: Expr) -> set[str]:
+    if isinstance(node, Access):
+        return {node.tensor}
+    return set().union(*(_tensors(c) for c in node.children())) if node.children() else set()
