@@ -244,10 +244,17 @@ def write_mtx(matrix: Any, path: Any) -> None:
 
 
 def read_npz(path: Any) -> Any:
-    """A scipy sparse matrix saved with ``scipy.sparse.save_npz``."""
+    """A scipy sparse matrix saved with ``scipy.sparse.save_npz`` (no pickles; a bad file is a ``FormatError``)."""
+    import zipfile
+
     import scipy.sparse as sp
 
-    return sp.load_npz(path)
+    try:
+        return sp.load_npz(path)
+    except FileNotFoundError:
+        raise
+    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise FormatError(f"{path}: not a scipy sparse .npz file ({type(exc).__name__}: {exc})") from exc
 
 
 def write_npz(matrix: Any, path: Any, compressed: bool = True) -> None:

@@ -42,7 +42,6 @@ or a tensor still mapping the previous file -- never sees a half-written one.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import lzma
@@ -424,9 +423,11 @@ def _unlinked_file(folder: str) -> Any:
 def _copy_into(src: Any, dst: Any, size: int, clone_only: bool) -> bool:
     """Copy ``size`` bytes of ``src`` into ``dst``: reflink, else (unless ``clone_only``) in the kernel."""
     try:
+        import fcntl  # POSIX only; elsewhere the in-memory copy is used
+
         fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
         return True
-    except OSError:
+    except (ImportError, OSError):
         if clone_only:
             return False
     copied = 0
@@ -436,7 +437,7 @@ def _copy_into(src: Any, dst: Any, size: int, clone_only: bool) -> bool:
             if step == 0:
                 break
             copied += step
-    except OSError:  # no copy_file_range across these file systems: copy through user space
+    except (AttributeError, OSError):  # no copy_file_range here, or across these file systems
         src.seek(0)
         dst.seek(0)
         shutil.copyfileobj(src, dst)

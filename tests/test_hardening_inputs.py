@@ -457,3 +457,23 @@ def test_exported_library_refuses_a_position_spike(tmp_path):
               shapes={"A": (64, 64)})
     out = _run_spike(str(tmp_path / "spmv_spike.json"))
     assert out.count("refused:") == 2 and "good [1.0, 2.0]" in out, out
+
+
+@pytest.mark.parametrize("content", [b"not a zip", b"PK\x03\x04" + bytes(40)])
+def test_malformed_npz_raises_format_error(tmp_path, content):
+    from sparse_mlir.io import read_npz
+
+    path = tmp_path / "m.npz"
+    path.write_bytes(content)
+    with pytest.raises(FormatError, match="npz"):
+        read_npz(path)
+
+
+def test_npz_with_inconsistent_arrays_raises_format_error(tmp_path):
+    from sparse_mlir.io import read_npz
+
+    path = tmp_path / "m.npz"
+    np.savez(path, format=np.array("csr"), shape=np.array([3, 3]), data=np.ones(2), indices=np.array([0, 1]),
+             indptr=np.array([0, 5, 9, 9]))
+    with pytest.raises(FormatError):
+        read_npz(path)
