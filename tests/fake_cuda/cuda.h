@@ -13,6 +13,7 @@ typedef void* CUstream;
 typedef uint64_t cuuint64_t;
 typedef uint32_t cuuint32_t;
 typedef struct { uint64_t opaque[16]; } CUtensorMap;
+typedef int CUfunction_attribute;
 typedef int CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
     CUtensorMapFloatOOBfill;
 #define CUDA_SUCCESS 0
@@ -29,7 +30,7 @@ static inline CUresult cuModuleLoad(CUmodule* m, const char* path) { (void)path;
 static inline CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
   (void)m; *f = (CUfunction)name; return CUDA_SUCCESS;
 }
-static inline CUresult cuFuncSetAttribute(CUfunction f, int attribute, int value) {
+static inline CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attribute, int value) {
   printf("attribute %s %d %d\n", (const char*)f, attribute, value); return CUDA_SUCCESS;
 }
 static inline CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* base,
