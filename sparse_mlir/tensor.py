@@ -82,14 +82,16 @@ class SparseTensor(LevelBuffers):
             raise FormatError("a SparseTensor needs a sparse format; use a numpy array for dense data")
         fmt.check_shape(shape)
         storage.check_shape(shape, fmt)
-        buffers = tuple(np.asarray(b) for b in buffers)
+        try:
+            buffers = tuple(np.asarray(b) for b in buffers)
+        except TypeError:
+            raise InvalidIndicesError(f"buffers must be a sequence of arrays {fmt.buffer_names}, "
+                                      f"got {type(buffers).__name__}") from None
+        if validate:
+            _check_buffer_layout(fmt, buffers)
         self.dtype = check_dtype(buffers[-1].dtype if buffers else None, "values")
         if validate:
             storage.validate(fmt, shape, buffers)
-            for name, buf in zip(fmt.buffer_names[:-1], buffers[:-1]):
-                want = storage.index_dtype(fmt.pos_width if name.startswith("pos") else fmt.crd_width)
-                if buf.dtype != want:
-                    raise DTypeError(f"{name} has dtype {buf.dtype}, but format {fmt} stores {want}")
         self.format = fmt
         self.shape = shape
         self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
@@ -212,6 +214,20 @@ class SparseTensor(LevelBuffers):
 
 
 _SCIPY_FORMATS = {"csr": CSR, "csc": CSC, "coo": COO}
+
+
+def _check_buffer_layout(fmt: Format, buffers: tuple[np.ndarray, ...]) -> None:
+    """Count, rank and index dtypes of level buffers, checked before anything reads their contents."""
+    names = fmt.buffer_names
+    if len(buffers) != len(names):
+        raise InvalidIndicesError(f"format {fmt} needs {len(names)} buffers {names}, got {len(buffers)}")
+    for name, buf in zip(names, buffers):
+        if buf.ndim != 1:
+            raise InvalidIndicesError(f"{name} must be a 1-d buffer, got shape {buf.shape}")
+    for name, buf in zip(names[:-1], buffers[:-1]):
+        want = storage.index_dtype(fmt.pos_width if name.startswith("pos") else fmt.crd_width)
+        if buf.dtype != want:
+            raise DTypeError(f"{name} has dtype {buf.dtype}, but format {fmt} stores {want}")
 
 
 def _coordinate_rows(coords: Any, ndim: int, nnz: int) -> np.ndarray:

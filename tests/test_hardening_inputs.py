@@ -477,3 +477,15 @@ def test_npz_with_inconsistent_arrays_raises_format_error(tmp_path):
              indptr=np.array([0, 5, 9, 9]))
     with pytest.raises(FormatError):
         read_npz(path)
+
+
+@pytest.mark.parametrize("buffers,error", [
+    ((np.array([None, 1, 1]), np.array([0], I32), np.ones(1)), DTypeError),
+    ((np.array([0, 1, 1], I32), np.array(["a"]), np.ones(1)), DTypeError),
+    (None, InvalidIndicesError),
+    ((np.array([[0, 1, 1]], I32), np.array([0], I32), np.ones(1)), InvalidIndicesError),
+    ((np.array([0, 1, 1], I32), np.array([0], I32), np.ones((1, 1))), InvalidIndicesError),
+])
+def test_odd_buffers_raise_precise_errors(buffers, error):
+    with pytest.raises(error):
+        sm.SparseTensor.from_buffers("csr", (2, 2), buffers)
