@@ -489,3 +489,8 @@ def test_npz_with_inconsistent_arrays_raises_format_error(tmp_path):
 def test_odd_buffers_raise_precise_errors(buffers, error):
     with pytest.raises(error):
         sm.SparseTensor.from_buffers("csr", (2, 2), buffers)
+
+
+def test_convert_reports_a_missing_input_without_a_traceback(tmp_path):
+    out = _cli("convert", str(tmp_path / "missing.smt"), str(tmp_path / "y.smt"))
+    assert out.returncode == 2 and "No such file" in out.stderr and "Traceback" not in out.stderr

@@ -148,14 +148,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
                               f"{args.input} to it would drop every value; pass --pattern-only to write the pattern "
                               f"anyway, or write .smt, .mtx or .npz to keep the values")
     start = time.perf_counter()
-    tensor = load_any(args.input, args.format)
-    loaded = time.perf_counter()
-    if drops_values:
-        print(f"warning: {args.output} keeps the pattern of {args.input} only; its values are dropped "
-              f"(reading it back gives random values)", file=sys.stderr)
-        save_any(tensor, args.output, pattern_only=True)
-    else:
-        _save(tensor, args.output, args)
+    try:
+        tensor = load_any(args.input, args.format)
+        loaded = time.perf_counter()
+        if drops_values:
+            print(f"warning: {args.output} keeps the pattern of {args.input} only; its values are dropped "
+                  f"(reading it back gives random values)", file=sys.stderr)
+            save_any(tensor, args.output, pattern_only=True)
+        else:
+            _save(tensor, args.output, args)
+    except OSError as exc:  # a missing input, an unwritable output: a message, not a traceback
+        raise SparseMLIRError(f"convert: {exc.filename or args.input}: {exc.strerror or exc}") from exc
     done = time.perf_counter()
     print(f"{args.input} -> {args.output}: {tensor}, load {1e3 * (loaded - start):.1f} ms, "
           f"write {1e3 * (done - loaded):.1f} ms, {Path(args.input).stat().st_size} -> "
