@@ -401,7 +401,9 @@ def test_convert_to_smtx_needs_pattern_only_and_then_warns(tmp_path):
     assert refused.returncode != 0 and "--pattern-only" in refused.stderr and not out.exists()
     done = _cli("convert", str(src), str(out), "--pattern-only")
     assert done.returncode == 0 and "dropped" in done.stderr
-    assert sm.io.load_any(out).to_scipy().indices.tolist() == [1, 0]
+    from sparse_mlir.io import load_any
+
+    assert load_any(out).to_scipy().indices.tolist() == [1, 0]
 
 
 def test_save_any_to_smtx_warns_that_values_are_dropped(tmp_path):
