@@ -222,10 +222,39 @@ class Format:
     # -- printing --------------------------------------------------------------
     def encoding_text(self) -> str:
         """The ``#sparse_tensor.encoding<...>`` attribute text."""
+        return self._encoding(tuple(zip(self.dim_to_lvl, self.levels)))
+
+    def mlir_levels(self) -> tuple[tuple[LevelExpr, Level], ...]:
+        """The (expression, level) pairs MLIR is given: ``dim_to_lvl`` with blocks of side 1 collapsed.
+
+        MLIR simplifies ``d floordiv 1`` to ``d`` and ``d mod 1`` to the
+        constant 0, which names no dimension, so an encoding that spells
+        them fails to parse ("failed to infer lvlToDim").  A dense ``d mod 1``
+        level has one entry and no buffers: leaving it out stores the very
+        same buffers in the same order, and ``d floordiv 1`` is plain ``d``.
+        A unit level that has buffers cannot be left out (``FormatError``).
+        """
+        pairs = []
+        for expr, lvl in zip(self.dim_to_lvl, self.levels):
+            if expr.factor != 1:
+                pairs.append((expr, lvl))
+            elif expr.op == "floordiv":
+                pairs.append((LevelExpr(expr.dim), lvl))
+            elif lvl.kind is not LevelKind.DENSE:
+                raise FormatError(f"format {self}: level 'd{expr.dim} mod 1' is {lvl.mlir()}, but MLIR cannot "
+                                  f"store a level of size 1 (it has no coordinate); make it dense")
+        return tuple(pairs)
+
+    def mlir_encoding_text(self) -> str:
+        """The encoding text given to MLIR: ``encoding_text`` over ``mlir_levels`` (blocks of side 1 collapsed)."""
+        return self._encoding(self.mlir_levels())
+
+    def _encoding(self, pairs: tuple[tuple[LevelExpr, Level], ...]) -> str:
+        """The attribute text of ``pairs`` with this format's dimensions and widths (``""`` for dense)."""
         if self.is_dense:
             return ""
         dims = ", ".join(f"d{d}" for d in range(self.ndim or 0))
-        lvls = ", ".join(f"{e.mlir()} : {lvl.mlir()}" for e, lvl in zip(self.dim_to_lvl, self.levels))
+        lvls = ", ".join(f"{e.mlir()} : {lvl.mlir()}" for e, lvl in pairs)
         return (f"#sparse_tensor.encoding<{{ map = ({dims}) -> ({lvls}), "
                 f"posWidth = {self.pos_width}, crdWidth = {self.crd_width} }}>")
 
