@@ -374,14 +374,8 @@ def check_source(text: str) -> Checker:
 
 # -- the package ----------------------------------------------------------------------------------------------
 
-RAW_KERNEL_PTR = ("sparse_mlir/runtime/cuda.py passes RawKernel.ptr to the driver (issue 14); RawModule.get_function "
-                  "returns a RawKernel whose CUfunction is .kernel.ptr: the owner of cuda.py fixes it")
-
-
 def _marks(path: Path) -> list[Any]:
-    relative = path.relative_to(ROOT).as_posix()
-    if relative == "sparse_mlir/runtime/cuda.py":
-        return [pytest.mark.xfail(strict=True, reason=RAW_KERNEL_PTR)]
+    """Marks for one module's contract check (none: every module must bind in real CuPy)."""
     return []
 
 

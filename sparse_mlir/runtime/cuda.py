@@ -134,7 +134,9 @@ class GpuFunction:
                 cubin = self.files.get(f"{chip}.cubin")
                 path = cubin if cubin is not None and chip.rstrip("a") == f"sm_{capability}" else self.files[chip]
                 module = cp.RawModule(path=str(path))
-                launches = [(launch, module.get_function(launch.kernel)) for launch in self.program.launches
+                # get_function gives a RawKernel; the driver API takes its CUfunction, ``.kernel.ptr`` (a RawKernel
+                # has no ``.ptr``: passing one crashed every launch on real hardware)
+                launches = [(launch, module.get_function(launch.kernel).kernel) for launch in self.program.launches
                             if launch.on(chip)]
                 for launch, function in launches:
                     if launch.shared_bytes > 48 * 1024:  # above the default limit, the kernel must opt in
