@@ -460,8 +460,14 @@ def build(capability: str = "90") -> tuple[types.ModuleType, dict[str, types.Mod
                         get_current_stream=checked(rc.get_current_stream, lambda device_id=-1: stream))
 
     rng = np.random.default_rng(0)
+
+    def seed(seed: Any = None) -> None:
+        nonlocal rng
+        rng = np.random.default_rng(seed)
+
     random = MirrorModule(
         real_cupy.random,
+        seed=checked(real_cupy.random.seed, seed),
         standard_normal=checked(real_cupy.random.standard_normal, lambda size=None, dtype=float:
                                 device(rng.standard_normal(size).astype(dtype))),
         randint=checked(real_cupy.random.randint, lambda low, high=None, size=None, dtype="l":

@@ -169,3 +169,25 @@ def test_float16_linear_with_a_2to4_weight_runs_on_sparse_tensor_cores(bias, tmp
             operands["bias"] = fake_cupy.device(np.ones(64 if bias == "o" else batch, np.float16))
         fresh(**operands)
         assert [name for name, *_ in record.launches] == launched
+
+
+def test_the_tensor_core_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
+    """A rehearsal of the Tensor Core device run: small bundle, every step runs (the stand-in computes nothing,
+    so every check reports FAIL and the script exits 1; the Hopper first calls fail in a child without a GPU)."""
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bundle = tmp_path / "bundle"
+    done = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "gpu", "tensor_core_bundle.py"),
+                           str(bundle), "--small"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    env = {**os.environ, "OUT": str(tmp_path), "SPARSE_MLIR_REHEARSAL": "1"}
+    run = subprocess.run([sys.executable, os.path.join(root, "tests", "fake_cupy.py"),
+                          str(bundle / "tensor_core_check.py"), str(bundle)], capture_output=True, text=True, env=env)
+    assert run.returncode == 1 and "a correctness check failed" in run.stderr, run.stderr[-3000:]
+    import json
+
+    results = json.loads((tmp_path / "tc_results.json").read_text())
+    assert {c["name"] for c in results["checks"]} == {"nm_256x512x256", "dense_256x512x256", "nm_144x96x136",
+                                                      "dense_144x96x136"}
