@@ -4,6 +4,13 @@ The mask is what a training loop keeps between steps (``apply_mask`` prunes
 new dense weights with it); the tensor is what kernels run on.  Every
 function reads its input and never modifies it.  Ties in magnitude are
 broken by position, so results are deterministic.
+
+``sparsity`` is the fraction of entries that are zero afterwards, and a
+zero is never kept: a weight that is already zero (an implicit zero of a
+sparse input, or an exact zero of a dense one) is pruned first, so pruning
+never stores more entries than the input has nonzeros, and an input already
+sparser than asked for keeps all of them.  Sparse inputs (``SparseTensor``,
+scipy matrices) are accepted and read through their stored entries.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ __all__ = ["magnitude", "n_m", "block", "apply_mask", "satisfies_n_m"]
 
 
 def _weights(weights: Any) -> np.ndarray:
+    """``weights`` as a 2-d numpy array; a sparse input is expanded (its implicit zeros stay zeros)."""
+    if isinstance(weights, SparseTensor):
+        weights = weights.to_dense()
+    elif hasattr(weights, "toarray") and hasattr(weights, "nnz"):  # a scipy sparse matrix or array
+        weights = weights.toarray()
     array = np.asarray(weights)
     if array.ndim != 2:
         raise ShapeError(f"pruning works on 2-d weights, got shape {array.shape}")
@@ -34,11 +46,16 @@ def _check_sparsity(sparsity: float) -> float:
 
 
 def _keep_largest(scores: np.ndarray, keep: int) -> np.ndarray:
-    """Boolean mask of the ``keep`` largest scores along the last axis (earlier position wins ties)."""
+    """Boolean mask of the ``keep`` largest nonzero scores along the last axis (earlier position wins ties).
+
+    A zero score is never kept, even when fewer than ``keep`` are nonzero:
+    keeping it would store a zero explicitly (a sparse input pruned to 50%
+    used to come back with millions of stored zeros).
+    """
     order = np.argsort(-scores, axis=-1, kind="stable")
     mask = np.zeros(scores.shape, dtype=bool)
     np.put_along_axis(mask, order[..., :keep], True, axis=-1)
-    return mask
+    return mask & (scores != 0)
 
 
 def magnitude(weights: Any, sparsity: float, *, scope: str = "global",

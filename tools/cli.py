@@ -170,24 +170,57 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from sparse_mlir import prune
     from sparse_mlir.io import load_any
 
-    weights = np.load(args.input) if args.input.endswith(".npy") else load_any(args.input).to_dense()
+    _check_prune_options(args)
+    weights = np.load(args.input) if args.input.endswith(".npy") else load_any(args.input)
     if args.pattern:
         n, _, m = args.pattern.partition(":")
-        if not (n.isdigit() and m.isdigit()):
-            raise SparseMLIRError(f"--pattern is written N:M, e.g. 2:4; got {args.pattern!r}")
         tensor, mask = prune.n_m(weights, int(n), int(m), format=args.format)
-    elif args.sparsity is None:
-        raise SparseMLIRError("give --pattern N:M, or --sparsity S (with --block RxC for block pruning)")
     elif args.block:
         rows, _, cols = args.block.partition("x")
         tensor, mask = prune.block(weights, args.sparsity, (int(rows), int(cols)), format=args.format)
     else:
-        tensor, mask = prune.magnitude(weights, args.sparsity, scope=args.scope, format=args.format or "csr")
+        tensor, mask = prune.magnitude(weights, args.sparsity, scope=args.scope or "global",
+                                       format=args.format or "csr")
     _save(tensor, args.output, args)
     if args.mask:
         np.save(args.mask, mask)
-    print(f"{args.input} -> {args.output}: {tensor} ({tensor.nnz / max(weights.size, 1):.1%} kept)")
+    print(f"{args.input} -> {args.output}: {tensor} ({_kept_report(weights, tensor, mask)})")
     return 0
+
+
+def _check_prune_options(args: argparse.Namespace) -> None:
+    """One pruning method and only its options: a conflicting option is refused, never silently ignored."""
+    if args.pattern:
+        n, _, m = args.pattern.partition(":")
+        if not (n.isdigit() and m.isdigit()):
+            raise SparseMLIRError(f"--pattern is written N:M, e.g. 2:4; got {args.pattern!r}")
+        given = [f"--{name} {value}" for name, value in (("sparsity", args.sparsity), ("block", args.block),
+                                                        ("scope", args.scope)) if value is not None]
+        if given:
+            raise SparseMLIRError(f"--pattern {args.pattern} keeps N of every M weights, so its sparsity is fixed: "
+                                  f"{', '.join(given)} conflicts with it")
+        return
+    if args.sparsity is None:
+        raise SparseMLIRError("give --pattern N:M, or --sparsity S (with --block RxC for block pruning)")
+    if args.block:
+        rows, _, cols = args.block.partition("x")
+        if not (rows.isdigit() and cols.isdigit() and int(rows) > 0 and int(cols) > 0):
+            raise SparseMLIRError(f"--block is written RxC with positive sizes, e.g. 4x4; got {args.block!r}")
+        if args.scope is not None:
+            raise SparseMLIRError(f"--scope {args.scope} is for unstructured pruning; --block {args.block} removes "
+                                  f"whole blocks over the matrix")
+
+
+def _kept_report(weights: object, tensor: object, mask: np.ndarray) -> str:
+    """Nonzeros kept out of the input's, and any zeros the output format stores (N:M padding, block fill)."""
+    from sparse_mlir.tensor import SparseTensor
+
+    dense = weights.to_dense() if isinstance(weights, SparseTensor) else np.asarray(weights)
+    nonzeros = int(np.count_nonzero(dense))
+    kept = int(np.count_nonzero(dense[mask]))
+    report = f"{kept:,} of {nonzeros:,} nonzeros kept, {kept / max(dense.size, 1):.1%} of {dense.size:,} entries"
+    padding = tensor.nnz - kept
+    return report + (f"; the format stores {padding:,} zeros beside them" if padding else "")
 
 
 def _storage_args(p: argparse.ArgumentParser) -> None:
@@ -260,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("--sparsity", type=float, help="fraction of weights to remove, e.g. 0.9")
-    p.add_argument("--scope", default="global", choices=["global", "row"], help="unstructured pruning scope")
+    p.add_argument("--scope", choices=["global", "row"], help="unstructured pruning scope (default: global)")
     p.add_argument("--pattern", help="N:M structured pruning, e.g. 2:4")
     p.add_argument("--block", help="block pruning with RxC blocks (with --sparsity), e.g. 4x4")
     p.add_argument("--format", help="output format (default: csr, N:M or BSR to match the pruning)")
