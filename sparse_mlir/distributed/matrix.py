@@ -20,8 +20,9 @@ run on the workers as exports shipped from the client or compiled there
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-import uuid
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,14 @@ from .kernels import SHIP_MODES, KernelPlan, make_plan
 __all__ = ["Layout", "RowShardedMatrix", "ColumnShardedMatrix", "row_bounds"]
 
 _INT32_MAX = np.iinfo(np.int32).max
+# task names: unique per client process (a random tag drawn once) and per graph (a counter), so two clients of
+# one scheduler never collide; drawing a uuid per product cost milliseconds on a machine short of entropy
+_TAG = os.urandom(6).hex()
+_serial = itertools.count()
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{_TAG}-{next(_serial)}"
 
 
 def row_bounds(nrows: int, chunks: int | tuple[int, ...] | None) -> list[tuple[int, int]]:
@@ -118,7 +127,7 @@ class RowShardedMatrix:
         dtype = check_dtype(dtype if dtype is not None else csr.dtype, "sharded matrix")
         rows = row_bounds(csr.shape[0], chunks)
         windows, formats, parts = [], [], []
-        tag = uuid.uuid4().hex
+        tag = _unique("sm-block")
         for k, (r0, r1) in enumerate(rows):
             piece = csr[r0:r1]
             window = B.window_of(piece.indices, csr.shape[1])
@@ -126,7 +135,7 @@ class RowShardedMatrix:
             windows.append(window)
             formats.append(fmt)
             parts.append(delayed(B.as_block, pure=False)(k, (r0, r1), window, fmt, dtype, piece,
-                                                          dask_key_name=f"sm-block-{tag}-{k}"))
+                                                          dask_key_name=f"{tag}-{k}"))
         layout = Layout(csr.shape, tuple(rows), tuple(windows), tuple(formats))
         return cls(_stack(parts, layout, dtype), layout, dtype, ship=ship)
 
@@ -160,9 +169,9 @@ class RowShardedMatrix:
         dtype = check_dtype(dtype, "sharded matrix")
         rows = row_bounds(sum(row_sizes), tuple(row_sizes))
         formats = tuple(_existing_format(c, r1 - r0, ncols) for c, (r0, r1) in zip(chunks, rows))
-        tag = uuid.uuid4().hex
+        tag = _unique("sm-block")
         parts = [delayed(B.as_block, pure=False)(k, rows[k], (0, ncols), formats[k], dtype, c,
-                                                  dask_key_name=f"sm-block-{tag}-{k}") for k, c in enumerate(chunks)]
+                                                  dask_key_name=f"{tag}-{k}") for k, c in enumerate(chunks)]
         layout = Layout((sum(row_sizes), ncols), tuple(rows), ((0, ncols),) * len(rows), formats)
         return cls(_stack(parts, layout, dtype), layout, dtype, ship=ship)
 
@@ -388,14 +397,12 @@ class _Call:
             raise OperandError(f"{spec.expression!r}: missing operands {missing}, unknown operands {extra}")
         self.names = tuple(n for n in spec.inputs if n != operand)
         self.values = [_one_chunk_across(operands[n]) for n in self.names]
-        self.roles: list[str] = []
+        # per operand and axis: "rows" (cut to the block's rows), "window" (to its columns) or None (whole)
+        self.roles: list[tuple[str | None, ...]] = []
         sizes = {row: layout.shape[0], col: layout.shape[1]}
         for name, value in zip(self.names, self.values):
             index = spec.operand_index(name)
-            if row in index[1:] or col in index[1:]:
-                raise OperandError(f"{name}[{','.join(index)}]: only its first axis may follow the rows or columns "
-                                   f"of {operand}")
-            self.roles.append("rows" if index[:1] == (row,) else "window" if index[:1] == (col,) else "whole")
+            self.roles.append(tuple("rows" if i == row else "window" if i == col else None for i in index))
             for axis, idx in enumerate(index):
                 size = int(value.shape[axis])
                 if sizes.setdefault(idx, size) != size:
@@ -420,26 +427,27 @@ class _Call:
         """Block ``k``'s piece of each dense operand, and how it arrives (``blocks._joined``).
 
         A numpy operand is sliced here and travels in the task; a Dask one
-        is passed as the keys of the chunks its slice overlaps with the cut
-        of each, so the task depends on those chunks only.
+        is passed as the keys of the chunks its slice overlaps along axis 0
+        with the cut of each, so the task depends on those chunks only.
         """
-        (r0, r1), (lo, hi) = self.layout.rows[k], self.layout.windows[k]
+        bounds = {"rows": self.layout.rows[k], "window": self.layout.windows[k]}
         values, cuts = [], []
-        for value, role in zip(self.values, self.roles):
-            start, stop = (r0, r1) if role == "rows" else (lo, hi) if role == "window" else (0, value.shape[0])
+        for value, roles in zip(self.values, self.roles):
+            cut = tuple(slice(*bounds[r]) if r else slice(None) for r in roles)
             if not hasattr(value, "dask"):
-                values.append(value[start:stop] if role != "whole" else value)
+                values.append(value[cut])
                 cuts.append(None)
                 continue
-            keys, cut = [], []
+            start, stop, _ = cut[0].indices(value.shape[0]) if cut else (0, 0, 1)
+            keys, parts = [], []
             offsets = np.concatenate([[0], np.cumsum(value.chunks[0])]).astype(int)
             for c in range(len(value.chunks[0])):
                 a, b = max(start, offsets[c]), min(stop, offsets[c + 1])
                 if a < b or (start == stop and c == 0):
                     keys.append((value.name, c) + (0,) * (value.ndim - 1))
-                    cut.append(slice(a - offsets[c], b - offsets[c]))
+                    parts.append((slice(a - offsets[c], b - offsets[c]), *cut[1:]))
             values.append(keys)
-            cuts.append(tuple(cut))
+            cuts.append(tuple(parts))
         return values, tuple(cuts)
 
     def operands(self) -> list[Any]:
@@ -455,7 +463,7 @@ class _Graph:
     """
 
     def __init__(self, prefix: str, blocks: Any, call: _Call):
-        self.name = f"{prefix}-{uuid.uuid4().hex}"
+        self.name = _unique(prefix)
         self.layer: dict[Any, Any] = {}
         self.call = call
         self.dependencies = [blocks, *call.operands()]

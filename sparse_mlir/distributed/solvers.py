@@ -9,7 +9,9 @@ scalars back to the client: ``p.q`` and ``r.r``.
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ import numpy as np
 from ..errors import ShapeError
 from .matrix import RowShardedMatrix
 
-__all__ = ["CGResult", "cg", "poisson3d"]
+__all__ = ["CGResult", "cg", "dot", "axpy", "poisson3d"]
 
 
 @dataclass
@@ -34,9 +36,66 @@ class CGResult:
     seconds: float
 
 
-def _dot(u: Any, v: Any) -> float:
-    """``u . v`` as a Dask tree reduction over the row chunks, brought back as one float."""
-    return float((u * v).sum(split_every=4).compute())
+def _tag(prefix: str) -> str:
+    return f"{prefix}-{_TAG}-{next(_serial)}"
+
+
+_TAG = os.urandom(6).hex()
+_serial = itertools.count()
+
+
+def _axpy(a: np.ndarray, alpha: float, b: np.ndarray) -> np.ndarray:
+    return a + alpha * b
+
+
+def _partial_dot(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b))
+
+
+def _add(*terms: float) -> float:
+    return math.fsum(terms)
+
+
+def _chunk_keys(u: Any, v: Any) -> list[tuple[tuple, tuple]]:
+    if u.chunks != v.chunks:
+        raise ShapeError(f"vectors chunked differently: {u.chunks} and {v.chunks}")
+    return list(zip(u.__dask_keys__(), v.__dask_keys__()))
+
+
+def axpy(a: Any, alpha: float, b: Any) -> Any:
+    """``a + alpha * b`` chunk by chunk: one task per chunk (a Dask expression would build two layers)."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
+    name = _tag("sm-axpy")
+    layer = {(name, i): (_axpy, ka, alpha, kb) for i, (ka, kb) in enumerate(_chunk_keys(a, b))}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[a, b])
+    return da.Array(graph, name, chunks=a.chunks, meta=np.empty((0,), np.result_type(a.dtype, b.dtype)))
+
+
+def dot(u: Any, v: Any, split_every: int = 4) -> float:
+    """``u . v`` as a Dask tree reduction: a partial dot per chunk, summed ``split_every`` at a time."""
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+
+    name = _tag("sm-dot")
+    layer: dict[Any, Any] = {}
+    keys = []
+    for i, (ku, kv) in enumerate(_chunk_keys(u, v)):
+        layer[(name, 0, i)] = (_partial_dot, ku, kv)
+        keys.append((name, 0, i))
+    level = 0
+    while len(keys) > 1:
+        level += 1
+        keys = [_tree_node(layer, (name, level, j // split_every), keys[j:j + split_every])
+                for j in range(0, len(keys), split_every)]
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[u, v])
+    return float(Delayed(keys[0], graph, layer=name).compute())
+
+
+def _tree_node(layer: dict[Any, Any], key: tuple, children: list[tuple]) -> tuple:
+    layer[key] = (_add, *children)
+    return key
 
 
 def _persist(*arrays: Any) -> tuple[Any, ...]:
@@ -65,18 +124,18 @@ def cg(A: RowShardedMatrix, b: Any, *, rtol: float = 1e-8, maxiter: int | None =
     r = (b.rechunk(chunks) if hasattr(b, "dask") else da.from_array(np.asarray(b, A.dtype), chunks=chunks))
     x = da.zeros(n, dtype=A.dtype, chunks=chunks)
     x, r = _persist(x, r)
-    rho = _dot(r, r)
+    rho = dot(r, r)
     bnorm = math.sqrt(rho)
     if bnorm == 0.0:
         return CGResult(x.compute(), 0, 0.0, True, time.perf_counter() - start)
     p, iterations = None, 0
     while math.sqrt(rho) >= rtol * bnorm and iterations < maxiter:
-        p = r if p is None else r + (rho / rho_old) * p
+        p = r if p is None else axpy(r, rho / rho_old, p)
         q = A @ p
         p, q = _persist(p, q)
-        alpha = rho / _dot(p, q)
-        x, r = _persist(x + alpha * p, r - alpha * q)
-        rho_old, rho = rho, _dot(r, r)
+        alpha = rho / dot(p, q)
+        x, r = _persist(axpy(x, alpha, p), axpy(r, -alpha, q))
+        rho_old, rho = rho, dot(r, r)
         iterations += 1
         if callback is not None:
             callback(iterations, math.sqrt(rho) / bnorm)
