@@ -212,6 +212,19 @@ CORPUS = [
          A=sp.eye(3, format="csr", dtype=np.int32), s=2.7)),
     ("negative, fractional or huge shape", "raise", ShapeError,
      lambda: sm.SparseTensor.from_coo([[0], [0]], [1.0], (2.5, 3), "csr")),
+    ("`prune.magnitude` of a sparse input already sparser than asked", "compute", None,
+     lambda: _prune_keeps_sparsity()),
+    ("`sparse-mlir prune` with conflicting options (`--pattern 2:4 --sparsity 0.9`)", "raise",
+     sm.errors.SparseMLIRError,
+     lambda: _prune_conflicting_options()),
+    ("`load_state_dict` into a sparsified torch model from a checkpoint of another format", "raise", FormatError,
+     lambda: _torch_checkpoint_of_another_format()),
+    ("`load_state_dict` of a torch checkpoint with corrupt sparse weight buffers", "raise", InvalidIndicesError,
+     lambda: _torch_checkpoint_with_corrupt_buffers()),
+    ("BSR with blocks one column wide (`bsr16x1`) in a kernel other than SpMM", "raise", FormatError,
+     lambda: sm.compile(SPMV, formats={"A": "bsr16x1"})(
+         A=sm.SparseTensor.from_dense(np.ones((16, 3)), "bsr16x1"), x=np.ones(3))),
+    ("BSR blocks taller than the register budget (`bsr16x1` SpMM)", "compute", None, lambda: _tall_block_spmm()),
 ]
 DANGEROUS = [0, 3, 6, 8]  # would read out of bounds if the checks before native code were missing
 
@@ -250,3 +263,53 @@ def test_corpus_is_documented():
     for kind, *_ in CORPUS:
         assert f"| {kind} |" in doc, kind
     assert len(CORPUS) >= 30
+
+
+# helpers of the entries appended last (names resolved when an entry runs)
+def _prune_keeps_sparsity():
+    """A 4%-dense input pruned "to 50%" keeps its nonzeros and stores no zero."""
+    from sparse_mlir import prune
+
+    m = sp.random(40, 50, density=0.04, format="csr", random_state=0)
+    tensor, _ = prune.magnitude(m, 0.5)
+    assert tensor.nnz == m.nnz and np.count_nonzero(tensor.values) == m.nnz
+    return tensor, m.toarray()
+
+
+def _prune_conflicting_options():
+    """The CLI's prune command refuses the sparsity it would have ignored (raises ``SparseMLIRError``)."""
+    from sparse_mlir.errors import SparseMLIRError
+    from sparse_mlir.tools.cli import build_parser
+
+    args = build_parser().parse_args(["prune", "w.npy", "out.smt", "--pattern", "2:4", "--sparsity", "0.9"])
+    try:
+        args.func(args)
+    except SparseMLIRError as exc:
+        assert "conflicts" in str(exc)
+        raise
+
+
+def _sparsified(seed, **prune):
+    torch = pytest.importorskip("torch")
+    from sparse_mlir.torch import sparsify
+
+    torch.manual_seed(seed)
+    return sparsify(torch.nn.Sequential(torch.nn.Linear(8, 4)), **prune)
+
+
+def _torch_checkpoint_of_another_format():
+    _sparsified(1, pattern="2:4").load_state_dict(_sparsified(0, sparsity=0.5).state_dict())
+
+
+def _torch_checkpoint_with_corrupt_buffers():
+    state = _sparsified(0, sparsity=0.5).state_dict()
+    state["0.weight_crd1"] = state["0.weight_crd1"].clone()
+    state["0.weight_crd1"][0] = 100
+    _sparsified(1, sparsity=0.5).load_state_dict(state)
+
+
+def _tall_block_spmm():
+    a = np.kron(np.eye(4)[:, :3], np.ones((16, 1))) * np.arange(1.0, 65.0)[:, None]
+    b = np.arange(21.0).reshape(3, 7)
+    k = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "bsr16x1"})
+    return k(A=sm.SparseTensor.from_dense(a, "bsr16x1"), B=b), a @ b
