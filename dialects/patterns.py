@@ -8,7 +8,7 @@ matcher returns the operand names the emitter needs, or ``None``.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 from sparse_mlir.dsl.plan import KernelSpec
@@ -92,6 +92,59 @@ def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, s
     ``t``, ``bias`` (or ``None``), the indices ``b``, ``o``, ``i`` and the
     bias index ``bias_index``.
     """
+    found = _linear_core(spec, formats)
+    if found is None:
+        return None
+    roles, back = found
+    o, b = roles["o"], roles["b"]
+    bias = bias_index = None
+    term = back.body
+    if isinstance(term, Binary) and term.op == "+":
+        sides = [s for s in (term.lhs, term.rhs) if isinstance(s, Access)]
+        others = [s for s in sides if s.tensor != roles["t"]]
+        if len(sides) != 2 or len(others) != 1 or others[0].tensor in formats or others[0].index not in ((o,), (b,)):
+            return None
+        bias, bias_index = others[0].tensor, others[0].index[0]
+        term = next(s for s in sides if s.tensor == roles["t"])
+    if not isinstance(term, Access) or (term.tensor, term.index) != (roles["t"], (o, b)):
+        return None
+    return {**roles, "bias": bias, "bias_index": bias_index}
+
+
+def linear_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Expr, tuple[str, ...]] | None:
+    """A Linear layer whose result goes through an elementwise expression: ``Y[b,o] = relu(X@W^T + bias[o])``.
+
+    Returns the roles (as ``linear_operands``, without a bias), the third
+    stage's expression (reading ``t[o,b]``) and the dense tensors it reads,
+    each indexed ``(o,)`` or ``(b,)``; ``None`` when the layer has no such
+    epilogue (``linear_operands`` takes plain layers and a bias).
+    """
+    if linear_operands(spec, formats) is not None:
+        return None
+    found = _linear_core(spec, formats)
+    if found is None:
+        return None
+    roles, back = found
+    operands: dict[str, None] = {}
+
+    def allowed(node: Expr) -> bool:
+        if isinstance(node, Access):
+            if node.tensor == roles["t"]:
+                return node.index == (roles["o"], roles["b"])
+            if node.tensor in formats or node.index not in ((roles["o"],), (roles["b"],)):
+                return False
+            operands[node.tensor] = None
+            return True
+        return isinstance(node, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in node.children())
+
+    if not allowed(back.body) or roles["t"] not in _tensors(back.body):
+        return None
+    return roles, back.body, tuple(operands)
+
+
+def _linear_core(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Any] | None:
+    """The transpose and SpMM stages of a Linear layer: roles ``x``, ``xt``, ``w``, ``t``, ``b``, ``o``, ``i`` and the
+    third stage (``Y[b,o] = ...`` of ``t[o,b]``), not yet checked."""
     if spec.sparse_output or len(spec.stages) != 3:
         return None
     transpose, product, back = spec.stages
@@ -111,19 +164,7 @@ def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, s
         return None
     if back.result != spec.output or back.indices != (b, o) or back.reduce:
         return None
-    bias = bias_index = None
-    term = back.body
-    if isinstance(term, Binary) and term.op == "+":
-        sides = [s for s in (term.lhs, term.rhs) if isinstance(s, Access)]
-        others = [s for s in sides if s.tensor != product.result]
-        if len(sides) != 2 or len(others) != 1 or others[0].tensor in formats or others[0].index not in ((o,), (b,)):
-            return None
-        bias, bias_index = others[0].tensor, others[0].index[0]
-        term = next(s for s in sides if s.tensor == product.result)
-    if not isinstance(term, Access) or (term.tensor, term.index) != (product.result, (o, b)):
-        return None
-    return {"x": x.tensor, "xt": transpose.result, "w": w, "t": product.result, "bias": bias, "b": b, "o": o,
-            "i": i, "bias_index": bias_index}
+    return {"x": x.tensor, "xt": transpose.result, "w": w, "t": product.result, "b": b, "o": o, "i": i}, back
 
 
 def dense_matmul_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:

@@ -73,3 +73,22 @@ def test_what_is_not_an_epilogue_is_left_to_the_planner():
     assert not matched("C[i,j] = relu(A[i,k]*B[k,j]) + D[j,i]", {"A": "csr"})  # a transposed read
     assert not matched("C[i,j] = relu(A[i,k]*B[k,j]) * S[i,j]", {"A": "csr", "S": "csr"})  # a sparse read
     assert not matched("C[i,j] = relu(A[i,k]*B[k,j])", {"A": "bsr2x2"})  # BSR has its own emitter
+
+
+@pytest.mark.parametrize("fmt", ["csr", "2:4"])
+@pytest.mark.parametrize("batch", [1, 37])
+def test_linear_layers_with_an_activation_run_their_epilogue_in_the_tiled_spmm(fmt, batch, rng):
+    """``Y[b,o] = relu(X[b,i] * W[o,i] + bias[o])`` and friends: the epilogue rewritten over the middle SpMM's
+    rows (o) and columns (b); operands over o or b only."""
+    w, W = _matrix(fmt, 48, 64, "float32")
+    X = rng.standard_normal((batch, 64)).astype(np.float32)
+    bias, scale = rng.standard_normal(48).astype(np.float32), rng.standard_normal(batch).astype(np.float32)
+    product = X.astype(np.float64) @ w.T.astype(np.float64)
+    for expr, operands, want in [
+            ("Y[b,o] = relu(X[b,i]*W[o,i] + bias[o])", {"bias": bias}, np.maximum(product + bias, 0)),
+            ("Y[b,o] = max(X[b,i]*W[o,i], s[b]) * 2.0 - bias[o]", {"s": scale, "bias": bias},
+             np.maximum(product, scale[:, None]) * 2 - bias)]:
+        kernel = sm.compile(expr, formats={"W": fmt}, dtype="float32")
+        got = kernel(X=X, W=W, **operands)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+        assert "linear_spmm" in kernel.ir["input"] and "sm_epilogue_vector" in kernel.ir["input"]
