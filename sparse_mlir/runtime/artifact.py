@@ -40,6 +40,7 @@ from ..errors import FormatError, OperandError, ShapeError, SparseMLIRError
 from ..signature import Signature
 from .library import NativeFunction
 from .operands import check_extents, dense_output, prepare
+from .torch_tensors import accepting_torch
 
 __all__ = ["load_kernel", "LoadedKernel", "MANIFEST_SCHEMA", "manifest_digest", "check_manifest", "DIGEST_MARK",
            "PTX_DIGEST_PREFIX", "ptx_digest_line"]
@@ -64,6 +65,7 @@ class LoadedKernel:
                 places.setdefault(idx, []).append((op.name, d))
         self._sources = tuple((idx, tuple(p)) for idx, p in places.items())
 
+    @accepting_torch
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
         sig = self.signature
         args = prepare(sig.expression, self._inputs, operands, sig.output.dtype, "cpu")
