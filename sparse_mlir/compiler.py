@@ -55,6 +55,7 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
     from .dialects.kernel import build_kernel_module
     from .dialects.native_bsr import native_bsr_spmm
     from .dialects.native_linear import native_linear
+    from .dialects.native_sddmm import native_sddmm
     from .dialects.native_spmm import native_spmm
     from .dialects.native_spmv import native_spmv
     from .lowering import cpu as cpu_pipeline
@@ -66,6 +67,7 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
         bits = toolchain.vector_bits(cpu)
         module = native_spmm(spec, spec.formats, shapes, bits) or native_bsr_spmm(spec, spec.formats, shapes, bits) \
             or native_linear(spec, spec.formats, shapes, bits) or native_spmv(spec, spec.formats, shapes) \
+            or native_sddmm(spec, spec.formats, shapes, bits) \
             or build_kernel_module(spec, shapes)
         return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
 

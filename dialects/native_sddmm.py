@@ -1,0 +1,197 @@
+"""SDDMM, ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` with CSR ``S`` and ``C`` (``C`` takes ``S``'s pattern), emitted
+instead of sparsified.
+
+The sampled product of attention and graph networks: only the entries of
+``S`` are computed, each a dot product of a row of ``A`` and a column of
+``B``.  The sparsifier walks ``B`` by columns (stride ``N``) and one scalar
+FMA chain per entry.  Here ``B`` is first transposed into a scratch
+``[N, K]`` (in row tiles, threaded) so both factors of every dot product
+are contiguous; then rows of ``S`` run in parallel and each entry's dot
+product is a vector FMA loop over ``K`` with two independent accumulator
+chains, a horizontal sum and a scalar tail.  ``C``'s positions and
+coordinates are copies of ``S``'s; its values are new.  The function has the
+sparse assembler's signature (level buffers, then dense memrefs, returning
+``C``'s buffers, allocated with ``malloc`` so the C entry point hands them
+to the caller), so everything after it is shared with sparsified kernels.
+Built with the MLIR bindings' op builders.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, func, memref, scf, vector
+
+from sparse_mlir.dsl.ast import Access, Binary
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import Format
+
+from .encoding import TYPE_NAMES
+from .kernel import KERNEL_NAME
+from .patterns import is_csr
+
+__all__ = ["native_sddmm", "sddmm_operands"]
+
+
+def sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str] | None:
+    """``(S, A, B)`` when the kernel is ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (factors in any order) with CSR ``S``
+    and a CSR ``C`` of the same index widths; ``None`` otherwise."""
+    if not spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices:
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    factors = _product_factors(stage.body)
+    if factors is None or len(factors) != 3:
+        return None
+    roles: dict[str, str] = {}
+    for f in factors:
+        if f.index == (i, j) and f.tensor in formats:
+            roles["s"] = f.tensor
+        elif f.index == (i, k) and f.tensor not in formats:
+            roles["a"] = f.tensor
+        elif f.index == (k, j) and f.tensor not in formats:
+            roles["b"] = f.tensor
+    if len(roles) != 3 or len({roles["s"], roles["a"], roles["b"]}) != 3:
+        return None
+    s_fmt, c_fmt = formats[roles["s"]], formats[spec.output]
+    if not (is_csr(s_fmt) and is_csr(c_fmt)) or (s_fmt.pos_width, s_fmt.crd_width) != (c_fmt.pos_width,
+                                                                                      c_fmt.crd_width):
+        return None
+    return roles["s"], roles["a"], roles["b"]
+
+
+def _product_factors(node) -> list[Access] | None:
+    if isinstance(node, Access):
+        return [node]
+    if isinstance(node, Binary) and node.op == "*":
+        left, right = _product_factors(node.lhs), _product_factors(node.rhs)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def native_sddmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+                 vector_bits: int = 256) -> ir.Module | None:
+    """The SDDMM module for ``spec`` in the current context, or ``None`` when it does not apply."""
+    found = sddmm_operands(spec, formats)
+    if found is None:
+        return None
+    with ir.Location.unknown():
+        return _module(spec, formats, shapes, vector_bits, *found)
+
+
+def _module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+            vector_bits: int, s_name: str, a_name: str, b_name: str) -> ir.Module:
+    fmt = formats[s_name]
+    rows, cols = shapes[s_name]
+    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
+    lanes = vector_bits // 8 // spec.dtype.itemsize
+    pos_t = ir.IntegerType.get_signless(fmt.pos_width or 64)
+    crd_t = ir.IntegerType.get_signless(fmt.crd_width or 64)
+    dynamic = ir.ShapedType.get_dynamic_size()
+
+    def dense(name: str) -> ir.Type:
+        return ir.MemRefType.get([dynamic if s is None else s for s in shapes[name]], element)
+
+    level = [ir.MemRefType.get([dynamic], t) for t in (pos_t, crd_t, element)]
+    types = {s_name: level, a_name: [dense(a_name)], b_name: [dense(b_name)]}
+    inputs = [t for name in spec.inputs for t in types[name]]
+    module = ir.Module.create()
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp(KERNEL_NAME, (inputs, level))
+        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        block = fn.add_entry_block()
+        args = iter(block.arguments)
+        values = {name: [next(args) for _ in types[name]] for name in spec.inputs}
+        with ir.InsertionPoint(block):
+            (pos, crd, val), (a,), (b,) = values[s_name], values[a_name], values[b_name]
+            func.ReturnOp(_body(pos, crd, val, a, b, rows, cols, element, lanes, level))
+    module.operation.verify()
+    return module
+
+
+def _index(value: int) -> ir.Value:
+    return arith.constant(ir.IndexType.get(), value)
+
+
+def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value, rows: int, cols: int,
+          element: ir.Type, lanes: int, level: list[ir.Type]) -> list[ir.Value]:
+    c0, c1 = _index(0), _index(1)
+    is_float = isinstance(element, ir.FloatType)
+    nnz = memref.dim(crd, c0)
+    inner = memref.dim(a, c1)
+    # C's positions and coordinates: S's, copied into buffers the caller will own
+    out_pos = memref.alloc(level[0], [memref.dim(pos, c0)], [])
+    memref.copy(pos, out_pos)
+    out_crd = memref.alloc(level[1], [nnz], [])
+    memref.copy(crd, out_crd)
+    out_val = memref.alloc(level[2], [nnz], [])
+    # B^T, so each dot product reads two contiguous rows
+    matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+    bt = memref.alloc(matrix, [_index(cols), inner], [])
+    transpose = _parallel(c0, _index(cols), c1)
+    with ir.InsertionPoint(transpose):
+        j = transpose.arguments[0]
+        copy = scf.ForOp(c0, inner, c1)
+        with ir.InsertionPoint(copy.body):
+            memref.store(memref.load(b, [copy.induction_variable, j]), bt, [j, copy.induction_variable])
+            scf.YieldOp([])
+        scf.ReduceOp([], 0)
+    vec = ir.VectorType.get([lanes], element)
+    zeros = arith.constant(vec, ir.DenseElementsAttr.get_splat(
+        vec, ir.FloatAttr.get(element, 0.0) if is_float else ir.IntegerAttr.get(element, 0)))
+    step = _index(2 * lanes)
+    pairs = arith.muli(arith.divui(inner, step), step)  # K covered by the two-accumulator vector loop
+    lanes_index = _index(lanes)
+    single = arith.muli(arith.divui(inner, lanes_index), lanes_index)  # then one more vector, if it fits
+
+    def fma(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
+        return vector.fma(x, y, acc) if is_float and isinstance(acc.type, ir.VectorType) else \
+            _add(acc, _mul(x, y, is_float), is_float)
+
+    loop = _parallel(c0, _index(rows), c1)
+    with ir.InsertionPoint(loop):
+        i = loop.arguments[0]
+        start = arith.index_castui(ir.IndexType.get(), memref.load(pos, [i]))
+        stop = arith.index_castui(ir.IndexType.get(), memref.load(pos, [arith.addi(i, c1)]))
+        entries = scf.ForOp(start, stop, c1)
+        with ir.InsertionPoint(entries.body):
+            p = entries.induction_variable
+            j = arith.index_castui(ir.IndexType.get(), memref.load(crd, [p]))
+            chains = scf.ForOp(c0, pairs, step, [zeros, zeros])
+            with ir.InsertionPoint(chains.body):
+                kk = chains.induction_variable
+                k2 = arith.addi(kk, lanes_index)
+                first = fma(vector.load(vec, a, [i, kk]), vector.load(vec, bt, [j, kk]), chains.inner_iter_args[0])
+                second = fma(vector.load(vec, a, [i, k2]), vector.load(vec, bt, [j, k2]), chains.inner_iter_args[1])
+                scf.YieldOp([first, second])
+            acc = _add(chains.results[0], chains.results[1], is_float)
+            extra = scf.ForOp(pairs, single, lanes_index, [acc])
+            with ir.InsertionPoint(extra.body):
+                kk = extra.induction_variable
+                scf.YieldOp([fma(vector.load(vec, a, [i, kk]), vector.load(vec, bt, [j, kk]),
+                                 extra.inner_iter_args[0])])
+            total = vector.reduction(element, vector.CombiningKind.ADD, extra.results[0])
+            tail = scf.ForOp(single, inner, c1, [total])
+            with ir.InsertionPoint(tail.body):
+                kk = tail.induction_variable
+                scf.YieldOp([fma(memref.load(a, [i, kk]), memref.load(bt, [j, kk]), tail.inner_iter_args[0])])
+            memref.store(_mul(memref.load(val, [p]), tail.results[0], is_float), out_val, [p])
+            scf.YieldOp([])
+        scf.ReduceOp([], 0)
+    memref.dealloc(bt)
+    return [out_pos, out_crd, out_val]
+
+
+def _parallel(lower: ir.Value, upper: ir.Value, step: ir.Value) -> ir.Block:
+    """The body block of a new one-dimensional ``scf.parallel`` (the CPU pipeline threads it)."""
+    op = scf.ParallelOp([], [lower], [upper], [step], [])
+    return op.regions[0].blocks.append(ir.IndexType.get())
+
+
+def _add(x: ir.Value, y: ir.Value, is_float: bool) -> ir.Value:
+    return arith.addf(x, y) if is_float else arith.addi(x, y)
+
+
+def _mul(x: ir.Value, y: ir.Value, is_float: bool) -> ir.Value:
+    return arith.mulf(x, y) if is_float else arith.muli(x, y)
