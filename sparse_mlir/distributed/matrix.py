@@ -126,16 +126,17 @@ class RowShardedMatrix:
         csr = matrix.tocsr()
         dtype = check_dtype(dtype if dtype is not None else csr.dtype, "sharded matrix")
         rows = row_bounds(csr.shape[0], chunks)
-        windows, formats, parts = [], [], []
+        windows, formats, pieces = [], [], []
         tag = _unique("sm-block")
-        for k, (r0, r1) in enumerate(rows):
+        for r0, r1 in rows:
             piece = csr[r0:r1]
             window = B.window_of(piece.indices, csr.shape[1])
-            fmt = _block_format(r1 - r0, window[1] - window[0], piece.nnz)
             windows.append(window)
-            formats.append(fmt)
-            parts.append(delayed(B.as_block, pure=False)(k, (r0, r1), window, fmt, dtype, piece,
-                                                          dask_key_name=f"{tag}-{k}"))
+            formats.append(_block_format(r1 - r0, window[1] - window[0], piece.nnz))
+            pieces.append(piece)
+        # the pieces travel inside the graph (not scattered): a block lost with its worker is rebuilt from them
+        parts = [delayed(B.as_block, pure=False)(k, rows[k], windows[k], formats[k], dtype, piece,
+                                                 dask_key_name=f"{tag}-{k}") for k, piece in enumerate(pieces)]
         layout = Layout(csr.shape, tuple(rows), tuple(windows), tuple(formats))
         return cls(_stack(parts, layout, dtype), layout, dtype, ship=ship)
 
@@ -330,6 +331,41 @@ class ColumnShardedMatrix:
         return graph.array([root], chunks, _meta(call.ndim_out, spec.output_dtype, a.target))
 
 
+def _client() -> Any:
+    """The distributed client in use, or None (no ``distributed``, or the local schedulers)."""
+    try:
+        import dask
+        from distributed import default_client
+    except ImportError:
+        return None
+    if dask.config.get("scheduler", None) not in (None, "dask.distributed", "distributed"):
+        return None  # a local scheduler was asked for explicitly
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+_plans: dict[tuple, Any] = {}  # (client id, plan token) -> Future of the plan, held on every worker
+
+
+def _shipped(plan: KernelPlan) -> Any:
+    """The plan scattered once to every worker (a Future), so a product's tasks never fetch it from one another.
+
+    None without a distributed client.
+    """
+    from dask.tokenize import tokenize
+
+    client = _client()
+    if client is None:
+        return None
+    key = (client.id, tokenize(plan))
+    future = _plans.get(key)
+    if future is None or future.status != "finished":
+        future = _plans[key] = client.scatter(plan, broadcast=True, hash=False)
+    return future
+
+
 def _known(chunk: Any) -> bool:
     """Whether the client can see a chunk's shape, dtype and nonzeros (not a Delayed or a Future)."""
     import scipy.sparse as sp
@@ -475,8 +511,10 @@ class _Graph:
 
     def run_blocks(self, plan: KernelPlan, matrix: RowShardedMatrix, partial: bool) -> list[tuple]:
         layout, call = matrix.layout, self.call
-        plan_key = f"{self.name}-plan"
-        self.layer[plan_key] = plan
+        plan_key = _shipped(plan)
+        if plan_key is None:  # no distributed client: the plan is a node of this graph
+            plan_key = f"{self.name}-plan"
+            self.layer[plan_key] = plan
         block_keys = [k[0] for k in matrix.blocks.__dask_keys__()]
         keys = []
         for k, block in enumerate(block_keys):
