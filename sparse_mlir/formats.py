@@ -29,6 +29,8 @@ __all__ = [
 ]
 
 _WIDTHS = (0, 8, 16, 32, 64)
+MAX_ORDER = 3  # SparseTensor and the DSL hold tensors of order 1 to 3; a format for more stores nothing
+_MAX_FACTOR = 2**62  # block and N:M sizes: MLIR's affine constants are int64, and sizes are multiplied by them
 
 
 def _is_int(value: object) -> bool:
@@ -72,6 +74,12 @@ class Level:
             raise FormatError(f"only structured levels take n and m, got {self.kind.value}")
         if self.kind is LevelKind.DENSE and not (self.unique and self.ordered):
             raise FormatError("dense levels are always unique and ordered")
+        if self.kind is LevelKind.LOOSE_COMPRESSED:
+            # MLIR reads a (lo, hi) pair of positions per parent; SparseTensor and the C entry point build and
+            # check compressed positions (n + 1), so kernels read them misaligned: an SpMV over a dense,
+            # loose_compressed matrix returned wrong rows.  Refused until buffers of that layout exist.
+            raise FormatError("loose_compressed levels are not supported: sparse tensors store compressed "
+                              "positions (one start per parent, not a (lo, hi) pair); use compressed")
 
     @property
     def has_positions(self) -> bool:
@@ -151,6 +159,11 @@ class Format:
         for i, lvl in enumerate(self.levels):
             if lvl.kind is LevelKind.SINGLETON and (i == 0 or self.levels[i - 1].unique):
                 raise FormatError("a singleton level must follow a non-unique level (as in COO)")
+            # the converse: MLIR's sparsifier asserts (the compiler process dies) on a non-unique level followed
+            # by anything but a singleton (TACO letters "ud", "us", "uu", "sud", ...)
+            if not lvl.unique and i + 1 < len(self.levels) and self.levels[i + 1].kind is not LevelKind.SINGLETON:
+                raise FormatError(f"a non-unique level must be the last or be followed by a singleton level (as in "
+                                  f"COO), but level {i} is followed by {self.levels[i + 1].mlir()}")
             if lvl.kind is LevelKind.STRUCTURED and (i != len(self.levels) - 1 or self.dim_to_lvl[i].op != "mod"
                                                      or self.dim_to_lvl[i].factor != lvl.m):
                 raise FormatError("a structured[n, m] level must be last and map 'd mod m'")
@@ -273,8 +286,29 @@ def _ordered(*dims: int) -> tuple[LevelExpr, ...]:
     return tuple(LevelExpr(d) for d in dims)
 
 
+def _check_order(order: object, what: str) -> int:
+    """``order`` as an int in 1..MAX_ORDER, or ``FormatError``.
+
+    ``csf(0)`` used to be a format with no levels, which equals ``Dense``:
+    ``"csf0"`` silently made an operand dense; ``coo(10**9)`` built a billion
+    levels (a hang) and ``coo("2")`` raised a raw ``TypeError``.
+    """
+    if not _is_int(order) or not 1 <= order <= MAX_ORDER:  # type: ignore[operator]
+        raise FormatError(f"{what} order must be an integer from 1 to {MAX_ORDER} (tensors have 1 to {MAX_ORDER} "
+                          f"dimensions), got {order!r}")
+    return int(order)  # type: ignore[call-overload]
+
+
+def _check_sizes(what: str, *sizes: object) -> None:
+    """Block and group sizes are positive integers below ``_MAX_FACTOR`` (not ``"2"``, ``2.0`` or ``True``)."""
+    if not all(_is_int(v) and 0 < v < _MAX_FACTOR for v in sizes):  # type: ignore[operator]
+        raise FormatError(f"{what} sizes must be positive integers below 2**62, got "
+                          f"{', '.join(repr(v) for v in sizes)}")
+
+
 def coo(order: int = 2) -> Format:
     """COO of any order: a non-unique compressed level then singletons."""
+    order = _check_order(order, "coo")
     levels = (Level(LevelKind.COMPRESSED, unique=order == 1),
               *(Level(LevelKind.SINGLETON, unique=i == order - 1) for i in range(1, order)))
     return Format(levels, _ordered(*range(order)), name="coo" if order == 2 else f"coo{order}")
@@ -282,6 +316,7 @@ def coo(order: int = 2) -> Format:
 
 def csf(order: int = 3) -> Format:
     """Compressed sparse fiber: every level compressed."""
+    order = _check_order(order, "csf")
     return Format(_levels(*["compressed"] * order), _ordered(*range(order)),
                   name="csf" if order == 3 else f"csf{order}")
 
@@ -292,8 +327,7 @@ def sparse_vector() -> Format:
 
 def BSR(bm: int, bn: int) -> Format:  # noqa: N802 - a format constructor reads like a constant
     """Block sparse rows with dense ``bm x bn`` blocks."""
-    if bm < 1 or bn < 1:
-        raise FormatError(f"BSR block sizes must be positive, got {bm}x{bn}")
+    _check_sizes("BSR block", bm, bn)
     exprs = (LevelExpr(0, "floordiv", bm), LevelExpr(1, "floordiv", bn), LevelExpr(0, "mod", bm),
              LevelExpr(1, "mod", bn))
     return Format(_levels("dense", "compressed", "dense", "dense"), exprs, name=f"bsr{bm}x{bn}")
@@ -301,8 +335,12 @@ def BSR(bm: int, bn: int) -> Format:  # noqa: N802 - a format constructor reads 
 
 def NM(n: int, m: int) -> Format:  # noqa: N802
     """N:M structured sparsity along rows: at most ``n`` nonzeros in each group of ``m`` columns."""
+    _check_sizes("N:M group", n, m)
+    if not n <= m or m < 2:  # m == 1: a group of one column has no offset for MLIR to store (1:1 is dense)
+        raise FormatError(f"N:M needs 1 <= n <= m and m >= 2 (at most n nonzeros in each group of m columns), "
+                          f"got {n}:{m}")
     exprs = (LevelExpr(0), LevelExpr(1, "floordiv", m), LevelExpr(1, "mod", m))
-    crd_width = 8 if m <= 127 else 32  # in-group offsets are small
+    crd_width = 8 if m <= 127 else 32 if m <= 2**31 - 1 else 64  # in-group offsets are below m
     return Format(_levels("dense", "dense", Level(LevelKind.STRUCTURED, n=n, m=m)), exprs,
                   crd_width=crd_width, name=f"{n}:{m}")
 
@@ -351,6 +389,8 @@ def _parse(key: str, ndim: int | None) -> Format | None:
         return NM(int(match.group(1)), int(match.group(2)))
     if match := re.fullmatch(r"([dsuqc]+)(?::(\d+(?:,\d+)*))?", key):
         letters = match.group(1)
+        if len(letters) > MAX_ORDER:
+            raise FormatError(f"format {key!r} has {len(letters)} levels; tensors have 1 to {MAX_ORDER} dimensions")
         order = [int(x) for x in match.group(2).split(",")] if match.group(2) else list(range(len(letters)))
         if sorted(order) != list(range(len(letters))):
             raise FormatError(f"ordering {order} in {key!r} is not a permutation of 0..{len(letters) - 1}")

@@ -29,8 +29,14 @@ __all__ = ["parse", "MAX_DEPTH"]
 
 MAX_DEPTH = 128  # far above any kernel a sparsifier compiles in reasonable time; far below Python's stack limit
 
-_TOKEN = re.compile(r"\s*(?:(?P<number>\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+(?:[eE][+-]?\d+)?)"
-                    r"|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>[-+*=\[\](),]))")
+# ASCII only (re.ASCII): without it ``\d`` also matches other scripts' digits ('٣', '３'), which int() and
+# float() read, so a literal no user meant and no printout shows plainly went into the kernel
+_TOKEN = re.compile(r"(?:(?P<number>\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+(?:[eE][+-]?\d+)?)"
+                    r"|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>[-+*=\[\](),]))", re.ASCII)
+_SPACE = re.compile(r"\s*")
+# digits of the largest finite value of any kernel dtype (float64, about 1.8e308): an integer literal with more is
+# out of range whatever the dtype, and Python's int() refuses strings past 4300 digits with a raw ValueError
+_MAX_INT_DIGITS = 310
 
 
 @dataclass(frozen=True)
@@ -41,16 +47,22 @@ class _Token:
 
 
 def _tokenize(text: str) -> list[_Token]:
+    """Split ``text`` into tokens in one linear pass.
+
+    Matching at positions of the one string (never slicing the rest of it per
+    token) keeps this linear: slicing made a 224 KB expression take 3.6 s to
+    tokenize and a few MB hang for minutes before the depth bound refused it.
+    """
     tokens, pos = [], 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
+    while True:
+        pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # \s* always matches
+        if pos >= len(text):
             break
         match = _TOKEN.match(text, pos)
         if not match:
-            column = pos + len(text[pos:]) - len(text[pos:].lstrip()) + 1
-            raise DSLError(f"unexpected character {text[column - 1]!r}", text, column)
+            raise DSLError(f"unexpected character {text[pos]!r}", text, pos + 1)
         kind = match.lastgroup or "op"
-        tokens.append(_Token(kind, match.group(kind), match.start(kind) + 1))
+        tokens.append(_Token(kind, match.group(kind), pos + 1))
         pos = match.end()
     tokens.append(_Token("end", "", len(text) + 1))
     return tokens
@@ -157,8 +169,13 @@ class _Parser:
         tok = self.tok
         if tok.kind == "number":
             self.i += 1
-            is_int = re.fullmatch(r"\d+", tok.text) is not None
-            return Literal(int(tok.text) if is_int else float(tok.text), tok.text, tok.column)
+            if not tok.text.isdigit():
+                return Literal(float(tok.text), tok.text, tok.column)  # range per dtype: checked by the planner
+            digits = tok.text.lstrip("0") or "0"
+            if len(digits) > _MAX_INT_DIGITS:
+                raise self.error(f"literal {tok.text[:12]}... ({len(digits)} digits) is out of the range of every "
+                                 f"kernel dtype", tok)
+            return Literal(int(digits), tok.text, tok.column)
         if tok.kind == "name":
             nxt = self.tokens[self.i + 1]
             if nxt.text == "(":

@@ -11,6 +11,7 @@ output.  Each stage becomes one ``linalg.generic``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -179,6 +180,8 @@ def plan(expression: str, formats: dict[str, Format | str] | None = None, dtype:
 
 def _plan(expression: str, formats: dict[str, Format | str] | None, dtype: str, out_dtype: Any) -> KernelSpec:
     tree = parse(expression)
+    _check_names(tree, expression)
+    tree = Assignment(tree.output, _fold_negated_literals(tree.rhs))
     dt = check_dtype(dtype, "kernel dtype")
     out_dt = check_dtype(out_dtype, "out_dtype") if out_dtype is not None else dt
     if out_dt != dt and (dt, out_dt) != (np.dtype(np.float16), np.dtype(np.float32)):
@@ -193,6 +196,7 @@ def _plan(expression: str, formats: dict[str, Format | str] | None, dtype: str, 
                            f"(tensors: {', '.join(ranks)})")
         fmts[name] = as_format(fmt, ranks[name])
     _check_types(tree.rhs, dt, expression)
+    _check_literals(tree.rhs, dt, expression)
     out = tree.output
     if len(set(out.index)) != len(out.index):
         raise DSLError(f"output index {out.index} repeats an index", expression, out.column)
@@ -352,6 +356,103 @@ def _ranks(tree: Assignment, expression: str) -> dict[str, int]:
             raise DSLError(f"{acc.tensor} has {len(acc.index)} indices; tensors have at most 3", expression,
                            acc.column)
     return ranks
+
+
+# Names a tensor may not take, and why.  Tensor names become keywords of the kernel call and C identifiers in
+# the entry point and in exported headers (``NAME.h``, ``NAME_cuda.h``), beside names the planner and the C ABI
+# make from them; a collision there compiled a wrong kernel (``_t0`` read the planner's temporary instead of the
+# input) or failed deep in lowering (``A`` and ``A_d0``: "the C entry point did not parse").
+_CALL_KEYWORDS = frozenset({"out", "self"})  # Kernel.__call__(self, out=None, **operands)
+_C_RESERVED = frozenset("""
+    auto break case char const continue default do double else enum extern float for goto if inline int long
+    register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while
+    alignas alignof bool false true nullptr static_assert thread_local typeof typeof_unqual constexpr
+    _Alignas _Alignof _Atomic _BitInt _Bool _Complex _Decimal128 _Decimal32 _Decimal64 _Generic _Imaginary
+    _Noreturn _Static_assert _Thread_local
+    and and_eq asm bitand bitor catch char8_t char16_t char32_t class co_await co_return co_yield compl concept
+    const_cast consteval constinit decltype delete dynamic_cast explicit export friend mutable namespace new
+    noexcept not not_eq operator or or_eq private protected public reinterpret_cast requires static_cast
+    template this throw try typeid typename using virtual wchar_t xor xor_eq
+    int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t NULL
+    CUdeviceptr CUstream CUresult CUmodule CUfunction CUtensorMap
+""".split())
+# what the C ABI appends to a tensor's name for its other parameters (``A_d0``, ``A_pos1_len``, ``A_values``,
+# ``A_implicit_pos2`` for N:M positions): a tensor named like that beside ``A`` would share a parameter name
+_GENERATED_SUFFIX = re.compile(r"_(?:d\d+|pos\d+|crd\d+|values|implicit)(?:_.*)?", re.ASCII | re.DOTALL)
+
+
+def _check_names(tree: Assignment, expression: str) -> None:
+    """Refuse tensor names that collide with names the kernel makes or the languages it is written in reserve."""
+    first: dict[str, Access] = {}
+    for acc in (tree.output, *_accesses(tree.rhs)):
+        first.setdefault(acc.tensor, acc)
+    for name, acc in first.items():
+        if name.startswith("_"):
+            raise DSLError(f"tensor name {name!r}: names starting with '_' are reserved for the kernel's "
+                           f"temporaries (_t0, _lX, _dA...)", expression, acc.column)
+        if name in _CALL_KEYWORDS and acc is not tree.output:
+            raise DSLError(f"input name {name!r} is taken by the kernel call (kernel({name}=...) would not pass "
+                           f"an operand); rename the tensor", expression, acc.column)
+        if name in _C_RESERVED:
+            raise DSLError(f"tensor name {name!r} is reserved in C or C++, where it names a parameter of the "
+                           f"kernel's entry point and exported headers; rename the tensor", expression, acc.column)
+    for name, acc in first.items():
+        for other in first:
+            if other != name and name.startswith(other) and _GENERATED_SUFFIX.fullmatch(name, len(other)):
+                raise DSLError(f"tensor name {name!r} collides with the C parameters made for {other!r} "
+                               f"({other}_d0, {other}_pos1, {other}_crd1, {other}_values...); rename one of them",
+                               expression, acc.column)
+
+
+def _fold_negated_literals(node: Expr) -> Expr:
+    """``-5`` as the literal -5, not the negation of 5.
+
+    The range of a literal is then checked on the value the user wrote:
+    ``-2147483648`` fits an int32 kernel, while its positive part does not.
+    """
+    if isinstance(node, Unary):
+        operand = _fold_negated_literals(node.operand)
+        if isinstance(operand, Literal):
+            text = operand.text[1:] if operand.text.startswith("-") else f"-{operand.text}"
+            return Literal(-operand.value, text, operand.column)
+        return Unary(node.op, operand)
+    if isinstance(node, Binary):
+        return Binary(node.op, _fold_negated_literals(node.lhs), _fold_negated_literals(node.rhs))
+    if isinstance(node, Call):
+        return Call(node.func, tuple(_fold_negated_literals(a) for a in node.args), node.column)
+    return node
+
+
+def _check_literals(node: Expr, dtype: np.dtype, expression: str) -> None:
+    """Refuse literals the kernel's dtype cannot hold.
+
+    MLIR's constant builder wraps integers silently (``2147483648`` became
+    -2147483648 in an int32 kernel), raises a raw TypeError past 64 bits, and
+    float literals past the dtype's range became inf (``1e400``, ``1e39`` in
+    float32) or 0 (``1e-400``).
+    """
+    if isinstance(node, Literal):
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if not info.min <= node.value <= info.max:
+                raise DSLError(f"literal {node.text} is out of the range of {dtype} ({info.min} to {info.max})",
+                               expression, node.column)
+        else:
+            try:
+                value = float(node.value)
+            except OverflowError:  # an integer literal past float64
+                value = float("inf")
+            with np.errstate(all="ignore"):
+                stored = dtype.type(value)
+            written_nonzero = any(c in "123456789" for c in node.text.lower().split("e")[0])  # 1e-400 parses to 0.0
+            if not np.isfinite(stored) or (stored == 0 and written_nonzero):
+                info = np.finfo(dtype)
+                became = "inf" if not np.isfinite(stored) else "0"
+                raise DSLError(f"literal {node.text} is out of the range of {dtype} (it would become {became}; "
+                               f"nonzero magnitudes run from {info.smallest_subnormal:g} to {info.max:g})",
+                               expression, node.column)
+    for child in node.children():
+        _check_literals(child, dtype, expression)
 
 
 def _check_types(node: Expr, dtype: np.dtype, expression: str) -> None:
