@@ -135,6 +135,11 @@ def block_to_scipy(block: Any, window: Window, ncols: int) -> Any:
     return sp.csr_matrix((csr.data, csr.indices + window[0], csr.indptr), shape=(csr.shape[0], ncols))
 
 
+def to_device(block: SparseTensor, device: str) -> Any:
+    """A block moved to this worker's GPU (``"cuda"``: a DeviceSparseTensor; needs CuPy there)."""
+    return block.to(device)
+
+
 # -- kernels on blocks --------------------------------------------------------------------------------------
 
 def _array_module(target: str) -> Any:

@@ -229,7 +229,7 @@ class RowShardedMatrix:
             return self
         if self.target != "cpu":
             raise OperandError("device blocks do not come back to the host through to(); rebuild the matrix")
-        moved = self.blocks.map_blocks(lambda b: b.to(device), dtype=self.dtype)
+        moved = self.blocks.map_blocks(B.to_device, device, meta=np.empty((0, 0), self.dtype))
         return type(self)(moved, self.layout, self.dtype, ship="compile", target=device)
 
     def block_list(self) -> list[Any]:
