@@ -145,7 +145,8 @@ def test_a_bad_chunk_raises_the_library_error_naming_it(sync, rng):
     with pytest.raises(ShapeError, match=r"chunk 1 \(rows 10:22\).*\(10, 30\)"):
         (lying @ np.ones(30)).compute()
     with pytest.raises(SparseMLIRError, match=r"chunk \d \(rows \d+:\d+\): operand x has dtype float32"):
-        (RowShardedMatrix.from_blocks([good, good]) @ np.ones(30, np.float32)).compute()  # kernels never cast: the dtype error names the chunk too
+        # kernels never cast: the dtype error names the chunk too
+        (RowShardedMatrix.from_blocks([good, good]) @ np.ones(30, np.float32)).compute()
 
 
 # -- the conjugate-gradient solver ----------------------------------------------------------------------------
@@ -225,6 +226,13 @@ def test_workers_without_mlir_run_shipped_exports(no_mlir_client, rng):
     compiling = RowShardedMatrix.from_scipy(m[:100], 100, ship="compile")  # one block: one failed compile
     with pytest.raises(SparseMLIRError, match=r"chunk 0 \(rows 0:100\)"):
         (compiling @ x).compute()
+
+
+def test_a_bad_chunk_error_crosses_processes_with_its_class_and_chunk(no_mlir_client, rng):
+    good, bad = _random(rng, 10, 30, 0.2), _random(rng, 10, 30, 0.2)
+    bad.indptr[4] = bad.indptr[6]  # positions that go back down: refused on the worker, before any kernel
+    with pytest.raises(InvalidIndicesError, match=r"chunk 2 \(rows 20:30\)"):
+        (RowShardedMatrix.from_blocks([good, good, bad]) @ np.ones(30)).compute()
 
 
 def test_a_killed_worker_is_retried_without_a_wrong_result(no_mlir_client, rng, tmp_path):

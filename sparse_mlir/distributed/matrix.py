@@ -381,10 +381,16 @@ def _existing_format(chunk: Any, rows: int, ncols: int) -> Format:
     return _block_format(rows, ncols, int(chunk.nnz) if _known(chunk) else 0)
 
 
+@functools.lru_cache(maxsize=64)
+def _planned(expression: str, operand: str, dtype: str) -> Any:
+    """The spec of an expression with a CSR ``operand`` (parsed once: a solver asks for it every step)."""
+    return plan_spec(expression, {operand: CSR}, dtype)
+
+
 def _spec_of(kernel: Any, operand: str | None, dtype: np.dtype) -> tuple[Any, str]:
     """The kernel's spec (no MLIR needed) and the name of its sharded operand."""
     if isinstance(kernel, str):
-        spec = plan_spec(kernel, {"A": CSR} if operand in (None, "A") else {operand: CSR}, dtype.name)
+        spec = _planned(kernel, operand or "A", dtype.name)
     elif hasattr(kernel, "spec"):
         spec = kernel.spec
     else:
@@ -452,8 +458,8 @@ class _Call:
             self.pad_axis = None
         else:
             if out[:1] != (row,) or row in out[1:]:
-                raise OperandError(f"{spec.expression!r}: the result's first index must be {operand}'s row index {row!r}"
-                                   f" (and only that one)")
+                raise OperandError(f"{spec.expression!r}: the result's first index must be {operand}'s row index "
+                                   f"{row!r} (and only that one)")
             if spec.sparse_output and out != (row, col):
                 raise OperandError(f"{spec.expression!r}: a sparse result must be indexed like {operand} ({row},{col})")
             self.pad_axis = None if spec.sparse_output or col not in out else out.index(col)
