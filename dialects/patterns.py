@@ -14,7 +14,8 @@ from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, CSR, Format
 
-__all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands"]
+__all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
+           "spmm_epilogue", "linear_epilogue", "sddmm_operands", "threads_sparse_output"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -237,3 +238,47 @@ def _tensors(node: Expr) -> set[str]:
     if isinstance(node, Access):
         return {node.tensor}
     return set().union(*(_tensors(c) for c in node.children())) if node.children() else set()
+
+
+def sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str] | None:
+    """``(S, A, B)`` when the kernel is ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (factors in any order) with CSR ``S``
+    and a CSR ``C`` of the same index widths; ``None`` otherwise."""
+    if not spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices:
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    factors = _product_factors(stage.body)
+    if factors is None or len(factors) != 3:
+        return None
+    roles: dict[str, str] = {}
+    for f in factors:
+        if f.index == (i, j) and f.tensor in formats:
+            roles["s"] = f.tensor
+        elif f.index == (i, k) and f.tensor not in formats:
+            roles["a"] = f.tensor
+        elif f.index == (k, j) and f.tensor not in formats:
+            roles["b"] = f.tensor
+    if len(roles) != 3 or len({roles["s"], roles["a"], roles["b"]}) != 3:
+        return None
+    s_fmt, c_fmt = formats[roles["s"]], formats[spec.output]
+    if not (is_csr(s_fmt) and is_csr(c_fmt)) or (s_fmt.pos_width, s_fmt.crd_width) != (c_fmt.pos_width,
+                                                                                      c_fmt.crd_width):
+        return None
+    return roles["s"], roles["a"], roles["b"]
+
+
+def _product_factors(node) -> list[Access] | None:
+    if isinstance(node, Access):
+        return [node]
+    if isinstance(node, Binary) and node.op == "*":
+        left, right = _product_factors(node.lhs), _product_factors(node.rhs)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def threads_sparse_output(spec: KernelSpec, formats: dict[str, Format]) -> bool:
+    """Whether a hand-scheduled kernel writes this sparse result with rows in parallel (the SDDMM); the
+    sparsifier never threads insertion into a sparse output."""
+    return spec.sparse_output and sddmm_operands(spec, formats) is not None

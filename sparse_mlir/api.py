@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .compiler import TARGETS
+from .dialects.patterns import threads_sparse_output
 from .dsl.plan import plan
 from .errors import DeviceError, DSLError, DTypeError
 from .formats import Format
@@ -73,7 +74,8 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
         key: tuple = (spec.key(), "cuda", deterministic)
         make = functools.partial(CudaKernel, spec, deterministic=deterministic)
     else:
-        options = BuildOptions(target, knobs.cpu(), openmp_library() if spec.parallelizable else None)
+        threaded = spec.parallelizable or threads_sparse_output(spec, spec.formats)
+        options = BuildOptions(target, knobs.cpu(), openmp_library() if threaded else None)
         key = (spec.key(), options, schedule)
         make = functools.partial(AutoKernel if schedule == "auto" else Kernel, spec, options)
     with _lock:

@@ -67,8 +67,11 @@ def build_library(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], s
         bits = toolchain.vector_bits(cpu)
         module = native_spmm(spec, spec.formats, shapes, bits) or native_bsr_spmm(spec, spec.formats, shapes, bits) \
             or native_linear(spec, spec.formats, shapes, bits) or native_spmv(spec, spec.formats, shapes) \
-            or native_sddmm(spec, spec.formats, shapes, bits) \
-            or build_kernel_module(spec, shapes)
+            or native_sddmm(spec, spec.formats, shapes, bits)
+        if module is None:
+            module = build_kernel_module(spec, shapes)
+            # the sparsifier never threads insertion into a sparse output (only hand-scheduled kernels do)
+            openmp = openmp if spec.parallelizable else None
         return build(module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
 
 
