@@ -197,8 +197,9 @@ def c_header(sig: Signature, openmp: Path | None = None) -> str:
         if op.format:
             lines.append(f" *     buffers: {', '.join(f'{b} ({C_TYPES[d.name]})' for b, d in op.buffers())}")
     lines += [" * Sparse buffers are canonical: positions non-decreasing, coordinates in range and sorted",
-              " * within each segment (what sparse_mlir.SparseTensor holds). Lengths are checked, coordinates",
-              " * are not. A dense output is zero-filled, then written; it must not overlap an input."]
+              " * within each segment (what sparse_mlir.SparseTensor holds). Lengths are checked, and positions",
+              " * must start at 0 and never decrease (status SPARSE_MLIR_BAD_LEVELS otherwise); coordinates are",
+              " * not checked. A dense output is zero-filled, then written; it must not overlap an input."]
     if openmp is not None:
         lines += [f" * Threaded with OpenMP: link {openmp.name} (pip install intel-openmp puts it in",
                   " * <prefix>/lib; LLVM's libomp.so also works) and find it at run time (run path or",
