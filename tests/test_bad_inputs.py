@@ -225,6 +225,28 @@ CORPUS = [
      lambda: sm.compile(SPMV, formats={"A": "bsr16x1"})(
          A=sm.SparseTensor.from_dense(np.ones((16, 3)), "bsr16x1"), x=np.ones(3))),
     ("BSR blocks taller than the register budget (`bsr16x1` SpMM)", "compute", None, lambda: _tall_block_spmm()),
+    ("tensor named like a planner temporary (`_t0`, `_lX`: any name starting with `_`)", "raise", DSLError,
+     lambda: sm.compile("C[i] = _t0[i] + B[i,j]")),
+    ("tensor names that collide with the C parameters made for another (`A` and `A_d0`, `A_values`)", "raise",
+     DSLError, lambda: sm.compile("C[i] = A[i] + A_d0[i]")),
+    ("input named `out` or `self` (keywords of the kernel call)", "raise", DSLError,
+     lambda: sm.compile("y[i] = out[i] * 2")),
+    ("tensor named by a C/C++ keyword or header type (`int`, `class`, `int64_t`)", "raise", DSLError,
+     lambda: sm.compile("y[i] = int[i] * 2")),
+    ("integer literal out of the dtype's range (`2147483648` in int32)", "raise", DSLError,
+     lambda: sm.compile("y[i] = 2147483648 * x[i]", dtype="int32")),
+    ("float literal that would be inf or 0 in the dtype (`1e400`, `1e39` in float32, `1e-400`)", "raise", DSLError,
+     lambda: sm.compile("y[i] = 1e39 * x[i]", dtype="float32")),
+    ("the most negative integer as a literal (`-2147483648` in int32)", "compute", None,
+     lambda: (sm.compile("y[i] = x[i] * -2147483648", dtype="int32")(x=np.ones(2, np.int32)), [-2**31] * 2)),
+    ("non-ASCII digits or letters in an expression (`U+0663`, `U+00E4`)", "raise", DSLError,
+     lambda: sm.compile("y[i] = \u0663 * x[i]")),
+    ("`coo`/`csf` of order 0 or past 3 (`csf0` was silently dense), non-integer BSR/N:M sizes, `1:1`", "raise",
+     FormatError, lambda: sm.compile(SPMV, formats={"A": "csf0"})),
+    ("non-unique level followed by a non-singleton (`ud`, `us`, `sud`: the compiler aborted)", "raise", FormatError,
+     lambda: sm.compile(SPMV, formats={"A": "ud"})),
+    ("`loose_compressed` level (its kernels read compressed positions as pairs: wrong answers)", "raise",
+     FormatError, lambda: sm.formats.Level(sm.formats.LevelKind.LOOSE_COMPRESSED)),
 ]
 DANGEROUS = [0, 3, 6, 8]  # would read out of bounds if the checks before native code were missing
 
