@@ -29,7 +29,9 @@ __all__ = [
 ]
 
 _WIDTHS = (0, 8, 16, 32, 64)
-MAX_ORDER = 3  # SparseTensor and the DSL hold tensors of order 1 to 3; a format for more stores nothing
+# levels of a coo/csf/letter format: tensors have 1 to 3 dimensions (SparseTensor refuses more with a ShapeError),
+# but a format for more may be built; the bound only stops coo(10**9) from building a billion levels
+MAX_ORDER = 8
 _MAX_FACTOR = 2**62  # block and N:M sizes: MLIR's affine constants are int64, and sizes are multiplied by them
 
 
@@ -294,8 +296,8 @@ def _check_order(order: object, what: str) -> int:
     levels (a hang) and ``coo("2")`` raised a raw ``TypeError``.
     """
     if not _is_int(order) or not 1 <= order <= MAX_ORDER:  # type: ignore[operator]
-        raise FormatError(f"{what} order must be an integer from 1 to {MAX_ORDER} (tensors have 1 to {MAX_ORDER} "
-                          f"dimensions), got {order!r}")
+        raise FormatError(f"{what} order must be an integer from 1 to {MAX_ORDER} (tensors have 1 to 3 dimensions), "
+                          f"got {order!r}")
     return int(order)  # type: ignore[call-overload]
 
 
@@ -390,7 +392,8 @@ def _parse(key: str, ndim: int | None) -> Format | None:
     if match := re.fullmatch(r"([dsuqc]+)(?::(\d+(?:,\d+)*))?", key):
         letters = match.group(1)
         if len(letters) > MAX_ORDER:
-            raise FormatError(f"format {key!r} has {len(letters)} levels; tensors have 1 to {MAX_ORDER} dimensions")
+            raise FormatError(f"format {key!r} has {len(letters)} levels, more than {MAX_ORDER}; tensors have 1 to 3 "
+                              f"dimensions")
         order = [int(x) for x in match.group(2).split(",")] if match.group(2) else list(range(len(letters)))
         if sorted(order) != list(range(len(letters))):
             raise FormatError(f"ordering {order} in {key!r} is not a permutation of 0..{len(letters) - 1}")

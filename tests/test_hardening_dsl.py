@@ -121,12 +121,12 @@ def test_double_negation_is_checked_on_its_value():
 # -- formats ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("make", [
     lambda: parse_format("csf0"),  # was a format with no levels, equal to Dense: the operand silently dense
-    lambda: csf(0), lambda: csf(-1), lambda: coo(0), lambda: coo(4),
+    lambda: csf(0), lambda: csf(-1), lambda: coo(0), lambda: coo(9),
     lambda: coo("2"), lambda: csf("3"), lambda: coo(2.0),  # raw TypeError
     lambda: BSR("2", 2),  # raw TypeError
     lambda: NM(1, 1),  # refused only at compile time, naming "1:1-as-compressed"
     lambda: NM(2, 2**70),
-    lambda: parse_format("ssss"),  # four levels: no tensor has them
+    lambda: parse_format("s" * 9),  # more levels than MAX_ORDER
     lambda: parse_format("ud"), lambda: parse_format("us"), lambda: parse_format("uu"), lambda: parse_format("sud"),
     lambda: parse_format("ucd"),  # the compiler process died (SIGABRT)
     lambda: Format((Level(LevelKind.DENSE), Level(LevelKind.LOOSE_COMPRESSED)), (LevelExpr(0), LevelExpr(1))),
