@@ -241,7 +241,7 @@ CORPUS = [
      lambda: (sm.compile("y[i] = x[i] * -2147483648", dtype="int32")(x=np.ones(2, np.int32)), [-2**31] * 2)),
     ("non-ASCII digits or letters in an expression (`U+0663`, `U+00E4`)", "raise", DSLError,
      lambda: sm.compile("y[i] = \u0663 * x[i]")),
-    ("`coo`/`csf` of order 0 or past 3 (`csf0` was silently dense), non-integer BSR/N:M sizes, `1:1`", "raise",
+    ("`coo`/`csf` of order 0 or past 8 (`csf0` was silently dense), non-integer BSR/N:M sizes, `1:1`", "raise",
      FormatError, lambda: sm.compile(SPMV, formats={"A": "csf0"})),
     ("non-unique level followed by a non-singleton (`ud`, `us`, `sud`: the compiler aborted)", "raise", FormatError,
      lambda: sm.compile(SPMV, formats={"A": "ud"})),
