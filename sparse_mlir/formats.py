@@ -130,7 +130,7 @@ class LevelExpr:
         return f"d{self.dim}" + (f" {self.op} {self.factor}" if self.op else "")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Format:
     """A storage format: levels, dimension-to-level map and index widths.
 
@@ -169,6 +169,25 @@ class Format:
             if lvl.kind is LevelKind.STRUCTURED and (i != len(self.levels) - 1 or self.dim_to_lvl[i].op != "mod"
                                                      or self.dim_to_lvl[i].factor != lvl.m):
                 raise FormatError("a structured[n, m] level must be last and map 'd mod m'")
+
+    def __eq__(self, other: object) -> bool:
+        """Formats compare by structure and widths; a string compares by structure, whatever the widths
+        (``tensor.format == "csr"`` for a CSR tensor with 64-bit indices too), as numpy dtypes equal their names."""
+        if isinstance(other, str):
+            try:
+                parsed = parse_format(other, self.ndim)
+            except FormatError:
+                return False
+            return self.with_widths(parsed.pos_width, parsed.crd_width)._key() == parsed._key()
+        if not isinstance(other, Format):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple:
+        return self.levels, self.dim_to_lvl, self.pos_width, self.crd_width
 
     # -- shape facts -------------------------------------------------------
     @property

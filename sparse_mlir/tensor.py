@@ -180,24 +180,86 @@ class SparseTensor(LevelBuffers):
         np.add.at(out, tuple(coords), values)
         return out
 
-    def to_scipy(self) -> Any:
-        """A scipy matrix (2-d only): csr/csc/bsr/coo share buffers, other formats convert."""
+    def to_scipy(self, kind: str = "array") -> Any:
+        """A scipy sparse array (2-d only; ``kind="matrix"``: the legacy matrix types): csr/csc/bsr/coo share
+        buffers, other formats convert."""
         import scipy.sparse as sp
 
+        if kind not in ("array", "matrix"):
+            raise FormatError(f"to_scipy(kind=...) is 'array' or 'matrix', got {kind!r}")
         if self.ndim != 2:
             raise FormatError(f"to_scipy needs a 2-d tensor, got {self.ndim}-d")
+        csr, csc, bsr, coo_type = ((sp.csr_array, sp.csc_array, sp.bsr_array, sp.coo_array) if kind == "array" else
+                                   (sp.csr_matrix, sp.csc_matrix, sp.bsr_matrix, sp.coo_matrix))
         fmt, b = self.format, self.buffers
         if fmt == CSR.with_widths(fmt.pos_width, fmt.crd_width):
-            return sp.csr_matrix((b[2], b[1], b[0]), shape=self.shape)
+            return csr((b[2], b[1], b[0]), shape=self.shape)
         if fmt == CSC.with_widths(fmt.pos_width, fmt.crd_width):
-            return sp.csc_matrix((b[2], b[1], b[0]), shape=self.shape)
+            return csc((b[2], b[1], b[0]), shape=self.shape)
         bm_bn = fmt.block_factors
         if not fmt.is_nm and bm_bn and fmt == BSR(bm_bn[0], bm_bn[1]).with_widths(fmt.pos_width, fmt.crd_width):
             blocks = b[2].reshape(-1, bm_bn[0], bm_bn[1])
-            return sp.bsr_matrix((blocks, b[1], b[0]), shape=self.shape)
+            return bsr((blocks, b[1], b[0]), shape=self.shape)
         coords, values = self.to_coo()
-        coo = sp.coo_matrix((values, (coords[0], coords[1])), shape=self.shape)
+        coo = coo_type((values, (coords[0], coords[1])), shape=self.shape)
         return coo if fmt == COO.with_widths(fmt.pos_width, fmt.crd_width) else coo.tocsr()
+
+    # -- the array protocol (scipy's sparray habits) ------------------------------
+    __array_ufunc__ = None  # numpy defers ``x @ A`` to ``A.__rmatmul__`` instead of making an object array
+
+    def toarray(self) -> np.ndarray:
+        """The dense array (as scipy's ``toarray``)."""
+        return self.to_dense()
+
+    todense = toarray
+
+    def astype(self, dtype: Any) -> SparseTensor:
+        """The same pattern with values cast to ``dtype`` (index buffers shared)."""
+        target = check_dtype(dtype, "astype")
+        if target == self.dtype:
+            return self
+        return SparseTensor(self.format, self.shape, (*self.buffers[:-1], self.values.astype(target)),
+                            validate=False)
+
+    @property
+    def T(self) -> SparseTensor:
+        """The transpose: CSR and CSC swap into each other over the same buffers; other 2-d formats convert."""
+        if self.ndim != 2:
+            raise ShapeError(f".T transposes 2-d tensors, got {self.ndim}-d")
+        fmt = self.format
+        for here, there in ((CSR, CSC), (CSC, CSR)):
+            if fmt == here.with_widths(fmt.pos_width, fmt.crd_width):
+                return SparseTensor(there.with_widths(fmt.pos_width, fmt.crd_width), self.shape[::-1], self.buffers,
+                                    validate=False)
+        coords, values = self.to_coo()
+        return SparseTensor.from_coo(coords[::-1], values, self.shape[::-1], fmt)
+
+    def __matmul__(self, other: Any) -> Any:
+        """``A @ B`` with ``B`` dense (1-d: SpMV, 2-d: SpMM) or sparse (a CSR result), through a cached kernel of
+        ``A``'s format and dtype."""
+        from .api import compile as compile_kernel  # the face is imported lazily: it imports this module
+
+        if self.ndim != 2:
+            raise ShapeError(f"@ takes a 2-d sparse tensor, got {self.ndim}-d")
+        if isinstance(other, SparseTensor):
+            kernel = compile_kernel("C[i,j] = A[i,k] * B[k,j]", formats={"A": self.format, "B": other.format,
+                                                                          "C": CSR}, dtype=self.dtype)
+            return kernel(A=self, B=other)
+        rank = getattr(other, "ndim", None)
+        if rank not in (1, 2):
+            raise ShapeError(f"@ takes a 1-d or 2-d dense operand, got {type(other).__name__} of rank {rank}")
+        expression = "y[i] = A[i,k] * x[k]" if rank == 1 else "C[i,j] = A[i,k] * B[k,j]"
+        kernel = compile_kernel(expression, formats={"A": self.format}, dtype=self.dtype)
+        return kernel(A=self, **({"x": other} if rank == 1 else {"B": other}))
+
+    def __rmatmul__(self, other: Any) -> Any:
+        """``B @ A`` with dense ``B``: ``(A.T @ B.T).T``, over a zero-copy transpose for CSR/CSC."""
+        rank = getattr(other, "ndim", None)
+        if rank == 1:
+            return self.T @ other
+        if rank == 2:
+            return (self.T @ other.T).T
+        return NotImplemented
 
     def to(self, device: str) -> Any:
         """``"cuda"``: a ``DeviceSparseTensor`` with device copies of the buffers (needs CuPy); ``"cpu"``: self."""

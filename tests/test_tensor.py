@@ -96,7 +96,8 @@ def test_from_scipy_bsr():
     t = sm.SparseTensor.from_scipy(m)
     assert t.format == sm.BSR(2, 3)
     np.testing.assert_array_equal(t.to_dense(), m.toarray())
-    assert isinstance(t.to_scipy(), sp.bsr_matrix)
+    assert isinstance(t.to_scipy(), sp.bsr_array)  # scipy's sparse arrays by default (issue 16)
+    assert isinstance(t.to_scipy(kind="matrix"), sp.bsr_matrix)
 
 
 def test_unsorted_duplicates_are_summed_in_a_copy():

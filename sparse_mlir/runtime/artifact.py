@@ -40,7 +40,7 @@ from ..errors import FormatError, OperandError, ShapeError, SparseMLIRError
 from ..signature import Signature
 from .library import NativeFunction
 from .operands import check_extents, dense_output, prepare
-from .torch_tensors import accepting_torch
+from .calls import kernel_call
 
 __all__ = ["load_kernel", "LoadedKernel", "MANIFEST_SCHEMA", "manifest_digest", "check_manifest", "DIGEST_MARK",
            "PTX_DIGEST_PREFIX", "ptx_digest_line"]
@@ -65,7 +65,7 @@ class LoadedKernel:
                 places.setdefault(idx, []).append((op.name, d))
         self._sources = tuple((idx, tuple(p)) for idx, p in places.items())
 
-    @accepting_torch
+    @kernel_call
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
         sig = self.signature
         args = prepare(sig.expression, self._inputs, operands, sig.output.dtype, "cpu")

@@ -38,7 +38,7 @@ from . import cache
 from .kernel import cache_key
 from .operands import check_extents, check_names
 from .tensor_maps import TENSOR_MAPS
-from .torch_tensors import accepting_torch
+from .calls import kernel_call
 
 __all__ = ["CudaKernel", "LoadedCudaKernel", "GpuFunction", "device_operands", "pick_chip", "PROGRAM_SUFFIX"]
 
@@ -354,7 +354,7 @@ class CudaKernel:
                              "first")
         return cache.load_ir(self._keys[-1])
 
-    @accepting_torch
+    @kernel_call
     def __call__(self, out: Any = None, **operands: Any) -> Any:
         spec = self.spec
         args = device_operands(spec.expression, self._inputs, operands, spec.dtype)
@@ -418,7 +418,7 @@ class LoadedCudaKernel:
         self.function = GpuFunction(program, sig, {chip: folder / name for chip, name in manifest["code"].items()})
         self._inputs = tuple((op.name, op.format, len(op.shape)) for op in sig.inputs)
 
-    @accepting_torch
+    @kernel_call
     def __call__(self, out: Any = None, **operands: Any) -> Any:
         sig = self.signature
         args = device_operands(sig.expression, self._inputs, operands, sig.inputs[0].dtype)

@@ -35,7 +35,7 @@ from ..signature import Signature
 from . import cache
 from .library import NativeFunction
 from .operands import check_extents, dense_output, prepare
-from .torch_tensors import accepting_torch
+from .calls import kernel_call
 
 __all__ = ["Kernel", "Specialization", "BuildOptions", "ENTRY_NAME", "cache_key", "dense_budget"]
 
@@ -189,7 +189,7 @@ class Kernel:
         return f"Kernel({self.spec.expression!r}, formats={{{fmts}}}, dtype={self.spec.dtype}, target={self.target!r})"
 
     # -- calling ----------------------------------------------------------------------
-    @accepting_torch
+    @kernel_call
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
         spec = self.spec
         args = prepare(spec.expression, self._inputs, operands, spec.dtype, self.target)

@@ -39,7 +39,7 @@ from ..timing import median_seconds
 from . import threads
 from .kernel import BuildOptions, Kernel, dense_budget
 from .operands import dense_output, prepare
-from .torch_tensors import accepting_torch
+from .calls import kernel_call
 
 __all__ = ["AutoKernel", "einsum_plan"]
 
@@ -110,7 +110,7 @@ class AutoKernel(Kernel):
         self._decisions: OrderedDict[tuple, dict[str, Any]] = OrderedDict()  # by operand structure, LRU
         self.schedule: dict[str, Any] | None = None
 
-    @accepting_torch
+    @kernel_call
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
         spec = self.spec
         args = prepare(spec.expression, self._inputs, operands, spec.dtype, self.target)

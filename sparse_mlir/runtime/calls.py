@@ -1,0 +1,40 @@
+"""The call protocol every kernel kind shares: operands by keyword, torch tensors in and out.
+
+``kernel(A=..., B=..., out=...)`` on a ``Kernel``, ``AutoKernel``,
+``CudaKernel`` or an exported kernel goes through ``kernel_call``: a
+positional operand is refused with the keyword signature (operands are
+named after the expression's tensors, so their order would be a guess), and
+torch tensors are converted both ways (``torch_tensors``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import OperandError
+from .torch_tensors import accepting_torch
+
+__all__ = ["kernel_call", "keyword_signature"]
+
+
+def keyword_signature(kernel: Any) -> str:
+    """``kernel(A=..., B=..., out=None)`` for ``kernel``'s inputs, in the expression's order."""
+    spec = getattr(kernel, "spec", None)
+    names = spec.inputs if spec is not None else tuple(op.name for op in kernel.signature.inputs)
+    return f"kernel({', '.join(f'{name}=...' for name in names)}, out=None)"
+
+
+def kernel_call(call: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a kernel's ``__call__(self, out=None, **operands)`` with the shared call protocol."""
+    with_torch = accepting_torch(call)
+
+    @functools.wraps(call)
+    def wrapper(self: Any, *positional: Any, out: Any = None, **operands: Any) -> Any:
+        if positional:
+            raise OperandError(f"operands are passed by keyword, named as in the expression: "
+                               f"{keyword_signature(self)}")
+        return with_torch(self, out, **operands)
+
+    return wrapper
