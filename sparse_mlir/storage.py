@@ -11,6 +11,8 @@ level exactly ``n`` in-group offsets per group.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .errors import FormatError, InvalidIndicesError, PatternError, ShapeError
@@ -144,6 +146,7 @@ def pack(fmt: Format, shape: tuple[int, ...], coords: np.ndarray, values: np.nda
         c = lvl[i]
         if level.kind is LevelKind.DENSE:
             parent, n_parent = parent * sizes[i] + c, n_parent * sizes[i]
+            _check_fits(fmt, shape, n_parent, values.dtype.itemsize)
         elif level.kind is LevelKind.SINGLETON:
             buffers.append(_narrow(c, fmt.crd_width, "coordinate"))
         elif level.kind is LevelKind.STRUCTURED:
@@ -171,6 +174,18 @@ def pack(fmt: Format, shape: tuple[int, ...], coords: np.ndarray, values: np.nda
     vals[parent] = values
     buffers.append(vals)
     return tuple(buffers)
+
+
+def _check_fits(fmt: Format, shape: tuple[int, ...], entries: int, itemsize: int) -> None:
+    """Dense levels store every entry: refuse a count the machine's memory cannot hold before allocating it
+    (``(2**40, 2)`` as ``dd`` asked numpy for 16 TiB and raised a raw ``MemoryError``)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 1 << 40
+    if entries * max(itemsize, 8) > memory:
+        raise ShapeError(f"format {fmt} stores every entry of its dense levels: {entries} entries for shape "
+                         f"{shape}, more than this machine's {memory >> 30} GiB of memory; use a compressed format")
 
 
 def _fill_groups(parent: np.ndarray, offsets: np.ndarray, counts: np.ndarray, n_groups: int, n: int,

@@ -191,3 +191,13 @@ def test_the_tensor_core_device_script_runs_start_to_end_against_the_stand_in(tm
     results = json.loads((tmp_path / "tc_results.json").read_text())
     assert {c["name"] for c in results["checks"]} == {"nm_256x512x256", "dense_256x512x256", "nm_144x96x136",
                                                       "dense_144x96x136"}
+
+
+def test_a_tensor_named_like_a_launcher_variable_is_refused_not_miscompiled():
+    from sparse_mlir.errors import DSLError
+    from sparse_mlir.gpu_header import cuda_header
+
+    kernel = sm.compile("y[i] = A[i,j] * w[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
+    function = kernel.specialize({"A": (8, 8), "w": (8,)})
+    with pytest.raises(DSLError, match="'w' clashes"):
+        cuda_header(function.signature, function.program)

@@ -194,3 +194,10 @@ def test_repr_and_properties():
     t = sm.SparseTensor.from_dense(np.eye(3), "csr")
     assert t.nnz == 3 and t.ndim == 2 and t.format == sm.CSR
     assert "csr" in repr(t) and "nnz=3" in repr(t)
+
+
+def test_dense_levels_beyond_memory_are_refused_before_allocating():
+    from sparse_mlir.errors import ShapeError
+
+    with pytest.raises(ShapeError, match="dense levels"):
+        sm.SparseTensor.from_coo([[0], [0]], [1.0], (2**40, 2), "dd")
