@@ -30,6 +30,8 @@ from .patterns import sddmm_operands
 
 __all__ = ["native_sddmm"]
 
+_TILE = 64  # columns of B per transposed tile: 64 rows of B^T (16 KiB at K = 64, float32) stay in L1
+
 
 def native_sddmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                  vector_bits: int = 256) -> ir.Module | None:
@@ -90,12 +92,21 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     # B^T, so each dot product reads two contiguous rows
     matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
     bt = memref.alloc(matrix, [_index(cols), inner], [])
-    transpose = _parallel(c0, _index(cols), c1)
+    # in tiles of TILE columns: each row k of the tile is one contiguous read of B, and the tile's TILE rows of
+    # B^T stay in L1 while k walks (a column at a time read B with an 8-16 KiB stride: 7 ns per element)
+    tile = _index(_TILE)
+    transpose = _parallel(c0, _index(cols), tile)
     with ir.InsertionPoint(transpose):
-        j = transpose.arguments[0]
-        copy = scf.ForOp(c0, inner, c1)
-        with ir.InsertionPoint(copy.body):
-            memref.store(memref.load(b, [copy.induction_variable, j]), bt, [j, copy.induction_variable])
+        j0 = transpose.arguments[0]
+        j1 = arith.minui(arith.addi(j0, tile), _index(cols))
+        rows_of_b = scf.ForOp(c0, inner, c1)
+        with ir.InsertionPoint(rows_of_b.body):
+            k = rows_of_b.induction_variable
+            columns = scf.ForOp(j0, j1, c1)
+            with ir.InsertionPoint(columns.body):
+                j = columns.induction_variable
+                memref.store(memref.load(b, [k, j]), bt, [j, k])
+                scf.YieldOp([])
             scf.YieldOp([])
         scf.ReduceOp([], 0)
     vec = ir.VectorType.get([lanes], element)
