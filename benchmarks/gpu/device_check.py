@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import cupy as cp  # noqa: E402
 import cupyx.scipy.sparse as csp  # noqa: E402
 
 import sparse_mlir as sm  # noqa: E402
+from sparse_mlir.timing import gpu_seconds  # noqa: E402
 from sparse_mlir.device_tensor import DeviceSparseTensor  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12
@@ -42,19 +42,8 @@ def kernel(name: str):
 
 
 def gpu_time(fn, repeat: int = 20, rounds: int = 5) -> float:
-    """Median seconds per call over ``rounds`` of ``repeat`` back-to-back launches."""
-    fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(rounds):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(repeat):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeat)
-    return statistics.median(times)
+    """Median seconds per call over ``rounds`` of ``repeat`` back-to-back launches (CUDA events)."""
+    return gpu_seconds(fn, cp, repeat, rounds)
 
 
 def read_smtx(path: Path) -> tuple[tuple[int, int], np.ndarray, np.ndarray]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ os.environ["SPARSE_MLIR_HOPPER"] = "1"  # the run that checks the sm_90a kernels
 import cupy as cp  # noqa: E402
 
 import sparse_mlir as sm  # noqa: E402
+from sparse_mlir.timing import gpu_seconds  # noqa: E402
 from sparse_mlir.device_tensor import DeviceSparseTensor  # noqa: E402
 
 PLAN = json.loads((BUNDLE / "plan.json").read_text())
@@ -57,18 +57,8 @@ def load(name: str, portable: bool = False):
 
 
 def gpu_time(fn, repeat: int = 10, rounds: int = 5) -> float:
-    fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(rounds):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(repeat):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeat)
-    return statistics.median(times)
+    """Median seconds per call over ``rounds`` of ``repeat`` back-to-back launches (CUDA events)."""
+    return gpu_seconds(fn, cp, repeat, rounds)
 
 
 def operands(m: int, k: int, n: int, sparse: bool, seed: int = 0):
@@ -190,7 +180,6 @@ def main() -> None:
         RESULTS["bench"].append(row)
         print(json.dumps(row), flush=True)
         save()
-        del a, b
     save()
     if failed:
         sys.exit("a correctness check failed")

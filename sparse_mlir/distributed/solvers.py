@@ -128,7 +128,7 @@ def cg(A: RowShardedMatrix, b: Any, *, rtol: float = 1e-8, maxiter: int | None =
     bnorm = math.sqrt(rho)
     if bnorm == 0.0:
         return CGResult(x.compute(), 0, 0.0, True, time.perf_counter() - start)
-    p, iterations = None, 0
+    p, iterations, rho_old = None, 0, rho
     while math.sqrt(rho) >= rtol * bnorm and iterations < maxiter:
         p = r if p is None else axpy(r, rho / rho_old, p)
         q = A @ p
