@@ -64,9 +64,23 @@ def test_export_then_load(tmp_path):
     assert (tmp_path / "libspmm_csc.so").exists() and (tmp_path / "spmm_csc.h").exists()
 
 
-def test_compile_is_export(tmp_path):
-    cli("compile", "y[i] = A[i,j] * x[j]", "--format", "A=coo", "--shape", "A=4x4", "-o", str(tmp_path))
-    assert (tmp_path / "kernel.o").exists()
+def test_compile_warms_the_cache_and_export_writes_files(tmp_path):
+    out = cli("compile", "y[i] = A[i,j] * x[j]", "--format", "A=coo", "--shape", "A=4x4", "--shape", "x=4",
+              cache=tmp_path / "c").stdout
+    assert "compiled for A=4x4, x=4" in out and "stages: input, sparsified, llvm" in out
+    assert any((tmp_path / "c").rglob("*.so"))  # a later process loads it from the cache
+    assert "planned" in cli("compile", "y[i] = A[i,j] * x[j]", "--format", "A=csr").stdout
+    assert cli("compile", "--help").stdout.count("-o OUTPUT") == 0 and "-o OUTPUT" in cli("export", "--help").stdout
+
+
+def test_version_defaults_in_help_and_one_line_errors(tmp_path):
+    import sparse_mlir as sm
+
+    assert cli("--version").stdout.strip() == f"sparse-mlir {sm.__version__}"
+    assert "(default: float64)" in cli("export", "--help").stdout and "(default: .)" in cli("export", "--help").stdout
+    assert "``" not in cli("--help").stdout  # plain text, not reStructuredText
+    missing = cli("convert", str(tmp_path / "nope.smt"), str(tmp_path / "out.smt"), check=False)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr and missing.stderr.count("\n") == 1
 
 
 def test_cache_clear(tmp_path):

@@ -1,4 +1,4 @@
-"""``sparse-mlir``: export kernels, show IR, inspect the installation, manage the cache, run the demo."""
+"""sparse-mlir: compile and export kernels, show IR, inspect the installation, manage the cache, run the demo."""
 
 from __future__ import annotations
 
@@ -68,6 +68,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     for kind, path in paths.items():
         print(f"{kind:<9} {path}")
     print(f"exported {args.name} in {(time.perf_counter() - start) * 1e3:.0f} ms", file=sys.stderr)
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile into the kernel cache (warming it for later processes) and say what was built."""
+    start = time.perf_counter()
+    kernel = _specialize(args)
+    shapes = _shapes(args.shape)
+    took = (time.perf_counter() - start) * 1e3
+    if not shapes:
+        print(f"{kernel!r}: planned; pass --shape for every operand to compile a specialization")
+        return 0
+    stages = ", ".join(kernel.ir) if args.target == "cpu" or kernel.compiled else ""
+    print(f"{kernel!r}: compiled for {', '.join(f'{n}={x}' for n, x in _pairs(args.shape, '--shape').items())} "
+          f"in {took:.0f} ms, cached in {sm.runtime.cache.cache_dir()}; stages: {stages}")
     return 0
 
 
@@ -248,40 +263,58 @@ def _kernel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("expression", help="tensor index notation, e.g. 'C[i,j] = A[i,k] * B[k,j]'")
     p.add_argument("--format", action="append", default=[], metavar="NAME=FMT",
                    help="storage format of an operand: csr, csc, coo, dcsr, csf, bsr2x2, 2:4, ds:1,0 ...")
-    p.add_argument("--dtype", default="float64", choices=["float16", "float32", "float64", "int32", "int64"])
+    p.add_argument("--dtype", default="float64", choices=["float16", "float32", "float64", "int32", "int64"],
+                   help="element type of every operand (float16 on --target cuda)")
     p.add_argument("--out-dtype", default=None, choices=["float32"],
                    help="result dtype of a float16 kernel: its float32 sums instead of float16")
-    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu (native code), or cuda (PTX per chip; compiling needs no GPU)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=RxC",
                    help="operand shape, e.g. A=4096x4096 (sparse shapes are compiled in)")
 
 
+class _Help(argparse.HelpFormatter):
+    """Shows each option's default where it has a meaningful one (not None/False), unless the help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" not in text and action.default not in (None, False, argparse.SUPPRESS) and \
+                action.option_strings and not isinstance(action.default, list):
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparse-mlir", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sparse-mlir", description=__doc__, formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"sparse-mlir {sm.__version__}")
     parser.add_argument("--cmake-dir", action="store_true",
                         help="print the folder of SparseMLIRConfig.cmake (for find_package) and exit")
     sub = parser.add_subparsers(dest="command")
-    for command in ("export", "compile"):
-        p = sub.add_parser(command, help="compile a kernel ahead of time: object, shared library, C header and "
-                                         "manifest" + (" (same as export)" if command == "compile" else ""))
-        _kernel_args(p)
-        p.add_argument("-o", "--output", default=".", help="output folder (default: current)")
-        p.add_argument("--name", default="kernel", help="C function name (default: kernel)")
-        p.add_argument("--cpu", default="x86-64-v2", help="instruction set: x86-64-v2 (default, portable), "
-                                                          "x86-64-v3, native, ...")
-        p.add_argument("--threads", action="store_true", help="OpenMP-threaded kernel (needs libiomp5 or libomp)")
-        p.set_defaults(func=cmd_export)
-    p = sub.add_parser("show", help="print the IR after each stage: input, sparsified, llvm")
+    p = sub.add_parser("export", help="compile a kernel ahead of time: object, shared library, C header and "
+                                      "manifest (PTX, cubins and a CUDA launcher with --target cuda)",
+                       formatter_class=_Help)
+    _kernel_args(p)
+    p.add_argument("-o", "--output", default=".", help="output folder")
+    p.add_argument("--name", default="kernel", help="C function name")
+    p.add_argument("--cpu", default="x86-64-v2", help="instruction set: x86-64-v2 (portable), x86-64-v3, native, ...")
+    p.add_argument("--threads", action="store_true", help="OpenMP-threaded kernel (needs libiomp5 or libomp)")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("compile", help="compile a specialization into the kernel cache (warms it for later "
+                                       "processes) and report it; writes no files of its own",
+                       formatter_class=_Help)
+    _kernel_args(p)
+    p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("show", formatter_class=_Help, help="print the IR after each stage: input, sparsified, llvm")
     _kernel_args(p)
     p.add_argument("--stage", default="all", choices=["all", "input", "sparsified", "llvm", "gpu", "nvvm"])
     p.set_defaults(func=cmd_show)
-    p = sub.add_parser("info", help="versions, targets, GPU presence, cache location and size")
+    p = sub.add_parser("info", formatter_class=_Help, help="versions, targets, GPU presence, cache location and size")
     p.add_argument("--openmp-library", action="store_true", help="print only the OpenMP runtime's path")
     p.set_defaults(func=cmd_info)
-    p = sub.add_parser("cache", help="manage the kernel cache")
+    p = sub.add_parser("cache", formatter_class=_Help, help="manage the kernel cache")
     cache_sub = p.add_subparsers(dest="action", required=True)
-    cache_sub.add_parser("clear", help="delete every cached kernel (only the cache's own files)").set_defaults(func=cmd_cache_clear)
-    p = sub.add_parser("convert", help="convert a sparse tensor file: .smt, .mtx[.gz], .smtx[.gz], .npz")
+    cache_sub.add_parser("clear", formatter_class=_Help, help="delete every cached kernel (only the cache's own files)").set_defaults(func=cmd_cache_clear)
+    p = sub.add_parser("convert", formatter_class=_Help, help="convert a sparse tensor file: .smt, .mtx[.gz], .smtx[.gz], .npz")
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("--format", help="storage format of the output tensor (default: the input's)")
@@ -289,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow writing .smtx[.gz], which keeps the sparsity pattern and drops the values")
     _storage_args(p)
     p.set_defaults(func=cmd_convert)
-    p = sub.add_parser("prune", help="magnitude-prune dense weights (.npy or a matrix file) into a sparse file")
+    p = sub.add_parser("prune", formatter_class=_Help, help="magnitude-prune dense weights (.npy or a matrix file) into a sparse file")
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("--sparsity", type=float, help="fraction of weights to remove, e.g. 0.9")
@@ -302,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prune)
     sub.add_parser("bench", add_help=False,
                    help="the efficiency-gap benchmark (--quick, --check, --out DIR; bench --help for more)")
-    p = sub.add_parser("demo", help="run kernels on built-in real matrices and compare with scipy and numpy")
+    p = sub.add_parser("demo", formatter_class=_Help, help="run kernels on built-in real matrices and compare with scipy and numpy")
     p.set_defaults(func=cmd_demo)
     return parser
 
@@ -322,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a command is required")
     try:
         return args.func(args)
-    except SparseMLIRError as exc:
+    except (SparseMLIRError, OSError) as exc:  # one line, no traceback: a bad input, a missing or unreadable file
         print(f"sparse-mlir: error: {exc}", file=sys.stderr)
         return 2
 
