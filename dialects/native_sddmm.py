@@ -121,34 +121,57 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
         return vector.fma(x, y, acc) if is_float and isinstance(acc.type, ir.VectorType) else \
             _add(acc, _mul(x, y, is_float), is_float)
 
+    def dots(i: ir.Value, js: list[ir.Value]) -> list[ir.Value]:
+        """Row ``i`` of A times rows ``js`` of B^T: each loaded vector of A serves every entry, and each entry
+        has two FMA chains, so the gathers of B^T rows overlap."""
+        count = len(js)
+        chains = scf.ForOp(c0, pairs, step, [zeros] * (2 * count))
+        with ir.InsertionPoint(chains.body):
+            kk = chains.induction_variable
+            k2 = arith.addi(kk, lanes_index)
+            a1, a2 = vector.load(vec, a, [i, kk]), vector.load(vec, a, [i, k2])
+            sums = []
+            for e, j in enumerate(js):
+                sums += [fma(a1, vector.load(vec, bt, [j, kk]), chains.inner_iter_args[2 * e]),
+                         fma(a2, vector.load(vec, bt, [j, k2]), chains.inner_iter_args[2 * e + 1])]
+            scf.YieldOp(sums)
+        accs = [_add(chains.results[2 * e], chains.results[2 * e + 1], is_float) for e in range(count)]
+        extra = scf.ForOp(pairs, single, lanes_index, accs)
+        with ir.InsertionPoint(extra.body):
+            kk = extra.induction_variable
+            a1 = vector.load(vec, a, [i, kk])
+            scf.YieldOp([fma(a1, vector.load(vec, bt, [j, kk]), extra.inner_iter_args[e]) for e, j in enumerate(js)])
+        totals = [vector.reduction(element, vector.CombiningKind.ADD, extra.results[e]) for e in range(count)]
+        tail = scf.ForOp(single, inner, c1, totals)
+        with ir.InsertionPoint(tail.body):
+            kk = tail.induction_variable
+            scalar = memref.load(a, [i, kk])
+            scf.YieldOp([fma(scalar, memref.load(bt, [j, kk]), tail.inner_iter_args[e]) for e, j in enumerate(js)])
+        return list(tail.results)
+
+    def store(p: ir.Value, total: ir.Value) -> None:
+        memref.store(_mul(memref.load(val, [p]), total, is_float), out_val, [p])
+
+    index = ir.IndexType.get()
+    c2 = _index(2)
     loop = _parallel(c0, _index(rows), c1)
     with ir.InsertionPoint(loop):
         i = loop.arguments[0]
-        start = arith.index_castui(ir.IndexType.get(), memref.load(pos, [i]))
-        stop = arith.index_castui(ir.IndexType.get(), memref.load(pos, [arith.addi(i, c1)]))
-        entries = scf.ForOp(start, stop, c1)
+        start = arith.index_castui(index, memref.load(pos, [i]))
+        stop = arith.index_castui(index, memref.load(pos, [arith.addi(i, c1)]))
+        paired = arith.addi(start, arith.muli(arith.divui(arith.subi(stop, start), c2), c2))
+        entries = scf.ForOp(start, paired, c2)  # two entries at a time
         with ir.InsertionPoint(entries.body):
             p = entries.induction_variable
-            j = arith.index_castui(ir.IndexType.get(), memref.load(crd, [p]))
-            chains = scf.ForOp(c0, pairs, step, [zeros, zeros])
-            with ir.InsertionPoint(chains.body):
-                kk = chains.induction_variable
-                k2 = arith.addi(kk, lanes_index)
-                first = fma(vector.load(vec, a, [i, kk]), vector.load(vec, bt, [j, kk]), chains.inner_iter_args[0])
-                second = fma(vector.load(vec, a, [i, k2]), vector.load(vec, bt, [j, k2]), chains.inner_iter_args[1])
-                scf.YieldOp([first, second])
-            acc = _add(chains.results[0], chains.results[1], is_float)
-            extra = scf.ForOp(pairs, single, lanes_index, [acc])
-            with ir.InsertionPoint(extra.body):
-                kk = extra.induction_variable
-                scf.YieldOp([fma(vector.load(vec, a, [i, kk]), vector.load(vec, bt, [j, kk]),
-                                 extra.inner_iter_args[0])])
-            total = vector.reduction(element, vector.CombiningKind.ADD, extra.results[0])
-            tail = scf.ForOp(single, inner, c1, [total])
-            with ir.InsertionPoint(tail.body):
-                kk = tail.induction_variable
-                scf.YieldOp([fma(memref.load(a, [i, kk]), memref.load(bt, [j, kk]), tail.inner_iter_args[0])])
-            memref.store(_mul(memref.load(val, [p]), tail.results[0], is_float), out_val, [p])
+            q = arith.addi(p, c1)
+            js = [arith.index_castui(index, memref.load(crd, [x])) for x in (p, q)]
+            for x, total in zip((p, q), dots(i, js)):
+                store(x, total)
+            scf.YieldOp([])
+        last = scf.ForOp(paired, stop, c1)  # the odd one out
+        with ir.InsertionPoint(last.body):
+            p = last.induction_variable
+            store(p, dots(i, [arith.index_castui(index, memref.load(crd, [p]))])[0])
             scf.YieldOp([])
         scf.ReduceOp([], 0)
     memref.dealloc(bt)
