@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 import warnings
-from collections.abc import Callable
 
 os.environ.setdefault("SPARSE_MLIR_NUM_THREADS", "1")  # the in-process kernel: one thread, like one worker
 
@@ -32,17 +30,7 @@ import scipy.sparse.linalg as sla  # noqa: E402
 
 import sparse_mlir as sm  # noqa: E402
 from sparse_mlir.dask import RowShardedMatrix, cg, poisson3d  # noqa: E402
-
-
-def median_seconds(call: Callable[[], object], repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from sparse_mlir.timing import median_seconds  # noqa: E402
 
 
 def cluster(workers: int):
@@ -66,7 +54,7 @@ def steady_spmv(matrix, workers: int, blocks: int, repeat: int) -> float:
         def call() -> None:
             wait((a @ x).persist())
 
-        return median_seconds(call, repeat)
+        return median_seconds(call, repeat, warmup=2)
 
 
 def single_kernel(matrix, repeat: int) -> float:
@@ -74,7 +62,7 @@ def single_kernel(matrix, repeat: int) -> float:
     spmv = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"}, dtype="float64")
     tensor = sm.SparseTensor.from_scipy(matrix)
     x = np.random.default_rng(0).normal(size=matrix.shape[1])
-    return median_seconds(lambda: spmv(A=tensor, x=x), repeat)
+    return median_seconds(lambda: spmv(A=tensor, x=x), repeat, warmup=2)
 
 
 def call_overhead(matrix, repeat: int) -> tuple[float, float]:
@@ -87,8 +75,8 @@ def call_overhead(matrix, repeat: int) -> tuple[float, float]:
         x = da.from_array(np.random.default_rng(0).normal(size=matrix.shape[1]),
                           chunks=(a.layout.row_chunks,)).persist()
         wait([a.blocks, x])
-        persisted = median_seconds(lambda: wait((a @ x).persist()), repeat)
-        gathered = median_seconds(lambda: (a @ x).compute(), repeat)
+        persisted = median_seconds(lambda: wait((a @ x).persist()), repeat, warmup=2)
+        gathered = median_seconds(lambda: (a @ x).compute(), repeat, warmup=2)
     return persisted, gathered
 
 

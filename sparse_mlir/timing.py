@@ -11,9 +11,10 @@ import numpy as np
 __all__ = ["median_seconds", "gpu_seconds"]
 
 
-def median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls after one untimed warm-up call."""
-    fn()
+def median_seconds(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -66,6 +66,14 @@ def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes:
     return name
 
 
+def fresh_bundle(out: Path) -> None:
+    """Empty ``out`` (with ``kernels/``) and put the package there as a pure-Python wheel."""
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "kernels").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                    str(ROOT)], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default=ROOT / "benchmarks" / "gpu" / "bundle", type=Path)
@@ -73,11 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out
     tensor_core, spmm_big, spmv_big = (128, 64, (2000, 2000)) if args.small else (TENSOR_CORE, SPMM_BIG, SPMV_BIG)
-    shutil.rmtree(out, ignore_errors=True)
-    (out / "kernels").mkdir(parents=True)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True)
+    fresh_bundle(out)
     plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": [], "tensor_core": [],
                              "spmv_skewed": []}
     for kind, shapes in CHECK_SHAPES.items():

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import sparse_mlir as sm
+from prepare_bundle import fresh_bundle  # the sibling script (this folder is on sys.path when run)
 
 ROOT = Path(__file__).resolve().parents[2]
 GEMM = "C[i,j] = A[i,k]*B[k,j]"
@@ -38,10 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out
     start = time.perf_counter()
-    shutil.rmtree(out, ignore_errors=True)
-    (out / "kernels").mkdir(parents=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True)
+    fresh_bundle(out)
     plan: dict = {"canary": "canary_spmv", "gemm": []}
     spmv = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
     sm.export(spmv, out / "kernels" / "canary_spmv", "canary_spmv", shapes={"A": (512, 512), "x": (512,)})

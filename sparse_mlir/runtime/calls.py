@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import OperandError
-from .torch_tensors import accepting_torch
+from .torch_tensors import call_with_torch
 
 __all__ = ["kernel_call", "keyword_signature"]
 
@@ -27,14 +27,13 @@ def keyword_signature(kernel: Any) -> str:
 
 
 def kernel_call(call: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a kernel's ``__call__(self, out=None, **operands)`` with the shared call protocol."""
-    with_torch = accepting_torch(call)
+    """Wrap a kernel's ``__call__(self, out=None, **operands)`` with the shared call protocol (one extra frame)."""
 
     @functools.wraps(call)
     def wrapper(self: Any, *positional: Any, out: Any = None, **operands: Any) -> Any:
         if positional:
             raise OperandError(f"operands are passed by keyword, named as in the expression: "
                                f"{keyword_signature(self)}")
-        return with_torch(self, out, **operands)
+        return call_with_torch(call, self, out, operands)
 
     return wrapper

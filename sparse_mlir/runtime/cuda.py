@@ -212,8 +212,9 @@ class GpuFunction:
                    tuple(self.program.scratch[a.ref] for a in launch.args if a.kind == "scratch"))
             kept = derived.get(key)
             if kept is None:
-                kept = derived[key] = [cp.empty(*self._scratch_spec(a.ref)) for a in launch.args
-                                       if a.kind == "scratch"]
+                kept = derived[key] = [cp.empty(tuple(self.program.scratch[a.ref][0]),
+                                                np.dtype(self.program.scratch[a.ref][1]))
+                                       for a in launch.args if a.kind == "scratch"]
             else:
                 skip.add(id(launch))
             for arg, array in zip((a for a in launch.args if a.kind == "scratch"), kept):
@@ -222,10 +223,6 @@ class GpuFunction:
             if s in used and s not in found:
                 found[s] = cp.zeros(shape, dtype=np.dtype(dtype))
         return [found[s].data.ptr if s in found else 0 for s in range(len(self.program.scratch))], skip
-
-    def _scratch_spec(self, ref: int) -> tuple[tuple[int, ...], np.dtype]:
-        shape, dtype = self.program.scratch[ref]
-        return tuple(shape), np.dtype(dtype)
 
     def _param_blocks(self, cp: Any, functions: list[tuple[Launch, Any]]) -> list[_ParamBlock]:
         blocks = getattr(self._local, "blocks", None)

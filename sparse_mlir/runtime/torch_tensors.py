@@ -1,7 +1,8 @@
 """torch tensors in and out of every kernel, without copies where the layouts allow it.
 
-A kernel's ``__call__`` is wrapped by ``accepting_torch``: torch operands
-become what the kernel already takes, and the result goes back to torch.
+A kernel's call goes through ``call_with_torch`` (``runtime.calls``): torch
+operands become what the kernel already takes, and the result goes back to
+torch.
 
 * dense CPU tensors are viewed as numpy arrays (``Tensor.numpy()``: zero
   copy), CUDA tensors as CuPy arrays through DLPack (zero copy);
@@ -21,7 +22,6 @@ has not imported it, no operand can be a tensor.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -30,25 +30,20 @@ import numpy as np
 
 from ..errors import DTypeError, FormatError, OperandError
 
-__all__ = ["accepting_torch", "from_torch", "to_torch"]
+__all__ = ["call_with_torch", "from_torch", "to_torch"]
 
 
-def accepting_torch(call: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a kernel's ``__call__(self, out=None, **operands)`` so it takes and gives torch tensors."""
-
-    @functools.wraps(call)
-    def wrapper(self: Any, out: Any = None, **operands: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is None or not any(isinstance(v, torch.Tensor) for v in (out, *operands.values())):
-            return call(self, out, **operands)
-        converted = {name: from_torch(name, value, torch) if isinstance(value, torch.Tensor) else value
-                     for name, value in operands.items()}
-        if isinstance(out, torch.Tensor):
-            call(self, from_torch("out", out, torch, writable=True), **converted)
-            return out
-        return to_torch(call(self, out, **converted), torch)
-
-    return wrapper
+def call_with_torch(call: Callable[..., Any], kernel: Any, out: Any, operands: dict[str, Any]) -> Any:
+    """``call(kernel, out, **operands)`` with torch tensors converted in and the result converted back."""
+    torch = sys.modules.get("torch")
+    if torch is None or not any(isinstance(v, torch.Tensor) for v in (out, *operands.values())):
+        return call(kernel, out, **operands)
+    converted = {name: from_torch(name, value, torch) if isinstance(value, torch.Tensor) else value
+                 for name, value in operands.items()}
+    if isinstance(out, torch.Tensor):
+        call(kernel, from_torch("out", out, torch, writable=True), **converted)
+        return out
+    return to_torch(call(kernel, out, **converted), torch)
 
 
 def from_torch(name: str, tensor: Any, torch: Any, *, writable: bool = False) -> Any:
