@@ -17,17 +17,17 @@ import tempfile
 import textwrap
 import time
 
-os.environ["SPARSE_MLIR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sparse_mlir_bench_")
+import numpy as np
+import scipy.sparse as sp
 
-import numpy as np  # noqa: E402
-import scipy.sparse as sp  # noqa: E402
-
-import sparse_mlir as sm  # noqa: E402
+import sparse_mlir as sm
 
 SPMM = "C[i,j] = A[i,k] * B[k,j]"
 
 
 def main() -> None:
+    # a private cache (read at use time), inherited by the second process: every compile below is a fresh one
+    os.environ["SPARSE_MLIR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sparse_mlir_bench_")
     kernel = sm.compile(SPMM, formats={"A": sm.CSR}, dtype="float32")
     B = np.ones((64, 8), np.float32)
     start = time.perf_counter()

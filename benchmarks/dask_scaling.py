@@ -23,14 +23,12 @@ import os
 import time
 import warnings
 
-os.environ.setdefault("SPARSE_MLIR_NUM_THREADS", "1")  # the in-process kernel: one thread, like one worker
+import numpy as np
+import scipy.sparse.linalg as sla
 
-import numpy as np  # noqa: E402
-import scipy.sparse.linalg as sla  # noqa: E402
-
-import sparse_mlir as sm  # noqa: E402
-from sparse_mlir.dask import RowShardedMatrix, cg, poisson3d  # noqa: E402
-from sparse_mlir.timing import median_seconds  # noqa: E402
+import sparse_mlir as sm
+from sparse_mlir.dask import RowShardedMatrix, cg, poisson3d
+from sparse_mlir.timing import median_seconds
 
 
 def cluster(workers: int):
@@ -104,6 +102,7 @@ def cg_against_scipy(matrix, rtol: float) -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("SPARSE_MLIR_NUM_THREADS", "1")  # the in-process kernel: one thread, like one worker
     # from_scipy puts the row blocks in the graph on purpose (a block lost with its worker is rebuilt from it):
     # distributed's advice to scatter large graphs does not apply
     warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)

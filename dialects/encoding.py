@@ -6,12 +6,11 @@ import numpy as np
 from mlir import ir
 from mlir.dialects import sparse_tensor as st
 
+from sparse_mlir.dsl.patterns import bsr_blocks
 from sparse_mlir.errors import FormatError
 from sparse_mlir.formats import Format
 
-from .patterns import bsr_blocks
-
-__all__ = ["encoding_attr", "level_to_dimension", "element_type", "tensor_type", "TYPE_NAMES"]
+__all__ = ["TYPE_NAMES", "element_type", "encoding_attr", "level_to_dimension", "tensor_type"]
 
 # MLIR (and LLVM dialect) element type of each numpy dtype kernels and buffers use
 TYPE_NAMES = {"float16": "f16", "float32": "f32", "float64": "f64", "int8": "i8", "int16": "i16", "int32": "i32",

@@ -7,23 +7,38 @@ nest reads back.  ``epilogue_functions`` builds two private functions, a
 vector one and a scalar one for the column tail, each
 ``(sums, i, j, operand memrefs...) -> result`` for the sums of row ``i`` at
 columns ``j ...``; emitters call them and LLVM inlines them.  What each DSL
-function means matches ``dialects.kernel`` (relu is max with zero, max is
+function means matches ``dialects.linalg`` (relu is max with zero, max is
 ``maximumf`` on floats).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from mlir import ir
 from mlir.dialects import arith, func, math, memref, vector
 
 from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 
-__all__ = ["epilogue_functions", "VECTOR_EPILOGUE", "SCALAR_EPILOGUE"]
+__all__ = ["SCALAR_EPILOGUE", "VECTOR_EPILOGUE", "Epilogue", "epilogue_functions"]
 
 VECTOR_EPILOGUE = "sm_epilogue_vector"
 SCALAR_EPILOGUE = "sm_epilogue_scalar"
+
+
+class Epilogue(NamedTuple):
+    """An elementwise expression of a kernel's sums: ``expr`` reads them as ``temp[i,j]``.
+
+    ``operands`` are the other dense tensors it reads, in the order the
+    epilogue functions take them, each indexed ``(i,)``, ``(j,)`` or ``(i,j)``.
+    """
+
+    expr: Expr
+    temp: str
+    i: str
+    j: str
+    operands: tuple[str, ...]
 
 
 def epilogue_functions(expr: Expr, temp: str, i: str, j: str, operands: dict[str, int], elt: str,
@@ -92,7 +107,7 @@ class _Emitter:
                 return math.sqrt(args[0])
         raise AssertionError(f"no epilogue for {node!r}")
 
-    def constant(self, value: float | int) -> ir.Value:
+    def constant(self, value: float) -> ir.Value:
         value = float(value) if self.float else int(value)
         if not self.lanes:
             return arith.constant(self.element, value)

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
 from sparse_mlir.dask import RowShardedMatrix, cg, poisson3d
-from sparse_mlir.io import read_mtx
+from sparse_mlir.io.matrix_files import read_mtx
 
 SUITESPARSE = Path(__file__).resolve().parents[2] / "shared" / "data" / "suitesparse" / "bcsstk13.mtx.gz"
 

@@ -5,8 +5,10 @@ Stages (each one's IR is kept for ``kernel.ir``):
 * ``input``: the module built from the DSL (sparse shapes static).
 * ``sparsified``: after ``sparse-assembler{direct-out}`` (level buffers become
   plain memref arguments and results) and the sparsifier with direct codegen
-  (no runtime library on the hot path), bufferized; for threaded kernels the
-  dense outer loops are OpenMP worksharing loops with a guided schedule.
+  (no runtime library on the hot path), bufferized.
+* ``mapped``: loops mapped to the machine's parallelism: for threaded kernels
+  the dense outer loops become OpenMP worksharing loops with a guided
+  schedule (a serial kernel's is its ``sparsified`` module).
 * ``llvm``: the LLVM dialect plus the plain C entry point (``c_abi``), every
   other symbol internal, float multiply/add marked ``contract`` (FMA).
 * then ``mlir-translate | opt | llc`` and the C compiler (``toolchain``).
@@ -22,14 +24,15 @@ from pathlib import Path
 
 from mlir import ir
 
-from sparse_mlir.dialects.kernel import KERNEL_NAME, fills_output
+from sparse_mlir.dialects.linalg import KERNEL_NAME, fills_output
 from sparse_mlir.errors import LoweringError
-from sparse_mlir.signature import Signature
+from sparse_mlir.abi.c_signature import Signature
 
-from . import frontend, rewrites, toolchain
-from .c_abi import add_c_entry_point
+from sparse_mlir.lowering import rewrites, toolchain
+from sparse_mlir.lowering import sparsify as frontend
+from sparse_mlir.lowering.c_entry import add_c_entry_point
 
-__all__ = ["CpuOptions", "TO_LLVM", "lower_to_llvm", "loops_to_llvm", "compile_module", "compile_object"]
+__all__ = ["CpuOptions", "TO_LLVM", "lower_to_llvm", "loops_to_llvm", "build_library", "build_object"]
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,12 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
     stages = {"input": str(module)}
     parallel = options.openmp is not None
     parallel = frontend.sparsify(module, parallel=parallel, target="cpu")
+    stages["sparsified"] = str(module)
     if parallel:
-        _run(module, TO_OPENMP, "sparsified")
+        _run(module, TO_OPENMP, "mapped")
         rewrites.inline_alloca_scopes(module)
         rewrites.balance_parallel_loops(module)
-    stages["sparsified"] = str(module)
+    stages["mapped"] = str(module)
     stages["llvm"] = loops_to_llvm(module, sig)
     return stages
 
@@ -94,7 +98,7 @@ def loops_to_llvm(module: ir.Module, sig: Signature) -> str:
     return str(module)
 
 
-def compile_module(module: ir.Module, sig: Signature, out_path: Path, options: CpuOptions) -> dict[str, str]:
+def build_library(module: ir.Module, sig: Signature, out_path: Path, options: CpuOptions) -> dict[str, str]:
     """Lower and compile ``module`` to a shared library exporting ``sig.name`` (and ``sig.name + '_free'``)."""
     stages = lower_to_llvm(module, sig, options)
     toolchain.compile_shared_library(stages["llvm"], out_path, cpu=options.cpu, opt_level=options.opt_level,
@@ -102,7 +106,7 @@ def compile_module(module: ir.Module, sig: Signature, out_path: Path, options: C
     return stages
 
 
-def compile_object(module: ir.Module, sig: Signature, obj_path: Path, options: CpuOptions) -> dict[str, str]:
+def build_object(module: ir.Module, sig: Signature, obj_path: Path, options: CpuOptions) -> dict[str, str]:
     """Lower and compile ``module`` to an object file for embedding (ahead-of-time export)."""
     stages = lower_to_llvm(module, sig, options)
     toolchain.compile_object(stages["llvm"], obj_path, cpu=options.cpu, opt_level=options.opt_level)

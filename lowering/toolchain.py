@@ -10,17 +10,17 @@ ahead-of-time export.
 from __future__ import annotations
 
 import functools
-import os
 import platform
 import shutil
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 
 from sparse_mlir.errors import LoweringError
+from sparse_mlir.files import replace_atomically
+from sparse_mlir.knobs import knobs
 
-__all__ = ["tool", "tool_versions", "vector_bits", "compile_object", "link_shared", "compile_shared_library"]
+__all__ = ["compile_object", "compile_shared_library", "link_shared", "tool", "tool_versions", "vector_bits"]
 
 
 @functools.cache
@@ -69,17 +69,23 @@ def vector_bits(cpu: str) -> int:
 
 
 def c_compiler() -> str:
-    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+    """The C compiler that links kernels: ``$CC`` (read now), else ``cc``, ``gcc`` or ``clang`` on ``PATH``."""
+    for name in (knobs.c_compiler(), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return shutil.which(name)  # type: ignore[return-value]
     raise LoweringError("no C compiler/linker found (cc, gcc or clang) to link kernels", stage="link", target="cpu")
 
 
-@functools.cache
 def linker() -> str:
-    """The system linker the C compiler uses."""
-    found = subprocess.run([c_compiler(), "-print-prog-name=ld"], capture_output=True, text=True).stdout.strip()
-    return shutil.which(found) or c_compiler()
+    """The system linker the C compiler uses (asked once per compiler)."""
+    return _linker_of(c_compiler())
+
+
+@functools.lru_cache(maxsize=8)
+def _linker_of(compiler: str) -> str:
+    found = subprocess.run([compiler, "-print-prog-name=ld"], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    return shutil.which(found) or compiler
 
 
 @functools.cache
@@ -118,18 +124,17 @@ def link_shared(objects: list[Path], out_path: Path, *, standalone: bool, openmp
     process.  ``openmp`` links a threaded kernel against that runtime
     (recorded with its folder as run path when not ``standalone``).
     """
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     driver = c_compiler() if standalone else linker()
     omp: list[str] = []
     if openmp is not None:
         omp = [f"-L{openmp.parent}", f"-l:{openmp.name}"]
         if not standalone:
             omp.append(f"-rpath={openmp.parent}")
-    link = subprocess.run([driver, "-shared", "-o", str(tmp), *map(str, objects), *omp, "-lm"], capture_output=True,
-                          text=True)
-    if link.returncode:
-        raise LoweringError("linking the kernel failed", stage="link", target="cpu", diagnostics=link.stderr)
-    os.replace(tmp, out_path)
+    with replace_atomically(out_path) as tmp:
+        link = subprocess.run([driver, "-shared", "-o", str(tmp), *map(str, objects), *omp, "-lm"],
+                              capture_output=True, text=True, check=False)
+        if link.returncode:
+            raise LoweringError("linking the kernel failed", stage="link", target="cpu", diagnostics=link.stderr)
 
 
 def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "native", opt_level: int = 3,
@@ -143,7 +148,7 @@ def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "nat
 
 def _run_pipe(cmds: list[list[str]], data: bytes) -> None:
     procs: list[subprocess.Popen] = []
-    errs = [tempfile.TemporaryFile() for _ in cmds]
+    errs = [tempfile.TemporaryFile() for _ in cmds]  # noqa: SIM115 - closed in the finally below
     try:
         stdin = subprocess.PIPE
         for cmd, err in zip(cmds, errs):

@@ -1,14 +1,13 @@
 """sparse_mlir: sparse tensor kernels generated through MLIR's sparse_tensor dialect."""
 
-__version__ = "0.1.0"
-
-from . import errors, formats  # noqa: E402
-from .api import compile  # noqa: E402
-from .export import export  # noqa: E402
-from .formats import BSR, COO, CSC, CSF, CSR, DCSR, NM, Dense, Format, parse_format  # noqa: E402
-from .runtime.artifact import load_kernel  # noqa: E402
-from .tensor import SparseTensor  # noqa: E402
-from .tensor_file import load_tensor, save_tensor  # noqa: E402
+from sparse_mlir import errors, formats
+from sparse_mlir._version import __version__ as __version__  # the face re-exports it
+from sparse_mlir.api import compile
+from sparse_mlir.export.artifacts import export
+from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, NM, Dense, Format, parse_format
+from sparse_mlir.runtime.artifact import load_kernel
+from sparse_mlir.tensor.host import SparseTensor
+from sparse_mlir.io.smt import load_tensor, save_tensor
 
 __all__ = ["errors", "formats", "Format", "parse_format", "CSR", "CSC", "COO", "DCSR", "CSF", "Dense", "BSR",
            "NM", "SparseTensor", "compile", "export", "load_kernel", "save_tensor", "load_tensor"]

@@ -10,16 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from .compiler import TARGETS
-from .dialects.patterns import threads_sparse_output
-from .dsl.plan import plan
-from .errors import DeviceError, DSLError, DTypeError
-from .formats import Format
-from .knobs import knobs
-from .runtime.cuda import CudaKernel
-from .runtime.kernel import BuildOptions, Kernel
-from .runtime.schedule import AutoKernel
-from .runtime.threads import openmp_library
+from sparse_mlir.compiler.driver import TARGETS, BuildOptions
+from sparse_mlir.dsl.patterns import threads_sparse_output
+from sparse_mlir.dsl.plan import plan
+from sparse_mlir.errors import DeviceError, DSLError, DTypeError, OptionError
+from sparse_mlir.formats import Format
+from sparse_mlir.knobs import knobs
+from sparse_mlir.runtime.cpu import CpuKernel
+from sparse_mlir.runtime.cuda import CudaKernel
+from sparse_mlir.runtime.kernel import Kernel
+from sparse_mlir.runtime.schedule import AutoKernel
+from sparse_mlir.runtime.threads import openmp_library
+from sparse_mlir.tensor.host import register_compile
 
 __all__ = ["compile"]
 
@@ -38,7 +40,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def compile(expression: str, *, formats: dict[str, Format | str] | None = None, dtype: Any = "float64",  # noqa: A001 - as in re.compile
             target: str = "cpu", schedule: str = "default", deterministic: bool = False,
-            out_dtype: Any = None) -> Kernel | CudaKernel:
+            out_dtype: Any = None) -> Kernel:
     """Compile tensor index notation to a native kernel.
 
     ``formats`` maps tensor names to formats (``sm.CSR`` or ``"csr"``);
@@ -59,7 +61,7 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     float32 sums instead of rounding them to float16.
     """
     if schedule not in ("default", "auto"):
-        raise DSLError(f"schedule must be 'default' or 'auto', got {schedule!r}")
+        raise OptionError(f"schedule must be 'default' or 'auto', got {schedule!r}")
     if not isinstance(target, str) or target not in TARGETS:
         raise DeviceError(f"unknown target {target!r}; targets: cpu, cuda")
     if formats is not None and not isinstance(formats, dict):
@@ -67,19 +69,22 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     spec = plan(expression, formats, dtype, out_dtype)
     if spec.dtype == np.float16 and target != "cuda":
         raise DTypeError("float16 kernels run on target='cuda' (accumulating in float32); on the CPU use float32")
-    make: Callable[[], Kernel | CudaKernel]
+    make: Callable[[], Kernel]
     if target == "cuda":
         if schedule != "default":
-            raise DSLError("schedule='auto' chooses among CPU variants; target 'cuda' takes schedule='default'")
+            raise OptionError("schedule='auto' chooses among CPU variants; target 'cuda' takes schedule='default'")
         key: tuple = (spec.key(), "cuda", deterministic)
         make = functools.partial(CudaKernel, spec, deterministic=deterministic)
     else:
         threaded = spec.parallelizable or threads_sparse_output(spec, spec.formats)
-        options = BuildOptions(target, knobs.cpu(), openmp_library() if threaded else None)
+        options = BuildOptions(target, cpu=knobs.cpu(), openmp=openmp_library() if threaded else None)
         key = (spec.key(), options, schedule)
-        make = functools.partial(AutoKernel if schedule == "auto" else Kernel, spec, options)
+        make = functools.partial(AutoKernel if schedule == "auto" else CpuKernel, spec, options)
     with _lock:
         kernel = _kernels.get(key)
         if kernel is None:
             kernel = _kernels[key] = make()
     return kernel
+
+
+register_compile(compile)  # SparseTensor's ``@`` compiles through this function (the tensor layer is below it)

@@ -55,6 +55,14 @@ class OperandError(SparseMLIRError, TypeError):
     """A kernel call with missing, unknown or unusable operands (e.g. a list where an array is needed)."""
 
 
+class OptionError(SparseMLIRError, ValueError):
+    """An option of ``compile`` or ``export`` outside its choices (``schedule=``, ``emitter=``...)."""
+
+
+class NotCompiledError(SparseMLIRError, RuntimeError):
+    """Something that exists only once a kernel is specialized (its IR, its signature) asked for too early."""
+
+
 class DeviceError(SparseMLIRError, RuntimeError):
     """A target or device that is unavailable, or arrays on the wrong device."""
 

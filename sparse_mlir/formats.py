@@ -14,18 +14,19 @@ This module is pure Python: MLIR attributes are built from it in
 
 from __future__ import annotations
 
-import functools
-
 import enum
+import functools
 import numbers
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from .errors import FormatError
+from sparse_mlir.errors import FormatError
 
 __all__ = [
     "LevelKind", "Level", "LevelExpr", "Format", "CSR", "CSC", "COO", "DCSR", "CSF",
-    "Dense", "BSR", "NM", "coo", "csf", "sparse_vector", "parse_format", "as_format",
+    "Dense", "BSR", "NM", "coo", "csf", "sparse_vector", "parse_format", "as_format", "format_to_json",
+    "format_from_json",
 ]
 
 _WIDTHS = (0, 8, 16, 32, 64)
@@ -429,3 +430,17 @@ def as_format(value: Format | str, ndim: int | None = None) -> Format:
     if isinstance(value, str):
         return parse_format(value, ndim)
     raise FormatError(f"a format must be a sparse_mlir Format or a string like 'csr', got {type(value).__name__}")
+
+
+def format_to_json(fmt: Format) -> dict[str, Any]:
+    """A format as plain JSON data, every field included (the name too): what signatures and tensor files store."""
+    return {"name": fmt.name, "pos_width": fmt.pos_width, "crd_width": fmt.crd_width,
+            "levels": [[lvl.kind.value, lvl.unique, lvl.ordered, lvl.n, lvl.m] for lvl in fmt.levels],
+            "dim_to_lvl": [[e.dim, e.op, e.factor] for e in fmt.dim_to_lvl]}
+
+
+def format_from_json(data: dict[str, Any]) -> Format:
+    """The format ``format_to_json`` wrote."""
+    levels = tuple(Level(LevelKind(k), unique=u, ordered=o, n=n, m=m) for k, u, o, n, m in data["levels"])
+    exprs = tuple(LevelExpr(d, op, f) for d, op, f in data["dim_to_lvl"])
+    return Format(levels, exprs, pos_width=data["pos_width"], crd_width=data["crd_width"], name=data["name"])

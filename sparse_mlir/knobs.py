@@ -1,12 +1,18 @@
-"""Every environment setting of sparse_mlir, declared once (``SPARSE_MLIR_*``).
+"""Every environment setting of sparse_mlir, declared once (``SPARSE_MLIR_*``, and the few of other tools it
+honours: ``CC``, ``CUDA_HOME``/``CUDA_PATH``, ``LD_LIBRARY_PATH``, ``KMP_BLOCKTIME``, ``OMP_NUM_THREADS``, ``XDG_*``).
 
-Read at use time, not import time, so tests can set them per test.
+Read at use time, not import time, so tests can set them per test; no other module reads ``os.environ``
+(``tests/test_knobs.py`` checks), except to pass it on to a child process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from pathlib import Path
+
+from sparse_mlir.files import checkout_root
 
 __all__ = ["knobs"]
 
@@ -49,6 +55,105 @@ class _Knobs:
         """``SPARSE_MLIR_MAX_LOADED_KERNELS``: compiled libraries kept loaded per process (LRU), default 256."""
         value = os.environ.get("SPARSE_MLIR_MAX_LOADED_KERNELS", "")
         return max(1, int(value)) if value.isdigit() else 256
+
+    @staticmethod
+    def dense_budget() -> int:
+        """Bytes a dense copy made by this package may take: ``SPARSE_MLIR_DENSE_BUDGET``, else
+        ``DENSE_BUDGET_FRACTION`` of the memory available now (``MemAvailable``, lowered to what the cgroup's
+        limit leaves).  Dense copies that do not fit are never planned: ``schedule="auto"`` leaves out its dense
+        candidate and a refused compile is not retried densified."""
+        text = os.environ.get("SPARSE_MLIR_DENSE_BUDGET", "").strip()
+        if text:
+            if text.isdigit():
+                return int(text)
+            warnings.warn(f"SPARSE_MLIR_DENSE_BUDGET={text!r} is not a number of bytes; using the default",
+                          RuntimeWarning, stacklevel=2)
+        return int(_available_memory() * DENSE_BUDGET_FRACTION)
+
+    @staticmethod
+    def compile_timeout() -> float | None:
+        """``SPARSE_MLIR_COMPILE_TIMEOUT``: seconds one compile may take before its process is stopped (unset: none)."""
+        text = os.environ.get("SPARSE_MLIR_COMPILE_TIMEOUT", "").strip()
+        if not text:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or value == float("inf"):
+            warnings.warn(f"SPARSE_MLIR_COMPILE_TIMEOUT={text!r} is not a positive number of seconds; ignored",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        return value
+
+    @staticmethod
+    def compile_in_process() -> bool:
+        """``SPARSE_MLIR_COMPILE_IN_PROCESS=1`` compiles in this process (debugging; no crash isolation, no timeout)."""
+        return os.environ.get("SPARSE_MLIR_COMPILE_IN_PROCESS") == "1"
+
+    @staticmethod
+    def hopper() -> bool:
+        """``SPARSE_MLIR_HOPPER=1`` lets arch-specific code (the sm_90a TMA + wgmma GEMMs) run where it applies.
+
+        They pass ptxas but have not yet been checked on a GPU
+        (``benchmarks/gpu/tensor_core_check.py`` does that and sets it); until
+        a device run confirms them, every chip runs the portable kernels.
+        """
+        return os.environ.get("SPARSE_MLIR_HOPPER", "0") == "1"
+
+    @staticmethod
+    def data_dir() -> Path:
+        """``SPARSE_MLIR_DATA``: the folder of benchmark matrices (``dlmc/``, ``suitesparse/``).
+
+        Default: ``../shared/data`` beside the source checkout the package runs
+        from, else ``$XDG_DATA_HOME/sparse_mlir`` (``~/.local/share/sparse_mlir``).
+        A missing folder is no error: the workloads that need it are skipped.
+        """
+        explicit = os.environ.get("SPARSE_MLIR_DATA")
+        if explicit:
+            return Path(explicit)
+        root = checkout_root()
+        if root is not None:
+            return root.parent / "shared" / "data"
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(base) / "sparse_mlir"
+
+    # -- settings of other tools, read here like ours ----------------------------------------------
+
+    @staticmethod
+    def c_compiler() -> str | None:
+        """``CC``: the C compiler that links kernels and exported libraries (unset: ``cc``, ``gcc``, ``clang``)."""
+        return os.environ.get("CC") or None
+
+    @staticmethod
+    def cuda_roots() -> tuple[Path, ...]:
+        """``CUDA_HOME`` then ``CUDA_PATH``: CUDA toolkit folders searched first for ``ptxas`` and ``libdevice``."""
+        return tuple(Path(value) for value in map(os.environ.get, ("CUDA_HOME", "CUDA_PATH")) if value)
+
+    @staticmethod
+    def library_path() -> tuple[Path, ...]:
+        """``LD_LIBRARY_PATH``: folders searched for the OpenMP runtime, after the Python installation's own."""
+        return tuple(Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p)
+
+    @staticmethod
+    def kmp_blocktime() -> str | None:
+        """``KMP_BLOCKTIME``: when set, the OpenMP runtime's own idle spin time is left alone (else 5 ms)."""
+        return os.environ.get("KMP_BLOCKTIME")
+
+
+DENSE_BUDGET_FRACTION = 0.25  # of the memory available now: a dense copy must leave room for everything else
+
+
+def _available_memory() -> int:
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/meminfo") as f:
+        available = int(next(line for line in f if line.startswith("MemAvailable:")).split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):  # cgroup v2: the container's own limit, when it has one
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, max(0, int(limit) - used))
+    return available
 
 
 knobs = _Knobs()

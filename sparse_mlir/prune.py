@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PatternError, ShapeError
-from .formats import BSR, CSR, NM, Format, as_format
-from .tensor import SparseTensor, check_dtype
+from sparse_mlir.dtypes import check_dtype
+from sparse_mlir.errors import PatternError, ShapeError
+from sparse_mlir.formats import BSR, CSR, NM, Format, as_format
+from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["magnitude", "n_m", "block", "apply_mask", "satisfies_n_m"]
 

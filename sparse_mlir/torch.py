@@ -26,12 +26,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import prune
-from .api import compile as compile_kernel
-from .errors import DeviceError, FormatError, OperandError, SparseMLIRError
-from .formats import CSR, Format, as_format
-from .signature import format_from_json, format_to_json
-from .tensor import SparseTensor
+from sparse_mlir import prune
+from sparse_mlir.api import compile as compile_kernel
+from sparse_mlir.errors import DeviceError, FormatError, OperandError, SparseMLIRError
+from sparse_mlir.formats import CSR, Format, as_format, format_from_json, format_to_json
+from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["SparseLinear", "sparsify"]
 

@@ -11,38 +11,15 @@ import pytest
 # one cache for the whole run, isolated from the user's (set before any kernel is compiled)
 os.environ.setdefault("SPARSE_MLIR_CACHE_DIR", tempfile.mkdtemp(prefix="sparse_mlir_test_cache_"))
 
-DTYPES = ["float32", "float64", "int32", "int64"]
-
-
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-def random_values(rng: np.random.Generator, shape: tuple[int, ...] | int, dtype: str) -> np.ndarray:
-    """Values that are exact in every dtype (small integers), so results compare exactly."""
-    return rng.integers(-4, 5, size=shape).astype(dtype)
+@pytest.fixture
+def mlir_context():
+    """A fresh MLIR context for tests that build IR in this process (``tests/ir``)."""
+    from mlir import ir  # only the IR tests load MLIR into the test process
 
-
-def random_sparse(rng: np.random.Generator, shape: tuple[int, ...], density: float, dtype: str) -> np.ndarray:
-    """A dense array with about ``density`` of its entries nonzero."""
-    values = rng.integers(1, 5, size=shape) * rng.choice([-1, 1], size=shape)
-    return (values * (rng.random(shape) < density)).astype(dtype)
-
-
-def prune_nm(dense: np.ndarray, n: int, m: int) -> np.ndarray:
-    """Keep the ``n`` largest-magnitude entries of every group of ``m`` along rows."""
-    rows, cols = dense.shape
-    groups = dense.reshape(rows, cols // m, m).copy()
-    order = np.argsort(-np.abs(groups), axis=2, kind="stable")
-    np.put_along_axis(groups, order[:, :, n:], 0, axis=2)
-    return groups.reshape(rows, cols)
-
-
-def require(module: str):
-    """Import an optional test dependency: skipped when absent, but a failure under CI (CI=true)."""
-    if os.environ.get("CI") == "true":
-        import importlib
-
-        return importlib.import_module(module)
-    return pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[test]')")
+    with ir.Context() as context:
+        yield context

@@ -13,7 +13,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import json, time, numpy as np
     import sparse_mlir as sm
-    from sparse_mlir.runtime.kernel import stats
+    from sparse_mlir.compiler.driver import stats
     a = np.zeros((16, 12)); a[::3, ::2] = 1.5
     start = time.perf_counter()
     k = sm.compile("y[i] = A[i,j] * x[j] * 3", formats={"A": "csr"})

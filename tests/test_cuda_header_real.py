@@ -1,6 +1,6 @@
 """Generated C launchers compile against NVIDIA's real ``cuda.h``, not only the recording stand-in.
 
-The stand-in (``tests/fake_cuda/cuda.h``) declares what the launchers call
+The stand-in (``tests/support/fake_cuda/cuda.h``) declares what the launchers call
 the way this project believes the driver declares it; the real header (from
 the ``nvidia-cuda-runtime`` wheel of the test extra) is the judge, for the
 launchers and for the stand-in's own prototypes.  Without the header the
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 import sparse_mlir as sm
-from sparse_mlir.gpu_header import cuda_header
+from sparse_mlir.export.cuda_header import cuda_header
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE = Path(__file__).resolve().parent / "fake_cuda" / "cuda.h"
+FAKE = Path(__file__).resolve().parent / "support" / "fake_cuda" / "cuda.h"
 WHEEL = "nvidia-cuda-runtime"
 
 

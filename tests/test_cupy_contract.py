@@ -31,8 +31,8 @@ import pytest
 import cupy
 import cupyx.scipy.sparse
 
-import fake_cupy
-from fake_cupy import documented_attributes, real_signature
+import support.fake_cupy as fake_cupy
+from support.fake_cupy import documented_attributes, real_signature
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("sparse_mlir", "dialects", "lowering", "tools")  # sparse_mlir's package-dir mapping
@@ -128,7 +128,7 @@ class Checker:
                         else:
                             self.globals[alias.asname or alias.name] = Real(getattr(module, alias.name),
                                                                             f"{node.module}.{alias.name}")
-                    elif alias.name == "cupy" and (node.module or "").endswith("device_tensor"):
+                    elif alias.name == "cupy" and (node.module or "").endswith("tensor.device"):
                         self.globals[alias.asname or "cupy"] = LOADER
             elif isinstance(node, ast.FunctionDef) and node.name == "cupy" and node in tree.body:
                 self.globals["cupy"] = LOADER
@@ -357,7 +357,7 @@ def _tuple_length(annotation: Any) -> int | None:
 
 def _launch_starred() -> dict[str, int]:
     """Lengths of ``*launch.grid_for(...)`` and ``*launch.block``, from ``gpu_program.Launch``'s annotations."""
-    from sparse_mlir import gpu_program
+    from sparse_mlir.abi import gpu_program
 
     hints = typing.get_type_hints(gpu_program.Launch)
     lengths = {"grid_for": _tuple_length(typing.get_type_hints(gpu_program.Launch.grid_for).get("return")),
@@ -384,7 +384,7 @@ SOURCES = _sources()
 
 def test_the_package_uses_cupy_somewhere():
     names = {p.relative_to(ROOT).as_posix() for p in SOURCES}
-    assert {"sparse_mlir/runtime/cuda.py", "sparse_mlir/device_tensor.py", "sparse_mlir/runtime/tensor_maps.py",
+    assert {"sparse_mlir/runtime/launch.py", "sparse_mlir/tensor/device.py", "sparse_mlir/runtime/tensor_maps.py",
             "benchmarks/gpu/device_check.py", "benchmarks/gpu/tensor_core_check.py"} <= names
 
 
@@ -397,7 +397,7 @@ def test_every_cupy_name_and_call_exists_in_real_cupy(path: Path):
 
 def test_driver_calls_bind_to_the_real_launch_kernel_and_func_set_attribute():
     """The runtime's two driver calls, with ``*launch.grid_for(...)`` and ``*launch.block`` expanded, bind."""
-    checker = check_source((ROOT / "sparse_mlir" / "runtime" / "cuda.py").read_text())
+    checker = check_source((ROOT / "sparse_mlir" / "runtime" / "launch.py").read_text())
     bound = {path.rsplit(".", 1)[-1]: count for _, path, count in checker.calls if ".driver." in path}
     assert bound == {"launchKernel": 11, "funcSetAttribute": 3}, checker.calls
     launch, _ = real_signature(cupy.cuda.driver.launchKernel)
@@ -447,7 +447,7 @@ def test_the_checker_flags_ptr_on_a_raw_kernel_through_variables_loops_and_metho
     ("import cupy as cp\ncp.argsort(x, stable=True)", "unexpected keyword argument 'stable'"),
     ("import cupy as cp\ncp.zeros(3).ctypes", "ndarray has no attribute 'ctypes'"),
     ("import cupyx.scipy.sparse as csp\ncsp.csr_tensor", "has no attribute 'csr_tensor'"),
-    ("from sparse_mlir.device_tensor import cupy\ncupy().cuda.get_current_stream().handle", "has no attribute 'handle'"),
+    ("from sparse_mlir.tensor.device import cupy\ncupy().cuda.get_current_stream().handle", "has no attribute 'handle'"),
 ])
 def test_the_checker_flags_names_and_calls_real_cupy_does_not_have(code, expected):
     problems = check_source(code).problems

@@ -19,7 +19,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from conftest import require
+from support.data import require
 
 dask = require("dask")
 distributed = require("distributed")
@@ -27,7 +27,7 @@ import dask.array as da  # noqa: E402
 from dask.core import get_dependencies  # noqa: E402
 
 import sparse_mlir as sm  # noqa: E402
-import sparse_mlir.io  # noqa: E402,F401
+import sparse_mlir.io.matrix_files  # noqa: E402,F401
 from sparse_mlir.dask import ColumnShardedMatrix, RowShardedMatrix, cg, poisson3d  # noqa: E402
 from sparse_mlir.errors import InvalidIndicesError, ShapeError, SparseMLIRError  # noqa: E402
 
@@ -192,11 +192,11 @@ def _cluster(n_workers: int, **kwargs):
 
 def _worker_state() -> dict:
     """Run on a worker: MLIR modules loaded, whether a compiler process was started, kernel counters."""
-    from sparse_mlir import worker
-    from sparse_mlir.runtime import kernel
+    from sparse_mlir.compiler import process as worker
+    from sparse_mlir.compiler import driver
 
     return {"mlir": sorted(m for m in sys.modules if m == "mlir" or m.startswith("mlir.")),
-            "compiler": worker._compiler is not None, "stats": dict(kernel.stats)}
+            "compiler": worker._compiler is not None, "stats": dict(driver.stats)}
 
 
 @pytest.fixture(scope="module")

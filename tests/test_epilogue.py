@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 import sparse_mlir as sm
-from sparse_mlir.dialects.patterns import spmm_epilogue
+from sparse_mlir.dsl.patterns import spmm_epilogue
 from sparse_mlir.prune import n_m
 
 

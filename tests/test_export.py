@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import random_sparse
+from support.data import random_sparse
 
 import sparse_mlir as sm
 from sparse_mlir.errors import FormatError, ShapeError

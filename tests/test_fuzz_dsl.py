@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import evaluate
+from support.reference import evaluate
 
 import sparse_mlir as sm
 from sparse_mlir.dsl import parse, plan

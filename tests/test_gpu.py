@@ -15,13 +15,13 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import prune_nm
+from support.data import prune_nm
 
 import sparse_mlir as sm
-from sparse_mlir import cuda_toolkit
-from sparse_mlir.errors import DeviceError, DSLError, FormatError
-from sparse_mlir.gpu_program import GridRule, KernelArg, LaneRule, Launch, ParamPacker
-from sparse_mlir.runtime.cuda import pick_chip
+from sparse_mlir.lowering import cuda_toolkit
+from sparse_mlir.errors import DeviceError, FormatError, OptionError
+from sparse_mlir.abi.gpu_program import GridRule, KernelArg, LaneRule, Launch, ParamPacker
+from sparse_mlir.runtime.launch import pick_chip
 
 # (expression, format of A, shapes of every input): the core kernels of the CPU tests
 CASES = [
@@ -157,7 +157,7 @@ def test_host_operands_are_refused_not_copied():
 def test_unsupported_requests_fail_clearly():
     with pytest.raises(DeviceError, match="sparse result"):
         sm.compile("C[i,j] = A[i,j]*B[i,j]", formats={"A": "csr", "C": "csr"}, target="cuda")
-    with pytest.raises(DSLError, match="schedule='auto'"):
+    with pytest.raises(OptionError, match="schedule='auto'"):
         sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, target="cuda", schedule="auto")
 
 
@@ -196,10 +196,10 @@ except DeviceError as exc:
 def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", dtype: str = "float64",
              skewed: bool = False, out_dtype: str | None = None):
     """Run the GPU program of ``expr`` on dense operands (``A`` converted to ``fmt``) through ``gpu_emulation``."""
-    from sparse_mlir import worker
-    from sparse_mlir.compiler import specialize
+    from sparse_mlir.abi.c_signature import Signature
+    from sparse_mlir.compiler.driver import with_operand_formats
     from sparse_mlir.runtime.library import NativeFunction
-    from sparse_mlir.signature import Signature
+    from support.gpu_emulation import build_emulation
 
     spec = sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda", out_dtype=out_dtype).spec
     args = {n: sm.SparseTensor.from_dense(v, fmt) if n == "A" else v for n, v in dense.items()}
@@ -209,10 +209,10 @@ def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", 
         extents.update(zip(spec.operand_index(name), value.shape))
     shapes = {n: tuple(v.shape) for n, v in args.items()}
     shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
-    special = specialize(spec, formats)
+    special = with_operand_formats(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "emulated")
     path = tmp_path / f"emulated_{emitter}_{fmt.replace(':', '_')}_{skewed}_{out_dtype}.so"
-    worker.call("build_gpu_emulation", special, shapes, sig, path, emitter, skewed)
+    build_emulation(special, shapes, sig, path, emitter, skewed)
     out = np.full(shapes[spec.output], np.nan, dtype=spec.output_dtype)  # kernels that skip zeroing store it all
     return NativeFunction(path, sig)(args, out, out.shape), spec
 
@@ -223,7 +223,7 @@ EMULATED = [case for case in CASES if case[0] != "y[i] = A[i,j]*x[j]" or case[1]
 @pytest.mark.parametrize("emitter", ["auto", "sparsifier"])
 @pytest.mark.parametrize(("expr", "fmt", "shapes"), EMULATED, ids=[f"{e}|{f}" for e, f, _ in EMULATED])
 def test_gpu_programs_compute_the_right_values_when_emulated(expr, fmt, shapes, emitter, tmp_path):
-    from reference import evaluate
+    from support.reference import evaluate
 
     rng = np.random.default_rng(7)
     expr = expr.replace("A_", "Z")
@@ -270,9 +270,9 @@ def test_row_splitting_spmv_for_skewed_rows_when_emulated(dtype, tmp_path):
 
 
 def test_skew_picks_the_row_splitting_kernel_unless_deterministic(monkeypatch):
-    import fake_cupy
+    import support.fake_cupy as fake_cupy
 
-    from sparse_mlir.gpu_program import SKEWED_ROW
+    from sparse_mlir.abi.gpu_program import SKEWED_ROW
 
     record = fake_cupy.install(monkeypatch)
     rows, cols = 1000, 2 * SKEWED_ROW
@@ -303,7 +303,7 @@ def test_emulation_refuses_what_threads_in_sequence_cannot_reproduce(tmp_path):
 
 # -- the runtime's call path, with a stand-in for CuPy that records launches -----------------------------------
 def test_calls_pack_device_pointers_and_zero_only_outputs_kernels_accumulate_into(monkeypatch):
-    import fake_cupy
+    import support.fake_cupy as fake_cupy
 
     record = fake_cupy.install(monkeypatch)
     kernel = sm.compile("C[i,j] = A[i,k]*B[k,j] + b[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
@@ -336,7 +336,7 @@ def test_calls_pack_device_pointers_and_zero_only_outputs_kernels_accumulate_int
 
 
 def test_out_dtype_results_are_float32_arrays_and_out_is_checked_against_it(monkeypatch):
-    import fake_cupy
+    import support.fake_cupy as fake_cupy
 
     fake_cupy.install(monkeypatch)
     kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float16", target="cuda",
@@ -351,7 +351,7 @@ def test_out_dtype_results_are_float32_arrays_and_out_is_checked_against_it(monk
 
 
 def test_exported_kernels_load_cubins_and_size_the_grid_from_nnz(monkeypatch, tmp_path):
-    import fake_cupy
+    import support.fake_cupy as fake_cupy
 
     _ptxas()
     record = fake_cupy.install(monkeypatch)
@@ -369,9 +369,9 @@ def test_exported_kernels_load_cubins_and_size_the_grid_from_nnz(monkeypatch, tm
 
 
 def test_device_tensors_from_cupyx_are_checked_on_the_device(monkeypatch):
-    import fake_cupy
+    import support.fake_cupy as fake_cupy
 
-    from sparse_mlir.device_tensor import DeviceSparseTensor
+    from sparse_mlir.tensor.device import DeviceSparseTensor
     from sparse_mlir.errors import InvalidIndicesError
 
     fake_cupy.install(monkeypatch)
@@ -393,9 +393,9 @@ def test_device_tensors_from_cupyx_are_checked_on_the_device(monkeypatch):
 
 
 def test_dense_2to4_compressed_on_the_device_matches_the_host_format(monkeypatch, rng):
-    import fake_cupy
+    import support.fake_cupy as fake_cupy
 
-    from sparse_mlir.device_tensor import DeviceSparseTensor
+    from sparse_mlir.tensor.device import DeviceSparseTensor
     from sparse_mlir.errors import PatternError
 
     fake_cupy.install(monkeypatch)
@@ -534,7 +534,7 @@ def test_the_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
                            "--small"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     env = {**os.environ, "OUT": str(tmp_path)}
-    run = subprocess.run([sys.executable, os.path.join(root, "tests", "fake_cupy.py"), str(bundle / "device_check.py"),
+    run = subprocess.run([sys.executable, os.path.join(root, "tests", "support", "fake_cupy.py"), str(bundle / "device_check.py"),
                           str(bundle)], capture_output=True, text=True, env=env, cwd=root)
     assert run.returncode == 1, run.stderr  # the stand-in's launches compute nothing: every check reports FAIL
     results = json.loads((tmp_path / "gpu_results.json").read_text())
@@ -552,8 +552,8 @@ LAUNCHERS = [("y[i] = A[i,j]*x[j]", "csr", {"A": (100, 50), "x": (50,)}),  # lan
 @pytest.mark.parametrize(("expr", "fmt", "shapes"), LAUNCHERS, ids=[f"{e}|{f}" for e, f, _ in LAUNCHERS])
 def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, tmp_path):
     """Compile the exported header against a recording stand-in for cuda.h and compare with ``ParamPacker``."""
-    from sparse_mlir.gpu_program import GpuProgram
-    from sparse_mlir.signature import Signature
+    from sparse_mlir.abi.gpu_program import GpuProgram
+    from sparse_mlir.abi.c_signature import Signature
 
     kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32", target="cuda")
     paths = sm.export(kernel, tmp_path, "k", shapes=shapes)
@@ -582,7 +582,7 @@ def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, t
     (tmp_path / "main.c").write_text(f'#include "k.h"\nint main(void) {{ k_module m; k_load(&m, "k.ptx"); {counts}'
                                      f'return (int)k(&m, 0, {", ".join(c_args)}); }}\n')
     here = os.path.dirname(os.path.abspath(__file__))
-    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{here}/fake_cuda", f"-I{tmp_path}", "-o",
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{here}/support/fake_cuda", f"-I{tmp_path}", "-o",
                     str(tmp_path / "main"), str(tmp_path / "main.c")], check=True)
     out = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, check=True).stdout
     launched = [line.split()[1:] for line in out.splitlines() if line.startswith("launch")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import random_values
+from support.data import random_values
 
 import sparse_mlir as sm
 from sparse_mlir.errors import FormatError
@@ -113,7 +113,7 @@ def test_unit_block_sides_are_collapsed_in_the_mlir_text_only():
 @pytest.mark.parametrize(("bm", "budget", "heights"), [(4, 8, [4]), (8, 8, [8]), (16, 8, [8, 8]),
                                                         (20, 8, [7, 7, 6]), (17, 16, [9, 8]), (1, 8, [1])])
 def test_row_chunks_are_balanced_and_cover_the_block(bm, budget, heights):
-    from sparse_mlir.dialects.native_bsr import row_chunks
+    from sparse_mlir.dialects.native.bsr import row_chunks
 
     chunks = row_chunks(bm, budget)
     assert [len(c) for c in chunks] == heights
@@ -126,7 +126,7 @@ def test_the_avx512_budget_chunks_only_blocks_taller_than_sixteen():
 
     from mlir import ir
 
-    from sparse_mlir.dialects.native_bsr import native_bsr_spmm
+    from sparse_mlir.dialects.native.bsr import native_bsr_spmm
     from sparse_mlir.dsl import plan
 
     for bm, heights in ((16, [16]), (40, [14, 13, 13])):

@@ -22,11 +22,13 @@ import pytest
 import scipy.sparse as sp
 
 import sparse_mlir as sm
-from sparse_mlir import worker
+from sparse_mlir.compiler import process as worker
 from sparse_mlir.dsl import plan
 from sparse_mlir.errors import DSLError, LoweringError, SparseMLIRError
-from sparse_mlir.runtime import cache, schedule
-from sparse_mlir.runtime import kernel as runtime_kernel
+from sparse_mlir.runtime import schedule
+from sparse_mlir.compiler import cache
+from sparse_mlir.compiler import driver
+from sparse_mlir.knobs import knobs
 
 # a dense result co-iterating 5 sparse operands: about a second to compile, several under load
 SLOW = "C[i,j] = A0[i,j] + A1[i,j] + A2[i,j] + A3[i,j] + A4[i,j] + {n}"
@@ -61,12 +63,12 @@ def wait_until_compiling(thread: threading.Thread, seconds: float = 30) -> None:
 
 def test_dense_budget_reads_the_setting(monkeypatch):
     monkeypatch.setenv("SPARSE_MLIR_DENSE_BUDGET", "12345")
-    assert runtime_kernel.dense_budget() == 12345
+    assert knobs.dense_budget() == 12345
     monkeypatch.setenv("SPARSE_MLIR_DENSE_BUDGET", "lots")
     with pytest.warns(RuntimeWarning, match="SPARSE_MLIR_DENSE_BUDGET"):
-        default = runtime_kernel.dense_budget()
+        default = knobs.dense_budget()
     monkeypatch.delenv("SPARSE_MLIR_DENSE_BUDGET")
-    assert 0 < default and abs(runtime_kernel.dense_budget() - default) < default  # a fraction of what is free
+    assert 0 < default and abs(knobs.dense_budget() - default) < default  # a fraction of what is free
 
 
 def test_auto_plans_no_dense_copy_over_the_budget(monkeypatch):
@@ -128,7 +130,7 @@ def test_auto_blocked_choice_works_for_a_new_tensor_of_the_same_structure():
 def test_a_killed_compiler_gives_a_lowering_error_and_caches_nothing(own_cache):
     k = sm.compile(SLOW.format(n=16), formats=SLOW_FORMATS)
     worker.call("kernel_source", plan("y[i] = x[i]"))  # a running compiler to kill
-    before = dict(runtime_kernel.stats)
+    before = dict(driver.stats)
     errors: list[BaseException] = []
     thread = threading.Thread(target=lambda: errors.append(pytest.raises(LoweringError, k, **slow_operands()).value))
     thread.start()
@@ -137,7 +139,7 @@ def test_a_killed_compiler_gives_a_lowering_error_and_caches_nothing(own_cache):
     thread.join(60)
     (error,) = errors
     assert isinstance(error, worker.CompilerDied) and not error.crashed and "SIGKILL" in str(error)
-    assert runtime_kernel.stats["densified"] == before["densified"]
+    assert driver.stats["densified"] == before["densified"]
     assert not list(own_cache.rglob("*.so"))  # nothing cached, densified or not
     np.testing.assert_array_equal(k(**slow_operands()), np.eye(4) * 15 + 16)  # a fresh compiler builds it
 
@@ -148,25 +150,25 @@ def test_a_refused_kernel_is_not_densified_beyond_the_budget(own_cache, monkeypa
     monkeypatch.setenv("SPARSE_MLIR_DENSE_BUDGET", "47")
     k = sm.compile("z[j] = -(A[i,j] + (A[i,j] + x[j]))", formats={"A": "csc"})
     A = sm.SparseTensor.from_dense(np.array([[1.0, 0], [0, 3], [2, 0]]), "csc")
-    before = runtime_kernel.stats["densified"]
+    before = driver.stats["densified"]
     with pytest.raises(LoweringError, match="over the dense budget of 47"):
         k(A=A, x=np.ones(2))
-    assert runtime_kernel.stats["densified"] == before
+    assert driver.stats["densified"] == before
     monkeypatch.setenv("SPARSE_MLIR_DENSE_BUDGET", "48")
     np.testing.assert_array_equal(k(A=A, x=np.ones(2)), [-9.0, -9.0])
-    assert runtime_kernel.stats["densified"] == before + 1
+    assert driver.stats["densified"] == before + 1
 
 
 def test_only_refusals_densify():
     for stage in ("input", "sparsified", "llvm"):  # MLIR refusing to build, sparsify or lower the kernel
-        assert runtime_kernel._refused(LoweringError("x", stage=stage, target="cpu"))
-    assert runtime_kernel._refused(worker.CompilerDied("x", returncode=-signal.SIGSEGV))
-    assert runtime_kernel._refused(worker.CompilerDied("x", returncode=-signal.SIGABRT))
+        assert driver.refused(LoweringError("x", stage=stage, target="cpu"))
+    assert driver.refused(worker.CompilerDied("x", returncode=-signal.SIGSEGV))
+    assert driver.refused(worker.CompilerDied("x", returncode=-signal.SIGABRT))
     for other in (worker.CompilerDied("x", returncode=-signal.SIGKILL), worker.CompilerDied("x", returncode=1),
                   worker.CompilerDied("x", returncode=None, timed_out=True),
                   LoweringError("linking failed", stage="link", target="cpu"),
-                  LoweringError("AttributeError: ...", stage="build_library", target="cpu")):
-        assert not runtime_kernel._refused(other), other
+                  LoweringError("AttributeError: ...", stage="build_cpu", target="cpu")):
+        assert not driver.refused(other), other
 
 
 # -- item 17: replies matched to requests; a broken exchange restarts the compiler ------------------------------
@@ -224,7 +226,7 @@ FORK_SCRIPT = textwrap.dedent("""
     import os, sys, threading, time
     import numpy as np, scipy.sparse as sp
     import sparse_mlir as sm
-    from sparse_mlir import worker
+    from sparse_mlir.compiler import process as worker
 
     slow = sm.compile({slow!r}, formats={formats!r})
     operands = {{f"A{{i}}": sp.eye(4, format="csr") * (i + 1) for i in range(5)}}
@@ -292,13 +294,13 @@ def test_compile_timeout_stops_the_compiler(own_cache, monkeypatch):
     with pytest.raises(LoweringError, match="SPARSE_MLIR_COMPILE_TIMEOUT=0.3s") as caught:
         k(**slow_operands())
     assert time.monotonic() - start < 3
-    assert caught.value.timed_out and not runtime_kernel._refused(caught.value)
+    assert caught.value.timed_out and not driver.refused(caught.value)
     with pytest.raises(ProcessLookupError):
         os.kill(old, 0)
     assert not list(own_cache.rglob("*.so"))
     monkeypatch.setenv("SPARSE_MLIR_COMPILE_TIMEOUT", "soon")
     with pytest.warns(RuntimeWarning, match="SPARSE_MLIR_COMPILE_TIMEOUT"):
-        assert worker.compile_timeout() is None
+        assert knobs.compile_timeout() is None
 
 
 # -- item 20: deep expressions, raw errors from the compiler and from odd cache entries ---------------------------
@@ -334,7 +336,7 @@ def test_a_deep_stack_caller_gets_a_dsl_error():
 def test_raw_errors_in_the_compiler_arrive_as_lowering_errors():
     with pytest.raises(LoweringError, match="AttributeError"):
         worker.call("kernel_source", None)
-    with pytest.raises(LoweringError, match="AttributeError"):
+    with pytest.raises(LoweringError, match="no job 'no_such_function'"):  # a fixed table, nothing looked up
         worker.call("no_such_function")
 
 

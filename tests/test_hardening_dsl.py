@@ -54,7 +54,7 @@ def test_ordinary_names_still_compile_right(expression):
     x = np.arange(1.0, 4.0)
     args = {n: x * (k + 1) for k, n in enumerate(spec.inputs)}
     got = sm.compile(expression)(**args)
-    from reference import evaluate
+    from support.reference import evaluate
     np.testing.assert_array_equal(got, evaluate(spec, args))
 
 

@@ -194,8 +194,8 @@ def _forge(path: Path, tensor: sm.SparseTensor, edit, payloads: dict[str, bytes]
     """Write ``tensor`` as .smt with its header records edited and some buffers' stored bytes replaced."""
     from dataclasses import asdict
 
-    from sparse_mlir.signature import format_to_json
-    from sparse_mlir.tensor_file import _Entry, _header, _stored, _write_atomically
+    from sparse_mlir.abi.c_signature import format_to_json
+    from sparse_mlir.io.smt import _Entry, _header, _stored, _write_atomically
 
     entries, stored = _stored(tensor, "none", "raw")
     for i, e in enumerate(entries):
@@ -228,7 +228,7 @@ def _peak_mib(action) -> float:
 def test_a_count_the_shape_rules_out_is_refused_before_inflating(tmp_path):
     from dataclasses import asdict
 
-    from sparse_mlir.tensor_file import _Entry
+    from sparse_mlir.io.smt import _Entry
 
     t = sm.SparseTensor.from_coo([[0, 1], [1, 2]], [1.0, 2.0], (3, 3), "csr")
     bomb = _zlib_zeros(1 << 28)  # 256 MiB of zeros in about 260 KB
@@ -250,7 +250,7 @@ def test_a_count_the_shape_rules_out_is_refused_before_inflating(tmp_path):
 def _edit_record(name, **changes):
     from dataclasses import asdict
 
-    from sparse_mlir.tensor_file import _Entry
+    from sparse_mlir.io.smt import _Entry
 
     def edit(meta, entries):
         i = next(k for k, e in enumerate(entries) if e.name == name)
@@ -285,7 +285,7 @@ def test_odd_headers_raise_format_error(tmp_path, edit, match):
 
 
 def test_deeply_nested_header_is_a_format_error(tmp_path):
-    from sparse_mlir.tensor_file import MAGIC, VERSION
+    from sparse_mlir.io.smt import MAGIC, VERSION
 
     header = b"[" * 100_000 + b"]" * 100_000
     path = tmp_path / "deep.smt"
@@ -318,7 +318,7 @@ def _write(path: Path, data: bytes) -> Path:
 
 
 def test_a_tiny_smtx_cannot_allocate_its_announced_nonzeros(tmp_path):
-    from sparse_mlir.io import read_smtx
+    from sparse_mlir.io.matrix_files import read_smtx
 
     path = _write(tmp_path / "a.smtx", b"1000000, 100, 20000000\n0\n\n")  # 28 bytes announcing 20M values
     read_smtx(_write(tmp_path / "warm.smtx", b"1, 1, 0\n0 0\n"))  # imports outside the measurement
@@ -331,7 +331,7 @@ def test_a_tiny_smtx_cannot_allocate_its_announced_nonzeros(tmp_path):
 
 
 def test_a_tiny_mtx_cannot_allocate_its_announced_entries(tmp_path):
-    from sparse_mlir.io import read_mtx
+    from sparse_mlir.io.matrix_files import read_mtx
 
     path = _write(tmp_path / "a.mtx.gz", b"%%MatrixMarket matrix coordinate real general\n"
                                          b"5000000 5000000 20000000\n1 1 1\n")
@@ -345,7 +345,7 @@ def test_a_tiny_mtx_cannot_allocate_its_announced_entries(tmp_path):
 
 
 def test_a_gzip_bomb_behind_small_counts_is_not_inflated(tmp_path):
-    from sparse_mlir.io import read_smtx
+    from sparse_mlir.io.matrix_files import read_smtx
 
     path = tmp_path / "bomb.smtx.gz"
     path.write_bytes(gzip.compress(b"3, 3, 1\n0 1 1 1\n0\n" + b" " * (1 << 27)))  # 128 MiB of blanks
@@ -366,7 +366,7 @@ def test_a_gzip_bomb_behind_small_counts_is_not_inflated(tmp_path):
     (b"3, 3, 2\n0 1 2 2\n0\n", "column indices"),
 ])
 def test_malformed_smtx_lines_raise_format_error(tmp_path, text, match):
-    from sparse_mlir.io import read_smtx
+    from sparse_mlir.io.matrix_files import read_smtx
 
     with pytest.raises(FormatError, match=match):
         read_smtx(_write(tmp_path / "m.smtx", text))
@@ -381,7 +381,7 @@ def test_malformed_smtx_lines_raise_format_error(tmp_path, text, match):
     (b"%%MatrixMarket tensor coordinate real general\n3 3 1\n1 1 1\n", "banner"),
 ])
 def test_malformed_mtx_raises_format_error(tmp_path, body, match):
-    from sparse_mlir.io import read_mtx
+    from sparse_mlir.io.matrix_files import read_mtx
 
     with pytest.raises(FormatError, match=match):
         read_mtx(_write(tmp_path / "m.mtx", body))
@@ -401,13 +401,13 @@ def test_convert_to_smtx_needs_pattern_only_and_then_warns(tmp_path):
     assert refused.returncode != 0 and "--pattern-only" in refused.stderr and not out.exists()
     done = _cli("convert", str(src), str(out), "--pattern-only")
     assert done.returncode == 0 and "dropped" in done.stderr
-    from sparse_mlir.io import load_any
+    from sparse_mlir.io.matrix_files import load_any
 
     assert load_any(out).to_scipy().indices.tolist() == [1, 0]
 
 
 def test_save_any_to_smtx_warns_that_values_are_dropped(tmp_path):
-    from sparse_mlir.io import save_any
+    from sparse_mlir.io.matrix_files import save_any
 
     t = sm.SparseTensor.from_coo([[0], [1]], [2.5], (2, 2), "csr")
     with pytest.warns(UserWarning, match="values are dropped"):
@@ -463,7 +463,7 @@ def test_exported_library_refuses_a_position_spike(tmp_path):
 
 @pytest.mark.parametrize("content", [b"not a zip", b"PK\x03\x04" + bytes(40)])
 def test_malformed_npz_raises_format_error(tmp_path, content):
-    from sparse_mlir.io import read_npz
+    from sparse_mlir.io.matrix_files import read_npz
 
     path = tmp_path / "m.npz"
     path.write_bytes(content)
@@ -472,7 +472,7 @@ def test_malformed_npz_raises_format_error(tmp_path, content):
 
 
 def test_npz_with_inconsistent_arrays_raises_format_error(tmp_path):
-    from sparse_mlir.io import read_npz
+    from sparse_mlir.io.matrix_files import read_npz
 
     path = tmp_path / "m.npz"
     np.savez(path, format=np.array("csr"), shape=np.array([3, 3]), data=np.ones(2), indices=np.array([0, 1]),

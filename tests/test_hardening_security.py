@@ -25,7 +25,7 @@ import pytest
 
 import sparse_mlir as sm
 from sparse_mlir.errors import FormatError, SparseMLIRError
-from sparse_mlir.runtime import cache
+from sparse_mlir.compiler import cache
 
 SPMV = "y[i] = A[i,j] * x[j]"
 

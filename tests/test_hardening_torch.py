@@ -6,7 +6,7 @@ import io
 
 import numpy as np
 import pytest
-from conftest import require
+from support.data import require
 
 torch = require("torch")
 

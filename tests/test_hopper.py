@@ -14,10 +14,10 @@ import pytest
 
 import sparse_mlir as sm
 from sparse_mlir.errors import DeviceError
-from sparse_mlir.gpu_program import GpuProgram, TensorMapGeometry
+from sparse_mlir.abi.gpu_program import GpuProgram, TensorMapGeometry
 from sparse_mlir.runtime.tensor_maps import encode_arguments
 
-import fake_cupy
+import support.fake_cupy as fake_cupy
 from test_gpu import _entry_params, _ptxas
 
 GEMM = "C[i,j] = A[i,k]*B[k,j]"
@@ -62,7 +62,7 @@ def test_hopper_launches_and_their_manifest_round_trip():
 
 
 def test_tma_needs_16_byte_rows():
-    from sparse_mlir.dialects.native_wgmma import fits_wgmma
+    from sparse_mlir.dialects.native.wgmma import fits_wgmma
 
     assert fits_wgmma(64, 96, 40, sparse=True)  # 2:4 rows of 48 values: 96 bytes
     assert not fits_wgmma(64, 104, 40, sparse=True)  # 52 values: 104 bytes
@@ -92,7 +92,7 @@ def test_hopper_kernels_launch_with_tensor_maps_on_compute_capability_9_0_only(m
     kernel = sm.compile(GEMM, formats={"A": "2:4"}, dtype="float16", target="cuda")
     a = np.zeros((256, 512), np.float16)
     a[:, ::2] = 1
-    from sparse_mlir.device_tensor import DeviceSparseTensor
+    from sparse_mlir.tensor.device import DeviceSparseTensor
 
     left = DeviceSparseTensor.from_dense_nm(fake_cupy.device(a))
     kernel(A=left, B=fake_cupy.device(np.ones((512, 256), np.float16)))
@@ -105,14 +105,14 @@ def test_hopper_kernels_launch_with_tensor_maps_on_compute_capability_9_0_only(m
     assert [name for name, *_ in record.launches] == ["gemm_2to4_sm90"]  # metadata made once per tensor
     assert metadata in record.launches[0][3]
     record.launches.clear()
-    monkeypatch.setattr("sparse_mlir.runtime.cuda.cupy", lambda: fake_cupy.build("89")[0])
+    monkeypatch.setattr("sparse_mlir.runtime.launch.cupy", lambda: fake_cupy.build("89")[0])
     other = sm.compile(GEMM, formats={"A": "2:4"}, dtype="float16", target="cuda")
     assert [launch.kernel for launch in other.specialize({"A": (256, 512), "B": (512, 256)}).program.launches
             if launch.on("sm_80")] == ["spmm_2to4"]
 
 
 def test_the_c_launcher_encodes_tensor_maps_and_skips_other_chips_kernels(tmp_path):
-    from sparse_mlir.gpu_header import cuda_header
+    from sparse_mlir.export.cuda_header import cuda_header
 
     kernel = sm.compile(GEMM, formats={"A": "2:4"}, dtype="float16", target="cuda")
     function = kernel.specialize({"A": (256, 512), "B": (512, 256)})
@@ -123,7 +123,7 @@ def test_the_c_launcher_encodes_tensor_maps_and_skips_other_chips_kernels(tmp_pa
     (tmp_path / "main.c").write_text('#include "kernel.h"\nint main(void) { return 0; }\n')
     import os
 
-    fake = os.path.join(os.path.dirname(__file__), "fake_cuda")
+    fake = os.path.join(os.path.dirname(__file__), "support", "fake_cuda")
     done = subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", "-I", fake, "-I", str(tmp_path),
                            str(tmp_path / "main.c"), "-o", str(tmp_path / "main")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -159,7 +159,7 @@ def test_float16_linear_with_a_2to4_weight_runs_on_sparse_tensor_cores(bias, tmp
                                         (104, "89", ["transpose_in", "spmm_2to4", "transpose_out"])):
         record = fake_cupy.install(monkeypatch, capability=capability)  # a new batch: a new specialization
         fresh = sm.compile(expr, formats={"W": "2:4"}, dtype="float16", target="cuda")
-        from sparse_mlir.device_tensor import DeviceSparseTensor
+        from sparse_mlir.tensor.device import DeviceSparseTensor
 
         weight = np.zeros((64, 128), np.float16)
         weight[:, 1::2] = 1
@@ -183,7 +183,7 @@ def test_the_tensor_core_device_script_runs_start_to_end_against_the_stand_in(tm
                            str(bundle), "--small"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     env = {**os.environ, "OUT": str(tmp_path), "SPARSE_MLIR_REHEARSAL": "1"}
-    run = subprocess.run([sys.executable, os.path.join(root, "tests", "fake_cupy.py"),
+    run = subprocess.run([sys.executable, os.path.join(root, "tests", "support", "fake_cupy.py"),
                           str(bundle / "tensor_core_check.py"), str(bundle)], capture_output=True, text=True, env=env)
     assert run.returncode == 1 and "a correctness check failed" in run.stderr, run.stderr[-3000:]
     import json
@@ -195,7 +195,7 @@ def test_the_tensor_core_device_script_runs_start_to_end_against_the_stand_in(tm
 
 def test_a_tensor_named_like_a_launcher_variable_is_refused_not_miscompiled():
     from sparse_mlir.errors import DSLError
-    from sparse_mlir.gpu_header import cuda_header
+    from sparse_mlir.export.cuda_header import cuda_header
 
     kernel = sm.compile("y[i] = A[i,j] * w[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
     function = kernel.specialize({"A": (8, 8), "w": (8,)})

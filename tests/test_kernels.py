@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import DTYPES, prune_nm, random_sparse, random_values
+from support.data import DTYPES, prune_nm, random_sparse, random_values
 
 import sparse_mlir as sm
 
@@ -169,7 +169,7 @@ def test_body_that_folds_away(lhs):
 def test_sparsifier_crash_falls_back_to_dense_copies():
     """Found by the fuzzer: the sparsifier segfaults co-iterating CSC A twice with a dense x; the compile
     retries with A copied to a dense temporary, and the answer is right."""
-    from sparse_mlir.runtime.kernel import stats
+    from sparse_mlir.compiler.driver import stats
 
     a = np.array([[1.0, 0, 2], [0, 3, 0]])
     x = np.array([1.0, 2, 3])
@@ -231,7 +231,7 @@ def test_outer_reduction_loops_are_not_threaded(rng, expr, monkeypatch):
     ref = (a if "A[i,j]" in expr else a.T) @ x
     for _ in range(5):
         np.testing.assert_allclose(kernel(A=a, x=x), ref, rtol=1e-10, atol=1e-10)
-    assert "omp.wsloop" not in kernel.ir["sparsified"]
+    assert "omp.wsloop" not in kernel.ir["mapped"]
 
 
 @pytest.mark.parametrize("expr,fmt,n", [("C[i,j] = A[i,k] * B[k,j]", "csr", 37),
@@ -255,7 +255,7 @@ def test_hand_scheduled_kernels_overwrite_a_stale_out_buffer(rng, expr, fmt, n):
 @pytest.mark.parametrize("axis", [0, 1])
 def test_nm_spmm_walks_rows_in_panels_of_b(rng, nm, n, axis):
     """Wide N:M rows span many panels of B and row blocks: partial sums go through C, an empty row stays zero."""
-    from sparse_mlir.dialects.native_spmm import PANEL_BYTES, ROW_BLOCK
+    from sparse_mlir.dialects.native.spmm import PANEL_BYTES, ROW_BLOCK
 
     rows, cols = 3 * ROW_BLOCK + 5, 1024
     assert cols // nm[1] > PANEL_BYTES // (n * 4 * nm[1])  # more than one panel
@@ -326,7 +326,7 @@ def test_linear_orientation_runs_the_tiled_spmm_between_transposes(rng, dtype, s
 
 def test_spmv_rows_short_and_long_take_both_loops(rng):
     """Rows of 0 to 40 nonzeros: under ``SHORT_ROW`` the plain loop, above it the unrolled one with its tail."""
-    from sparse_mlir.dialects.native_spmv import SHORT_ROW
+    from sparse_mlir.dialects.native.spmv import SHORT_ROW
 
     lengths = np.arange(41) % (5 * SHORT_ROW + 1)
     a = np.zeros((41, 64))

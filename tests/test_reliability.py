@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import sparse_mlir as sm
-from sparse_mlir.runtime import kernel as runtime_kernel
+from sparse_mlir.compiler import driver
 
 
 def rss_bytes() -> int:
@@ -27,7 +27,7 @@ def test_eight_threads_compile_each_distinct_kernel_once():
     A = sm.SparseTensor.from_dense(a, "csr")
     x = np.arange(6.0)
     factors = [101, 103, 107]  # three distinct kernels, new to this process
-    before = runtime_kernel.stats["compiled"]
+    before = driver.stats["compiled"]
     errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
@@ -47,7 +47,7 @@ def test_eight_threads_compile_each_distinct_kernel_once():
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    assert runtime_kernel.stats["compiled"] - before <= 3  # fewer if an earlier run left them on disk
+    assert driver.stats["compiled"] - before <= 3  # fewer if an earlier run left them on disk
 
 
 def test_calls_release_the_gil():
@@ -75,15 +75,16 @@ def test_many_calls_do_not_grow_memory():
 
 LRU_SCRIPT = textwrap.dedent("""
     import json, numpy as np, sparse_mlir as sm
-    from sparse_mlir.runtime import kernel as rk
+    from sparse_mlir.compiler import driver
+    from sparse_mlir.runtime import cpu as rk
     A = sm.SparseTensor.from_dense(np.eye(4), "csr")
     kernels = [sm.compile(f"y[i] = A[i,j] * x[j] + {n}", formats={"A": "csr"}) for n in range(COUNT)]
     for n, k in enumerate(kernels):
         assert np.array_equal(k(A=A, x=np.ones(4)), np.ones(4) + n)
     loaded = len(rk._loaded)
-    compiled = rk.stats["compiled"]
+    compiled = driver.stats["compiled"]
     assert np.array_equal(kernels[0](A=A, x=np.ones(4)), np.ones(4))  # evicted: reloaded from disk
-    print(json.dumps({"loaded": loaded, "compiled": compiled, "recompiled": rk.stats["compiled"] - compiled,
+    print(json.dumps({"loaded": loaded, "compiled": compiled, "recompiled": driver.stats["compiled"] - compiled,
                       "rss": int(open("/proc/self/statm").read().split()[1]) * 4096}))
 """)
 

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import random_sparse, random_values
+from support.data import random_sparse, random_values
 
 import sparse_mlir as sm
 from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
@@ -51,7 +51,7 @@ def test_ir_of_every_stage(operands):
     spmv = sm.compile("y[i] = A[j,i] * x[j]", formats={"A": "csr"})  # transposed: sparsified, not hand-scheduled
     spmv(A=A, x=np.ones(6))
     ir = spmv.ir
-    assert list(ir) == ["input", "sparsified", "llvm"]
+    assert list(ir) == ["input", "sparsified", "mapped", "llvm"]  # the same stages on every target
     assert "tensor<6x5xf64, #sparse" in ir["input"]
     assert "scf.for" in ir["sparsified"] and "sparse_tensor" not in ir["sparsified"].split("module", 1)[1]
     assert "llvm.func @sparse_mlir_kernel(" in ir["llvm"]  # the plain C entry point
@@ -210,7 +210,7 @@ def test_sparse_results_own_their_buffers(rng):
 def test_threads_share_one_compile(rng):
     import threading
 
-    from sparse_mlir.runtime import kernel as runtime_kernel
+    from sparse_mlir.runtime import cpu as runtime_kernel
 
     k = sm.compile("y[i] = A[i,j] * x[j] + 1", formats={"A": "csr"})
     a = random_sparse(rng, (9, 9), 0.3, "float64")
@@ -237,32 +237,32 @@ def test_threads_share_one_compile(rng):
 def test_a_compiler_crash_becomes_a_lowering_error(tmp_path):
     """The sparsifier segfaults co-iterating CSC A twice with a dense x (see test_kernels); asked directly,
     without the densified retry, the compiler process dies and this one gets a LoweringError."""
-    from sparse_mlir import worker
+    from sparse_mlir.compiler import process as worker
     from sparse_mlir.dsl import plan
     from sparse_mlir.errors import LoweringError
-    from sparse_mlir.signature import Signature
+    from sparse_mlir.abi.c_signature import Signature
 
     spec = plan("z[j] = -(A[i,j] + (A[i,j] + x[j]))", {"A": "csc"})
     shapes = {"A": (2, 3), "x": (None,), "z": (None,)}
     sig = Signature.from_spec(spec, spec.formats, shapes, "k")
     with pytest.raises(LoweringError, match="compiler process died"):
-        worker.call("build_library", spec, shapes, sig, tmp_path / "k.so", "cpu", "native")
+        worker.call("build_cpu", spec, shapes, sig, tmp_path / "k.so", "native", None, False)
     k = sm.compile("s[] = A[i,j] * 2", formats={"A": "csr"})  # the next compile gets a fresh process
     assert k(A=sm.SparseTensor.from_dense(np.eye(3), "csr")) == 6.0
 
 
 def test_an_unpicklable_compiler_error_still_arrives_as_a_lowering_error(tmp_path):
     """The bindings' MLIRError cannot be pickled; the compiler process sends its text instead of dying."""
-    from sparse_mlir import worker
+    from sparse_mlir.compiler import process as worker
     from sparse_mlir.dsl import plan
     from sparse_mlir.errors import LoweringError
-    from sparse_mlir.signature import Signature
+    from sparse_mlir.abi.c_signature import Signature
 
     spec = plan("y[i] = A[i,j]*x[j]", {"A": "csc"})
     sig = Signature.from_spec(spec, spec.formats, {"A": (4, 4), "x": (4,), "y": (4,)}, "k")
     with pytest.raises(LoweringError, match="invalid tensor dimension size"):
-        worker.call("build_library", spec, {"A": (-3, 4), "x": (4,), "y": (-3,)}, sig, tmp_path / "k.so", "cpu",
-                    "native")
+        worker.call("build_cpu", spec, {"A": (-3, 4), "x": (4,), "y": (-3,)}, sig, tmp_path / "k.so", "native",
+                    None, False)
 
 
 def test_out_must_not_overlap_an_operand(spmm, rng):

@@ -42,7 +42,7 @@ def test_einsum_plan_only_for_sums_of_products():
     assert einsum_plan(plan("C[i,j] = A[i,k] * B[k,j] * 2", {"A": "csr"}))[0] == "ac,cb->ab"
     assert einsum_plan(plan("C[i,j] = relu(A[i,k] * B[k,j])", {"A": "csr"})) is None
     assert einsum_plan(plan("C[i,j] = A[i,j] + B[i,j]", {"A": "csr", "B": "csr", "C": "csr"})) is None
-    with pytest.raises(sm.errors.DSLError):
+    with pytest.raises(sm.errors.OptionError):
         sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"}, schedule="fast")
 
 

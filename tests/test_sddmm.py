@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 import sparse_mlir as sm
-from sparse_mlir.dialects.native_sddmm import sddmm_operands
+from sparse_mlir.dialects.native.sddmm import sddmm_operands
 
 
 def _operands(rng, dtype: str, k: int, rows: int = 50, cols: int = 40):

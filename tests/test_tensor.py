@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import prune_nm, random_sparse
+from support.data import prune_nm, random_sparse
 
 import sparse_mlir as sm
 from sparse_mlir.errors import DTypeError, FormatError, InvalidIndicesError, PatternError, ShapeError

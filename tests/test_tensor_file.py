@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import DTYPES, prune_nm, random_sparse
+from support.data import DTYPES, prune_nm, random_sparse
 
 import sparse_mlir as sm
 from sparse_mlir.errors import FormatError, OperandError
 from sparse_mlir.formats import coo, sparse_vector
-from sparse_mlir.io import load_any, read_smtx, save_any
-from sparse_mlir.tensor_file import MAGIC, load_tensor, save_tensor
+from sparse_mlir.io.matrix_files import load_any, read_smtx, save_any
+from sparse_mlir.io.smt import MAGIC, load_tensor, save_tensor
 
 DLMC = Path(sm.__file__).parent / "data" / "dlmc_attention_q_0.9.smtx.gz"  # a real pruned pattern, shipped
 

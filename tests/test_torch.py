@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require
+from support.data import require
 
 torch = require("torch")
 

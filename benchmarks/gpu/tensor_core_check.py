@@ -38,7 +38,7 @@ import cupy as cp  # noqa: E402
 
 import sparse_mlir as sm  # noqa: E402
 from sparse_mlir.timing import gpu_seconds  # noqa: E402
-from sparse_mlir.device_tensor import DeviceSparseTensor  # noqa: E402
+from sparse_mlir.tensor.device import DeviceSparseTensor  # noqa: E402
 
 PLAN = json.loads((BUNDLE / "plan.json").read_text())
 OUT = Path(os.environ.get("OUT", BUNDLE))

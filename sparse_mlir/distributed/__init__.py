@@ -6,9 +6,9 @@ importable as ``sparse_mlir.dask``.  See ``matrix`` for the data layout,
 conjugate gradients.
 """
 
-from .kernels import Artifact, KernelPlan
-from .matrix import ColumnShardedMatrix, Layout, RowShardedMatrix, row_bounds
-from .solvers import CGResult, cg, poisson3d
+from sparse_mlir.distributed.kernels import Artifact, KernelPlan
+from sparse_mlir.distributed.matrix import ColumnShardedMatrix, Layout, RowShardedMatrix, row_bounds
+from sparse_mlir.distributed.solvers import CGResult, cg, poisson3d
 
 __all__ = ["RowShardedMatrix", "ColumnShardedMatrix", "Layout", "row_bounds", "Artifact", "KernelPlan", "cg",
            "CGResult", "poisson3d"]

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DSLError, LoweringError, ShapeError, SparseMLIRError
-from ..formats import Format
-from ..tensor import SparseTensor
+from sparse_mlir.errors import DSLError, LoweringError, ShapeError, SparseMLIRError
+from sparse_mlir.formats import Format
+from sparse_mlir.io.matrix_files import load_any
+from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["name_chunk", "as_block", "file_block", "probe_file", "run_block", "add_partials", "place_partial",
            "block_to_scipy"]
@@ -88,8 +89,6 @@ _files: OrderedDict[tuple, Any] = OrderedDict()  # the last files read by this w
 
 def _read_file(path: str, stamp: tuple[int, int]) -> Any:
     """The whole file as scipy CSR, once per worker process and file version (``stamp``: size, mtime)."""
-    from ..io import load_any
-
     key = (path, stamp)
     matrix = _files.get(key)
     if matrix is None:

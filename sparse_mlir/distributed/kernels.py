@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import OperandError
-from ..formats import Format
+from sparse_mlir.api import compile as compile_kernel
+from sparse_mlir.errors import OperandError
+from sparse_mlir.export.artifacts import export
+from sparse_mlir.formats import Format
+from sparse_mlir.runtime.artifact import load_kernel
 
 __all__ = ["Artifact", "KernelPlan", "BlockKey", "SHIP_MODES", "block_key", "make_plan"]
 
@@ -95,8 +98,6 @@ def _artifact_root() -> Path:
 
 def _load_artifact(artifact: Artifact) -> Any:
     """Write the files and load them: ``load_kernel`` re-checks every checksum and the embedded digest."""
-    from ..runtime.artifact import load_kernel
-
     folder = _artifact_root() / artifact.digest
     folder.mkdir(exist_ok=True)
     for name, data in artifact.files:
@@ -126,8 +127,6 @@ class KernelPlan:
     def kernel_for(self, block: Any) -> Any:
         """The callable for ``block`` in this worker: its shipped export, or the compiled kernel."""
         if self.artifacts is None:
-            from ..api import compile as compile_kernel
-
             return compile_kernel(self.expression, formats=dict(self.formats), dtype=self.dtype, target=self.target)
         key = block_key(block)
         for known, artifact in self.artifacts:
@@ -145,9 +144,6 @@ _export_root: Path | None = None
 def _export(expression: str, operand: str, formats: dict[str, Format], dtype: str, key: BlockKey) -> Artifact:
     """Compile (or reuse) the kernel on the client and export it for one block key; cached per process."""
     global _export_root
-    from ..api import compile as compile_kernel
-    from ..export import export
-
     shape, pos_width, crd_width = key
     fmts = {**formats, operand: formats[operand].with_widths(pos_width, crd_width)}
     cache_key = (expression, operand, tuple(sorted((n, repr(f)) for n, f in fmts.items())), dtype, key)

@@ -29,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from ..dsl.plan import plan as plan_spec
-from ..errors import FormatError, OperandError, ShapeError
-from ..formats import CSR, Format
-from ..tensor import SparseTensor, check_dtype
-from . import blocks as B
-from .kernels import SHIP_MODES, KernelPlan, make_plan
+from sparse_mlir.distributed import blocks as B
+from sparse_mlir.distributed.kernels import SHIP_MODES, KernelPlan, make_plan
+from sparse_mlir.dsl.plan import plan as plan_spec
+from sparse_mlir.dtypes import check_dtype
+from sparse_mlir.errors import FormatError, OperandError, ShapeError
+from sparse_mlir.formats import CSR, Format
+from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["Layout", "RowShardedMatrix", "ColumnShardedMatrix", "row_bounds"]
 
@@ -182,7 +183,7 @@ class RowShardedMatrix:
         """A Matrix Market / ``.smtx`` / ``.smt`` / ``.npz`` file, read by the workers.
 
         Each worker reads the file once with the package's readers
-        (``sparse_mlir.io.load_any``: a ``.smt`` is memory-mapped) and cuts
+        (``sparse_mlir.io.matrix_files.load_any``: a ``.smt`` is memory-mapped) and cuts
         its row blocks from it; one small task first reads the layout (shape
         and the column window of every block) for the client to plan with.
         """

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError
-from .matrix import RowShardedMatrix
+from sparse_mlir.errors import ShapeError
+from sparse_mlir.distributed.matrix import RowShardedMatrix
 
 __all__ = ["CGResult", "cg", "dot", "axpy", "poisson3d"]
 

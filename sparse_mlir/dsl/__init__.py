@@ -1,6 +1,6 @@
 """Tensor index notation: parser, AST and planner (no MLIR imports)."""
 
-from .parser import parse
-from .plan import KernelSpec, Stage, plan
+from sparse_mlir.dsl.parser import parse
+from sparse_mlir.dsl.plan import KernelSpec, Stage, plan
 
 __all__ = ["parse", "plan", "KernelSpec", "Stage"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import DSLError
-from .ast import FUNCTIONS, Access, Assignment, Binary, Call, Expr, Literal, Unary
+from sparse_mlir.errors import DSLError
+from sparse_mlir.dsl.ast import FUNCTIONS, Access, Assignment, Binary, Call, Expr, Literal, Unary
 
 __all__ = ["parse", "MAX_DEPTH"]
 

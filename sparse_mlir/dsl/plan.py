@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DSLError, DTypeError
-from ..formats import Dense, Format, as_format
-from ..tensor import check_dtype
-from .ast import Access, Assignment, Binary, Call, Expr, Literal, Reduce, Unary
-from .parser import parse
+from sparse_mlir.dsl.ast import Access, Assignment, Binary, Call, Expr, Literal, Reduce, Unary
+from sparse_mlir.dsl.parser import parse
+from sparse_mlir.dtypes import check_dtype
+from sparse_mlir.errors import DSLError, DTypeError
+from sparse_mlir.formats import Dense, Format, as_format
 
 __all__ = ["Stage", "KernelSpec", "plan"]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from scipy.special import erf
 
-from ..api import compile as compile_kernel
-from ..errors import FormatError
-from ..prune import magnitude, n_m
-from ..tensor import SparseTensor
+from sparse_mlir.api import compile as compile_kernel
+from sparse_mlir.errors import FormatError
+from sparse_mlir.prune import magnitude, n_m
+from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["model_dir", "load_weights", "Tokenizer", "encode", "linear_names", "dense_linears",
            "pruned_weights", "sparse_linears", "masked_dense_linears"]

@@ -1,5 +1,1 @@
-"""Loading and calling compiled kernels: no MLIR needed here."""
-
-from .kernel import Kernel, Specialization
-
-__all__ = ["Kernel", "Specialization"]
+"""Loading and calling compiled kernels (no MLIR here): every kind follows ``runtime.kernel.Kernel``."""

@@ -34,57 +34,17 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import numpy as np
 
-from ..errors import FormatError, OperandError, ShapeError, SparseMLIRError
-from ..signature import Signature
-from .library import NativeFunction
-from .operands import check_extents, dense_output, prepare
-from .calls import kernel_call
+from sparse_mlir.errors import FormatError, SparseMLIRError
+from sparse_mlir.runtime.loaded import LoadedCudaKernel, LoadedKernel
 
-__all__ = ["load_kernel", "LoadedKernel", "MANIFEST_SCHEMA", "manifest_digest", "check_manifest", "DIGEST_MARK",
+__all__ = ["load_kernel", "MANIFEST_SCHEMA", "manifest_digest", "check_manifest", "DIGEST_MARK",
            "PTX_DIGEST_PREFIX", "ptx_digest_line"]
 
 MANIFEST_SCHEMA = 1
 DIGEST_MARK = b"sparse_mlir-manifest-sha256="  # followed by 64 hex digits, once in an exported library
 PTX_DIGEST_PREFIX = "// sparse_mlir-manifest-sha256: "  # a line of every exported PTX file
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-class LoadedKernel:
-    """An exported kernel: fixed sparse shapes, keyword operands as for ``sm.compile`` kernels."""
-
-    def __init__(self, manifest: dict[str, Any], folder: Path):
-        self.manifest = manifest
-        self.signature = sig = Signature.from_json(manifest["signature"])
-        self.native = NativeFunction(folder / manifest["library"], sig, threaded=bool(manifest.get("threads")))
-        self._inputs = tuple((op.name, op.format, len(op.shape)) for op in sig.inputs)
-        places: dict[str, list[tuple[str, int]]] = {}
-        for op in sig.inputs:
-            for d, idx in enumerate(op.index):
-                places.setdefault(idx, []).append((op.name, d))
-        self._sources = tuple((idx, tuple(p)) for idx, p in places.items())
-
-    @kernel_call
-    def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
-        sig = self.signature
-        args = prepare(sig.expression, self._inputs, operands, sig.output.dtype, "cpu")
-        for op in sig.inputs:
-            shape = args[op.name].shape
-            if any(s is not None and s != got for s, got in zip(op.shape, shape)):
-                raise ShapeError(f"{sig.name} was exported for {op.name} of shape "
-                                 f"{tuple('?' if s is None else s for s in op.shape)}, got {shape}")
-        extents = check_extents(self._sources, args)
-        out_op = sig.output
-        out_shape = tuple(extents[i] if i in extents else s for i, s in zip(out_op.index, out_op.shape))
-        if out_op.sparse:
-            if out is not None:
-                raise OperandError(f"out= is only for dense results; {out_op.name} is sparse")
-            return self.native(args, None, out_shape)
-        return self.native(args, dense_output(out_op.name, out, out_shape, out_op.dtype, args), out_shape)
-
-    def __repr__(self) -> str:
-        return f"LoadedKernel({self.signature.name!r}: {self.signature.expression!r})"
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -235,8 +195,6 @@ def load_kernel(path: str | Path) -> Any:
     check_manifest(manifest, manifest_path)
     try:
         if manifest["kind"] == "cuda":
-            from .cuda import LoadedCudaKernel
-
             return LoadedCudaKernel(manifest, manifest_path.parent)
         return LoadedKernel(manifest, manifest_path.parent)
     except SparseMLIRError:

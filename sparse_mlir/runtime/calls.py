@@ -13,8 +13,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import OperandError
-from .torch_tensors import call_with_torch
+from sparse_mlir.errors import OperandError
+from sparse_mlir.runtime.torch_tensors import call_with_torch
 
 __all__ = ["kernel_call", "keyword_signature"]
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InvalidIndicesError, LoweringError, OperandError, ShapeError
-from ..signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, STATUS_TEXT, Signature
-from ..tensor import SparseTensor
-from . import abi, threads
+from sparse_mlir.errors import FormatError, InvalidIndicesError, LoweringError, OperandError, ShapeError
+from sparse_mlir.abi.c_signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, STATUS_TEXT, Signature
+from sparse_mlir.tensor.host import SparseTensor
+from sparse_mlir.runtime import threads
+from sparse_mlir.runtime import descriptors as abi
 
 __all__ = ["NativeFunction"]
 

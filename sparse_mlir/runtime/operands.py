@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
-from ..formats import Format
-from ..tensor import SparseTensor
+from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
+from sparse_mlir.formats import Format
+from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["prepare", "check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
 

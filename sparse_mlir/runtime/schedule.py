@@ -7,7 +7,7 @@ blocks), and dense BLAS on a dense copy of the sparse operands (for kernels
 that are a sum of products) so that a user never pays for sparsity that does
 not pay off.  Those copies are the conversions ``auto`` may make; they are
 cached with the tensor and their cost is reported.  A dense copy is planned
-only when it fits ``dense_budget()`` (``SPARSE_MLIR_DENSE_BUDGET``): a 1M x
+only when it fits ``knobs.dense_budget()`` (``SPARSE_MLIR_DENSE_BUDGET``): a 1M x
 1M SpMV must not ask for terabytes.  Decisions are cached per operand
 structure (each sparse operand's format, shape, nnz and a fingerprint of a
 sample of its index buffers, plus the dense sizes), not per tensor object:
@@ -30,16 +30,18 @@ from typing import Any
 
 import numpy as np
 
-from ..dsl.ast import Access, Binary, Expr, Literal
-from ..dsl.plan import KernelSpec
-from ..formats import BSR, Format
-from ..knobs import knobs
-from ..tensor import SparseTensor
-from ..timing import median_seconds
-from . import threads
-from .kernel import BuildOptions, Kernel, dense_budget
-from .operands import dense_output, prepare
-from .calls import kernel_call
+from sparse_mlir.dsl.ast import Access, Binary, Expr, Literal
+from sparse_mlir.compiler.driver import BuildOptions
+from sparse_mlir.dsl.patterns import is_csr, spmm_operands
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import BSR, Format
+from sparse_mlir.knobs import knobs
+from sparse_mlir.tensor.host import SparseTensor
+from sparse_mlir.timing import median_seconds
+from sparse_mlir.runtime import threads
+from sparse_mlir.runtime.cpu import CpuKernel
+from sparse_mlir.runtime.operands import dense_output, prepare
+from sparse_mlir.runtime.calls import kernel_call
 
 __all__ = ["AutoKernel", "einsum_plan"]
 
@@ -99,14 +101,14 @@ def matmul_form(subscripts: str) -> tuple[bool, bool, bool] | None:
     return x[0] == k, len(y) == 2 and y[1] == k, output != x_free + y_free
 
 
-class AutoKernel(Kernel):
-    """A ``Kernel`` that picks, per sparse operand, the fastest of its variants on first use."""
+class AutoKernel(CpuKernel):
+    """A ``CpuKernel`` that picks, per sparse operand, the fastest of its variants on first use."""
 
     def __init__(self, spec: KernelSpec, options: BuildOptions):
         super().__init__(spec, options)
         self._einsum = einsum_plan(spec)
         self._matmul = matmul_form(self._einsum[0]) if self._einsum is not None else None
-        self._blocked: dict[Format, Kernel] = {}  # the same expression over a BSR copy, per block format
+        self._blocked: dict[Format, CpuKernel] = {}  # the same expression over a BSR copy, per block format
         self._decisions: OrderedDict[tuple, dict[str, Any]] = OrderedDict()  # by operand structure, LRU
         self.schedule: dict[str, Any] | None = None
 
@@ -167,7 +169,7 @@ class AutoKernel(Kernel):
         conversion = 0.0
         sparse = [v for v in args.values() if isinstance(v, SparseTensor)]
         if self._einsum is not None:
-            need, budget = sum(math.prod(t.shape) for t in sparse) * self.spec.dtype.itemsize, dense_budget()
+            need, budget = sum(math.prod(t.shape) for t in sparse) * self.spec.dtype.itemsize, knobs.dense_budget()
             if need > budget:
                 skipped["dense"] = (f"dense copies of the sparse operands need {need:,} bytes, over the dense "
                                     f"budget of {budget:,} (SPARSE_MLIR_DENSE_BUDGET)")
@@ -193,8 +195,6 @@ class AutoKernel(Kernel):
 
     def _block_candidate(self, args: dict[str, Any]) -> Format | None:
         """For a CSR SpMM operand whose nonzeros fill whole blocks: a cached BSR copy and its kernel's format."""
-        from ..dialects.patterns import is_csr, spmm_operands
-
         found = spmm_operands(self.spec, self.spec.formats)
         if found is None or len(self._sparse_inputs) != 1 or not is_csr(self.spec.formats[found[0]]):
             return None
@@ -210,7 +210,7 @@ class AutoKernel(Kernel):
             fmt = BSR(bm, bn)
             _block_copy(tensor, fmt)
             if fmt not in self._blocked:
-                self._blocked[fmt] = Kernel(replace(self.spec, formats={**self.spec.formats, found[0]: fmt}),
+                self._blocked[fmt] = CpuKernel(replace(self.spec, formats={**self.spec.formats, found[0]: fmt}),
                                             self.options)
             return fmt
         return None

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceError
-from ..gpu_program import TensorMapGeometry
+from sparse_mlir.errors import DeviceError
+from sparse_mlir.abi.gpu_program import TensorMapGeometry
 
 __all__ = ["TensorMaps", "encode_arguments", "DATA_TYPES", "SWIZZLE"]
 

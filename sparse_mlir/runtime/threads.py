@@ -15,35 +15,42 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import site
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..knobs import knobs
+from sparse_mlir.knobs import knobs
 
-__all__ = ["openmp_library", "load_runtime", "set_threads", "for_work", "fixed"]
+__all__ = ["fixed", "for_work", "load_runtime", "openmp_library", "set_threads"]
 
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 _local = threading.local()
 
 
-def _search_dirs() -> list[Path]:
+def _search_dirs(library_path: tuple[Path, ...]) -> list[Path]:
     dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib"]
     dirs += [Path(p).parents[2] / "lib" for p in site.getsitepackages() if len(Path(p).parents) > 2]
-    dirs += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    dirs += library_path
     dirs += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/llvm-14/lib"), Path("/usr/local/lib")]
     return dirs
 
 
-@functools.cache
 def openmp_library() -> Path | None:
-    """Path of the OpenMP runtime threaded kernels link against, or ``None`` (then kernels are serial)."""
+    """Path of the OpenMP runtime threaded kernels link against, or ``None`` (then kernels are serial).
+
+    Follows ``SPARSE_MLIR_PARALLEL`` and ``LD_LIBRARY_PATH`` as they are now;
+    the search itself is remembered per ``LD_LIBRARY_PATH`` (this runs on every compile).
+    """
     if not knobs.parallel():
         return None
-    for folder in _search_dirs():
+    return _find_openmp(knobs.library_path())
+
+
+@functools.lru_cache(maxsize=16)
+def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
+    for folder in _search_dirs(library_path):
         for name in _NAMES:
             if (folder / name).is_file():
                 return (folder / name).resolve()
@@ -54,13 +61,24 @@ def openmp_library() -> Path | None:
 SERIAL_BELOW = 16384
 
 
-@functools.cache
+_loaded: dict[Path, ctypes.CDLL] = {}
+
+
 def load_runtime() -> ctypes.CDLL:
-    """Load the OpenMP runtime globally (once), so threaded kernel libraries resolve against it."""
+    """Load the OpenMP runtime globally (once per runtime), so threaded kernel libraries resolve against it.
+
+    The one ``openmp_library`` names now; when that is none (``SPARSE_MLIR_PARALLEL=0`` set since), the one
+    loaded last, which the threaded kernels compiled before still use.
+    """
     path = openmp_library()
-    assert path is not None, "threaded kernel without an OpenMP runtime"
-    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+    if path is None:
+        assert _loaded, "threaded kernel without an OpenMP runtime"
+        return next(reversed(_loaded.values()))
+    lib = _loaded.get(path)
+    if lib is None:
+        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+        lib = _loaded.setdefault(path, lib)
     return lib
 
 
@@ -74,7 +92,7 @@ def set_threads(count: int) -> None:
     """Make the next kernel call on this Python thread use ``count`` threads."""
     if getattr(_local, "count", None) != count:
         runtime = load_runtime()
-        if not hasattr(_local, "count") and "KMP_BLOCKTIME" not in os.environ and hasattr(runtime, "kmp_set_blocktime"):
+        if not hasattr(_local, "count") and knobs.kmp_blocktime() is None and hasattr(runtime, "kmp_set_blocktime"):
             runtime.kmp_set_blocktime(BLOCKTIME_MS)  # per calling thread, like the thread count
         runtime.omp_set_num_threads(count)
         _local.count = count

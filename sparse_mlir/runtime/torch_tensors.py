@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError, OperandError
+from sparse_mlir.errors import DTypeError, FormatError, OperandError
+from sparse_mlir.tensor.device import cupy
 
 __all__ = ["call_with_torch", "from_torch", "to_torch"]
 
@@ -60,7 +61,7 @@ def from_torch(name: str, tensor: Any, torch: Any, *, writable: bool = False) ->
     if tensor.layout == torch.strided:
         if writable and not tensor.is_contiguous():
             raise OperandError(f"{name}= must be a contiguous tensor (it is written in place)")
-        return _cupy().from_dlpack(tensor) if cuda else tensor.numpy()
+        return cupy().from_dlpack(tensor) if cuda else tensor.numpy()
     if writable:
         raise OperandError(f"{name}= must be a dense tensor, got layout {tensor.layout}")
     if tensor.layout == torch.sparse_csr:
@@ -74,7 +75,7 @@ def from_torch(name: str, tensor: Any, torch: Any, *, writable: bool = False) ->
     else:
         raise FormatError(f"operand {name} has layout {tensor.layout}; torch sparse operands are sparse_csr or "
                           f"sparse_coo")
-    arrays = [_cupy().from_dlpack(b) if cuda else b.numpy() for b in buffers]
+    arrays = [cupy().from_dlpack(b) if cuda else b.numpy() for b in buffers]
     if cuda:
         import cupyx.scipy.sparse as module
     else:
@@ -108,8 +109,3 @@ def _writable(array: np.ndarray) -> np.ndarray:
             array = array.copy()
     return array
 
-
-def _cupy() -> Any:
-    from ..device_tensor import cupy
-
-    return cupy()

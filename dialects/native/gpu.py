@@ -1,0 +1,786 @@
+"""Hand-scheduled CUDA kernels, emitted as ``gpu.func``s instead of sparsified.
+
+The sparsified kernels map one row to one thread: neighbouring threads read
+far-apart nonzeros (uncoalesced) and one long row stalls its warp.  These
+follow the vector-CSR, merge-path and Sputnik layouts instead:
+
+* **SpMV** ``y[i] = A[i,j] * x[j]`` (CSR): a row is a group of ``lanes``
+  threads (a power of two up to a warp, picked at launch from the mean row
+  length: ``LaneRule``) that read the row's nonzeros contiguously and
+  combine their partial sums with warp shuffles.  For skewed rows a second
+  kernel gives every thread 16 nonzeros, whatever rows they belong to, and
+  adds partial row sums atomically (``Launch.when`` picks one at launch;
+  ``deterministic`` drops it).
+* **SpMM** ``C[i,j] = A[i,k] * B[k,j] (+ bias)`` (CSR): a warp per row and
+  column tile; lane ``l`` owns 16-byte vectors ``l, l+32, ...`` of the tile
+  (single elements when the row length is not a multiple of 16 bytes), so
+  every load of a B row and every store of C is one coalesced 128-bit access
+  per lane, and each nonzero is read once per warp (a broadcast).  The bias
+  seeds the sums.  Vector accesses need 16-byte aligned B, C and bias
+  (``Launch.aligned``; the runtime checks).
+* **float16**: the kernels above sum in float32; a 2:4 ``A`` runs on Sparse
+  Tensor Cores (``mma.sp``) and a dense one on Tensor Cores, with the same
+  tiling (``_tensor_core_text``).
+
+All produce a ``gpu.module`` and ``Launch`` records like the generic path, so
+PTX generation, manifests, the runtime and the emulation are shared.  Each
+``gpu_*`` function is one kernel family and returns ``None`` for a spec it
+does not handle; ``dialects.select.CUDA_EMITTERS`` tries them in order.
+Everything else is sparsified.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import NamedTuple
+
+from mlir import ir
+from sparse_mlir.dialects.encoding import TYPE_NAMES
+from sparse_mlir.dialects.native.wgmma import (
+    HOPPER,
+    HopperGemm,
+    fits_wgmma,
+    metadata_words,
+    wgmma_gemm,
+)
+
+from sparse_mlir.abi.gpu_program import CHIPS, GridRule, KernelArg, LaneRule, Launch
+from sparse_mlir.dsl.patterns import (
+    dense_matmul_operands,
+    is_csr,
+    linear_operands,
+    spmm_operands,
+    spmv_operands,
+)
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import Format
+
+__all__ = [
+    "BLOCK",
+    "WARP",
+    "NativeKernels",
+    "gpu_gemm_f16",
+    "gpu_linear",
+    "gpu_linear_2to4",
+    "gpu_spmm",
+    "gpu_spmm_2to4",
+    "gpu_spmv",
+]
+
+WARP = 32
+BLOCK = 128  # threads per block: four warps
+_TILE = 4  # most vectors a lane owns in one SpMM column tile
+SPLIT_CHUNK = 16  # nonzeros per thread in the row-splitting SpMV
+FEW_ROWS = 2048  # SpMM below this many rows: one vector per lane, more column tiles
+_BYTES = {"f16": 2, "f32": 4, "f64": 8}
+Shapes = dict[str, tuple[int | None, ...]]
+
+
+class NativeKernels(NamedTuple):
+    """A ``gpu.module`` of hand-scheduled kernels, their launches in order, and the scratch buffers they share."""
+
+    module: ir.Module
+    launches: tuple[Launch, ...]
+    scratch: tuple[tuple[tuple[int, ...], str], ...] = ()
+
+
+def _accumulator(elt: str) -> str:
+    """float16 data is summed in float32."""
+    return "f32" if elt == "f16" else elt
+
+
+def _convert(name: str, value: str, source: str, target: str) -> tuple[list[str], str]:
+    """Lines giving ``value`` (of type ``source``) as ``target``, and the result's name (no line if equal)."""
+    if source == target:
+        return [], value
+    wider = _BYTES[target.split("x")[-1].rstrip(">")] > _BYTES[source.split("x")[-1].rstrip(">")]
+    return [f"{name} = arith.{'extf' if wider else 'truncf'} {value} : {source} to {target}"], name
+
+
+def _types(spec: KernelSpec) -> tuple[str, str] | None:
+    """The data's and the result's MLIR element types; ``None`` (no hand-scheduled kernel) unless floats."""
+    if spec.dtype.kind != "f":
+        return None
+    return TYPE_NAMES[spec.dtype.name], TYPE_NAMES[spec.output_dtype.name]
+
+
+def gpu_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, deterministic: bool = False
+             ) -> NativeKernels | None:
+    """CSR SpMV ``y[i] = A[i,j] * x[j]``: a group of lanes per row, or ``None`` when it does not apply.
+
+    Unless ``deterministic``, it also gets a row-splitting kernel for skewed
+    matrices, whose atomic additions make float sums run-to-run different
+    in their last bits.
+    """
+    types, found = _types(spec), spmv_operands(spec, formats)
+    if types is None or found is None:
+        return None
+    elt, out = types
+    split = not deterministic
+    a, x = found
+    fmt = formats[a]
+    rows, cols = shapes[a]
+    args = tuple(_args(spec, a, (x, (cols,)), (spec.output, (rows,))))
+    balanced = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)),
+                      lanes=LaneRule(ref=args[1].ref, rows=rows), when="balanced" if split else "",
+                      fills_output=True)
+    launches, functions = (balanced,), [_spmv_text(elt, fmt, rows, cols, out)]
+    if split:  # skewed rows: fixed chunks of nonzeros per thread, partial row sums added atomically
+        chunks = GridRule(ref=args[1].ref, per_block=BLOCK * SPLIT_CHUNK)
+        launches += (Launch("spmv_split", chunks, (BLOCK, 1, 1), args, when="skewed"),)
+        functions.append(_spmv_split_text(elt, fmt, rows, cols, out))
+    return NativeKernels(ir.Module.parse(_module_of(*functions)), launches)
+
+
+def gpu_spmm_2to4(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
+    """float16 SpMM with 2:4 ``A`` on Sparse Tensor Cores (and wgmma.sp on sm_90a), or ``None``."""
+    types, spmm = _types(spec), spmm_operands(spec, formats)
+    if types is None or types[0] != "f16" or spmm is None:
+        return None
+    return _sparse_tensor_core(spec, formats, shapes, spmm, types[1])
+
+
+def gpu_gemm_f16(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
+    """float16 dense GEMM on Tensor Cores (and wgmma on sm_90a), the 2:4 kernel's reference, or ``None``."""
+    types, gemm = _types(spec), dense_matmul_operands(spec, formats)
+    if types is None or types[0] != "f16" or gemm is None:
+        return None
+    return _dense_tensor_core(spec, shapes, *gemm, types[1])
+
+
+def gpu_linear(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
+    """The Linear orientation with CSR ``W``: transpose, warp-per-row SpMM, transpose; or ``None``."""
+    types, roles = _types(spec), linear_operands(spec, formats)
+    if types is None or roles is None or not is_csr(formats[roles["w"]]):
+        return None
+    return _linear(spec, shapes, formats[roles["w"]], roles, *types)
+
+
+def gpu_linear_2to4(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
+    """float16 Linear orientation with 2:4 ``W`` on Sparse Tensor Cores (one wgmma.sp GEMM on sm_90a), or ``None``."""
+    types, roles = _types(spec), linear_operands(spec, formats)
+    if types is None or types[0] != "f16" or roles is None:
+        return None
+    return _linear_tensor_core(spec, shapes, formats[roles["w"]], roles, types[1])
+
+
+def gpu_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
+    """CSR SpMM ``C[i,j] = A[i,k] * B[k,j] (+ bias)``: a warp per row and column tile, or ``None``."""
+    types, spmm = _types(spec), spmm_operands(spec, formats)
+    if types is None or spmm is None or not is_csr(formats[spmm[0]]):
+        return None
+    elt, out = types
+    a, b, bias, bias_dim = spmm
+    rows, inner = shapes[a]
+    cols = shapes[spec.output][1]
+    if cols is None:
+        return None
+    dense = [(b, (inner, cols))] + ([(bias, (rows,) if bias_dim == 0 else (cols,))] if bias else [])
+    args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
+    text, launch = _spmm_launch(elt, formats[a], rows, inner, cols, bias_dim if bias else -1, out, args)
+    return NativeKernels(ir.Module.parse(_module_of(text)), (launch,))
+
+
+def _spmm_launch(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int, out: str,
+                 args: tuple[KernelArg, ...]) -> tuple[str, Launch]:
+    """The warp-per-row SpMM ``gpu.func`` and its launch over ``args`` (A's three buffers, B, [bias], C)."""
+    width, per_lane = _spmm_shape(elt, rows, cols)
+    tiles = math.ceil(cols / (WARP * width * per_lane))
+    # vector accesses need 16-byte aligned user buffers (scratch buffers are fresh allocations)
+    aligned = tuple(arg.ref for arg in args[3:] if arg.kind == "buffer") if width > 1 else ()
+    return (_spmm_text(elt, fmt, rows, inner, cols, bias_dim, out),
+            Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned,
+                   fills_output=True))
+
+
+def _linear(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Format, roles: dict[str, str | None],
+            elt: str, out: str) -> NativeKernels:
+    """``Y[b,o] = X[b,i] * W[o,i] (+ bias)``: ``XT = X^T``, the warp-per-row SpMM ``T = W @ XT``, ``Y = T^T``.
+
+    ``XT`` and ``T`` are scratch buffers; a bias over ``o`` (``b``) is the
+    SpMM's row (column) bias.  The planner lays the kernel out the same way
+    (``plan._contiguous_layouts``), but sparsified, its SpMM ran one thread
+    per row over every column.
+    """
+    w, x, bias = roles["w"], roles["x"], roles["bias"]
+    outputs, inputs = shapes[w]
+    batch = shapes[x][0]
+    bias_dim = -1 if bias is None else (0 if roles["bias_index"] == roles["o"] else 1)
+    dense = [(x, (batch, inputs))] + ([(bias, (outputs,) if bias_dim == 0 else (batch,))] if bias else [])
+    args = _args(spec, w, *dense, (spec.output, (batch, outputs)))  # W's buffers, X, [bias], Y
+    xt, t = KernelArg("scratch", 0, (inputs, batch)), KernelArg("scratch", 1, (outputs, batch))
+    spmm, product = _spmm_launch(elt, fmt, outputs, inputs, batch, bias_dim, out, (*args[:3], xt, *args[4:-1], t))
+    launches = (_transpose_launch("transpose_in", args[3], xt, (batch, inputs)), product,
+                _transpose_launch("transpose_out", t, args[-1], (outputs, batch)))
+    functions = [_transpose_text("transpose_in", elt, (batch, inputs)), spmm,
+                 _transpose_text("transpose_out", out, (outputs, batch))]
+    scratch = (((inputs, batch), spec.dtype.name), ((outputs, batch), spec.output_dtype.name))
+    return NativeKernels(ir.Module.parse(_module_of(*functions)), launches, scratch)
+
+
+def _linear_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Format,
+                        roles: dict[str, str | None], out: str) -> NativeKernels | None:
+    """float16 ``Y[b,o] = X[b,i] * W[o,i] (+ bias)`` with 2:4 ``W`` on Sparse Tensor Cores.
+
+    Portable: ``XT = X^T``, the ``mma.sp`` SpMM ``T = W @ XT`` in float32,
+    then ``Y = T^T (+ bias)`` rounded to ``Y``'s type.  sm_90a: one wgmma.sp
+    GEMM reads ``X`` as it is stored (a K-major B operand), stores ``Y``
+    transposed and adds the bias in its epilogue.
+    """
+    if not fmt.is_nm or (fmt.levels[-1].n, fmt.levels[-1].m) != (2, 4) or fmt.crd_width != 8:
+        return None
+    w, x, bias = roles["w"], roles["x"], roles["bias"]
+    outputs, inputs = shapes[w]
+    batch = shapes[x][0]
+    if batch is None or outputs % 16 or inputs % 32 or batch % 8:
+        return None
+    bias_dim = -1 if bias is None else (0 if roles["bias_index"] == roles["o"] else 1)
+    dense = [(x, (batch, inputs))] + ([(bias, (outputs,) if bias_dim == 0 else (batch,))] if bias else [])
+    args = _args(spec, w, *dense, (spec.output, (batch, outputs)))  # W's buffers, X, [bias], Y
+    xt, t = KernelArg("scratch", 0, (inputs, batch)), KernelArg("scratch", 1, (outputs, batch))
+    per_warp, m_tiles = _tensor_core_tiles(outputs, batch)
+    product = Launch("spmm_2to4", (math.ceil(outputs / (16 * m_tiles) / (BLOCK // WARP)), batch // (8 * per_warp), 1),
+                     (BLOCK, 1, 1), (*args[:3], xt, t), aligned=(args[1].ref, args[2].ref), fills_output=True)
+    bias_arg = (args[4],) if bias else ()
+    back = Launch("transpose_out", (math.ceil(outputs * batch / BLOCK), 1, 1), (BLOCK, 1, 1),
+                  (t, *bias_arg, args[-1]), fills_output=True)
+    module = ir.Module.parse(_module_of(_transpose_text("transpose_in", "f16", (batch, inputs)),
+                                        _tensor_core_text(outputs, inputs, batch, per_warp, _index_types(fmt)[0],
+                                                          m_tiles, "f32")))
+    with ir.InsertionPoint(module.body.operations[0].regions[0].blocks[0]), ir.Location.unknown():
+        _transpose_with_bias("transpose_out", (outputs, batch), bias_dim, out)
+    scratch = (((inputs, batch), "float16"), ((outputs, batch), "float32"))
+    gemm = HopperGemm(outputs, inputs, batch, True, out, b_k_major=True, c_transposed=True, bias_dim=bias_dim)
+    return _with_hopper(module, (_transpose_launch("transpose_in", args[3], xt, (batch, inputs)), product, back),
+                        gemm, args[2], args[3], args[-1], crd=args[1], bias=args[4] if bias else None,
+                        scratch=scratch)
+
+
+def _transpose_with_bias(name: str, shape: tuple[int, int], bias_dim: int, out: str) -> None:
+    """``dst[c, r] = src[r, c] (+ bias[r] or bias[c])`` from float32 ``src`` of ``shape``, rounded to ``out``.
+
+    A thread per element of ``dst``, consecutive threads on consecutive
+    elements (coalesced stores).  Built with the bindings' op builders.
+    """
+    from mlir.dialects import arith, gpu, memref, scf
+
+    rows, cols = shape
+    f32 = ir.F32Type.get()
+    out_type = ir.F16Type.get() if out == "f16" else f32
+    index = ir.IndexType.get()
+    inputs = [ir.MemRefType.get([rows, cols], f32)]
+    if bias_dim >= 0:
+        inputs.append(ir.MemRefType.get([rows if bias_dim == 0 else cols], ir.F16Type.get()))
+    inputs.append(ir.MemRefType.get([cols, rows], out_type))
+    func = gpu.GPUFuncOp(ir.TypeAttr.get(ir.FunctionType.get(inputs, [])), sym_name=name, kernel=True)
+    block = func.body.blocks.append(*inputs)
+    with ir.InsertionPoint(block):
+        src, dst = block.arguments[0], block.arguments[-1]
+        at = arith.addi(arith.muli(gpu.block_id(gpu.Dimension.x), gpu.block_dim(gpu.Dimension.x)),
+                        gpu.thread_id(gpu.Dimension.x))
+        inside = arith.cmpi(arith.CmpIPredicate.ult, at, arith.constant(index, rows * cols))
+        with ir.InsertionPoint(scf.IfOp(inside).then_block):
+            c = arith.divui(at, arith.constant(index, rows))
+            r = arith.remui(at, arith.constant(index, rows))
+            value = memref.load(src, [r, c])
+            if bias_dim >= 0:
+                value = arith.addf(value, arith.extf(f32, memref.load(block.arguments[1], [r if bias_dim == 0 else c])))
+            if out_type != f32:
+                value = arith.truncf(out_type, value)
+            memref.store(value, dst, [c, r])
+            scf.YieldOp([])
+        gpu.ReturnOp([])
+
+
+def _transpose_launch(name: str, src: KernelArg, dst: KernelArg, shape: tuple[int, int]) -> Launch:
+    """A thread per element of ``dst``; it stores every element (a kernel's scratch, or the output)."""
+    return Launch(name, (math.ceil(shape[0] * shape[1] / BLOCK), 1, 1), (BLOCK, 1, 1), (src, dst), fills_output=True)
+
+
+def _transpose_text(name: str, elt: str, shape: tuple[int, int]) -> str:
+    """``dst[c, r] = src[r, c]`` for ``src`` of ``shape``: consecutive threads write consecutive elements."""
+    rows, cols = shape
+    body = ["%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
+            "%first = arith.muli %bid, %bdim : index", "%at = arith.addi %first, %tid : index",
+            f"%total = arith.constant {rows * cols} : index", f"%rows = arith.constant {rows} : index",
+            "%valid = arith.cmpi ult, %at, %total : index", "scf.if %valid {",
+            "  %c = arith.divui %at, %rows : index", "  %r = arith.remui %at, %rows : index",
+            f"  %v = memref.load %src[%r, %c] : {_memref(shape, elt)}",
+            f"  memref.store %v, %dst[%c, %r] : {_memref((cols, rows), elt)}", "}", "gpu.return"]
+    return _function(name, f"%src: {_memref(shape, elt)}, %dst: {_memref((cols, rows), elt)}", body)
+
+
+def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+                        spmm: tuple[str, str, str | None, int], out: str
+                        ) -> NativeKernels | None:
+    """The 2:4 Sparse Tensor Core SpMM, for float16 NM(2,4) ``A`` with 8-bit offsets and whole MMA tiles."""
+    a, b, bias, _ = spmm
+    fmt = formats[a]
+    rows, inner = shapes[a]
+    cols = shapes[spec.output][1]
+    if bias is not None or not fmt.is_nm or (fmt.levels[-1].n, fmt.levels[-1].m) != (2, 4) or fmt.crd_width != 8 \
+            or cols is None or rows % 16 or inner % 32 or cols % 8:
+        return None
+    per_warp, m_tiles = _tensor_core_tiles(rows, cols)
+    text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0], m_tiles, out)
+    args = tuple(_args(spec, a, (b, (inner, cols)), (spec.output, (rows, cols))))
+    grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
+    launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref),
+                    fills_output=True)
+    return _with_hopper(ir.Module.parse(_module_of(text)), (launch,), HopperGemm(rows, inner, cols, True, out), args[2],
+                        args[3], args[4], crd=args[1])
+
+
+def _with_hopper(module: ir.Module, portable: tuple[Launch, ...], gemm: HopperGemm, a: KernelArg, b: KernelArg,
+                 c: KernelArg, crd: KernelArg | None = None, bias: KernelArg | None = None,
+                 scratch: tuple[tuple[tuple[int, ...], str], ...] = ()) -> NativeKernels:
+    """``portable`` (every chip but sm_90a), plus the TMA + wgmma GEMM for sm_90a where TMA can address it.
+
+    The Hopper GEMM's metadata words, if any, are scratch 0: the portable
+    launches' own scratch buffers follow.
+    """
+    if not fits_wgmma(gemm.rows, gemm.inner, gemm.cols, gemm.sparse):
+        return NativeKernels(module, portable, scratch)
+    with ir.InsertionPoint(module.body.operations[0].regions[0].blocks[0]), ir.Location.unknown():
+        hopper = wgmma_gemm(gemm, a, b, c, crd, bias)
+    own = (((metadata_words(gemm.rows, gemm.inner),), "int32"),) if gemm.sparse else ()
+    portable = tuple(replace(launch, chips=tuple(chip for chip in CHIPS if chip != HOPPER),
+                             args=tuple(replace(arg, ref=arg.ref + len(own)) if arg.kind == "scratch" else arg
+                                        for arg in launch.args)) for launch in portable)
+    return NativeKernels(module, (*portable, *hopper), own + scratch)
+
+
+def _tensor_core_tiles(rows: int, cols: int) -> tuple[int, int]:
+    """(column tiles of 8, row tiles of 16) per warp: 4 x 4 where the shape allows, so each B fragment serves 4
+    MMAs (loading B, not the MMAs, bounded both kernels at 1 x 4: 2:4 only 1.09x the dense one on an H200)."""
+    return (4 if cols % 32 == 0 else 1), (4 if rows % 64 == 0 else 1)
+
+
+def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], a: str, b: str, out: str
+                       ) -> NativeKernels | None:
+    """The float16 GEMM on Tensor Cores with the 2:4 kernel's tiling (its dense reference)."""
+    rows, inner = shapes[a]
+    cols = shapes[b][1]
+    if rows is None or inner is None or cols is None or rows % 16 or inner % 32 or cols % 8:
+        return None
+    per_warp, m_tiles = _tensor_core_tiles(rows, cols)
+    order = [*spec.inputs, spec.output]
+    args = (KernelArg("buffer", order.index(a), (rows, inner)), KernelArg("buffer", order.index(b), (inner, cols)),
+            KernelArg("buffer", order.index(spec.output), (rows, cols)))
+    grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
+    launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,), fills_output=True)
+    return _with_hopper(ir.Module.parse(_module_of(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out))),
+                        (launch,), HopperGemm(rows, inner, cols, False, out), *args)
+
+
+def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
+    """Kernel arguments in the emitted ``gpu.func``'s order: A's pos, crd, values, then the dense operands."""
+    order = [n for n in spec.inputs] + ([spec.output] if not spec.sparse_output else [])
+    refs: dict[str, int] = {}
+    position = 0
+    for name in order:
+        refs[name] = position
+        position += 3 if name == sparse else 1
+    base = refs[sparse]
+    return [KernelArg("buffer", base, (None,)), KernelArg("buffer", base + 1, (None,)),
+            KernelArg("buffer", base + 2, (None,))] + [KernelArg("buffer", refs[n], shape) for n, shape in dense]
+
+
+def _memref(shape: tuple[int, ...], elt: str) -> str:
+    return f"memref<{'x'.join(str(s) for s in shape)}x{elt}>"
+
+
+def _index_types(fmt: Format) -> tuple[str, str]:
+    return f"i{fmt.pos_width or 64}", f"i{fmt.crd_width or 64}"
+
+
+def _row_bounds(pos_t: str, row: str, valid: str) -> list[str]:
+    """``%start``/``%end`` of ``row``'s nonzeros, both 0 when ``valid`` is false (the row is past the end)."""
+    return [f"%safe_row = arith.select {valid}, {row}, %c0 : index",
+            f"%s_raw = memref.load %pos[%safe_row] : memref<?x{pos_t}>",
+            "%next_row = arith.addi %safe_row, %c1 : index",
+            f"%e_raw = memref.load %pos[%next_row] : memref<?x{pos_t}>",
+            f"%s_idx = arith.index_castui %s_raw : {pos_t} to index",
+            f"%e_idx = arith.index_castui %e_raw : {pos_t} to index",
+            f"%start = arith.select {valid}, %s_idx, %c0 : index",
+            f"%end = arith.select {valid}, %e_idx, %c0 : index"]
+
+
+def _spmv_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> str:
+    pos_t, crd_t = _index_types(fmt)
+    acc = _accumulator(elt)
+    widen_a, a = _convert("%a_w", "%a", elt, acc)
+    widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
+    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
+            f"%rows = arith.constant {rows} : index", f"%zero = arith.constant 0.0 : {acc}",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
+            "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
+            "%row = arith.divui %gtid, %lanes : index", "%lane = arith.remui %gtid, %lanes : index",
+            "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
+            "%k0 = arith.addi %start, %lane : index",
+            f"%partial = scf.for %k = %k0 to %end step %lanes iter_args(%acc = %zero) -> ({acc}) {{",
+            f"  %j_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
+            f"  %j = arith.index_castui %j_raw : {crd_t} to index",
+            f"  %a = memref.load %val[%k] : memref<?x{elt}>",
+            f"  %xj = memref.load %x[%j] : {_memref((cols,), elt)}",
+            *widen_a, *widen_x,
+            f"  %sum = math.fma {a}, {xj}, %acc : {acc}",
+            f"  scf.yield %sum : {acc}", "}",
+            "%width = arith.constant 32 : i32", "%lanes_i32 = arith.index_cast %lanes : index to i32"]
+    # butterfly over the group: every lane of the warp takes part, offsets below the group size stay inside it
+    value = "%partial"
+    for step, offset in enumerate((16, 8, 4, 2, 1)):
+        body += [f"%off{step} = arith.constant {offset} : i32",
+                 f"%other{step}, %ok{step} = gpu.shuffle xor {value}, %off{step}, %width : {acc}",
+                 f"%inside{step} = arith.cmpi ult, %off{step}, %lanes_i32 : i32",
+                 f"%add{step} = arith.addf {value}, %other{step} : {acc}",
+                 f"%red{step} = arith.select %inside{step}, %add{step}, {value} : {acc}"]
+        value = f"%red{step}"
+    narrow, value = _convert("%y_value", value, acc, out)
+    body += [*narrow, "%leader = arith.cmpi eq, %lane, %c0 : index", "%write = arith.andi %valid, %leader : i1",
+             "scf.if %write {", f"  memref.store {value}, %y[%row] : {_memref((rows,), out)}", "}", "gpu.return"]
+    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
+              f"%x: {_memref((cols,), elt)}, %y: {_memref((rows,), out)}, %lanes: index")
+    return _function("spmv", params, body)
+
+
+def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> str:
+    """SpMV over fixed chunks of nonzeros: balanced whatever the row lengths (the merge-path idea, per thread).
+
+    Thread ``t`` takes nonzeros ``[16 t, 16 t + 16)``, finds the row of its
+    first one by binary search over the positions, and walks them, adding
+    each finished row's partial sum to ``y`` atomically (rows cut by a chunk
+    border get several additions); ``y`` starts zeroed.
+    """
+    pos_t, crd_t = _index_types(fmt)
+    acc = _accumulator(elt)
+    widen_a, a = _convert("%a_w", "%a", elt, acc)
+    widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
+    y_t = _memref((rows,), out)
+
+    def pos(name: str, at: str) -> list[str]:
+        return [f"{name}_raw = memref.load %pos[{at}] : memref<?x{pos_t}>",
+                f"{name} = arith.index_castui {name}_raw : {pos_t} to index"]
+
+    def flush(tag: str, value: str, row: str) -> list[str]:
+        """Add a row's partial sum ``value`` to ``y[row]`` atomically."""
+        narrow, total = _convert(f"%{tag}_out", value, acc, out)
+        return [*narrow, f"%{tag}_old = memref.atomic_rmw addf {total}, %y[{row}] : ({out}, {y_t}) -> {out}"]
+
+    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index", "%c2 = arith.constant 2 : index",
+            f"%rows = arith.constant {rows} : index", f"%chunk = arith.constant {SPLIT_CHUNK} : index",
+            f"%zero = arith.constant 0.0 : {acc}",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
+            "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
+            f"%nnz = memref.dim %crd, %c0 : memref<?x{crd_t}>",
+            "%k0 = arith.muli %gtid, %chunk : index", "%k0c = arith.addi %k0, %chunk : index",
+            "%k1 = arith.minui %k0c, %nnz : index", "%work = arith.cmpi ult, %k0, %nnz : index",
+            "scf.if %work {",
+            # the last row r with pos[r] <= k0: binary search over [0, rows - 1]
+            "%rows1 = arith.subi %rows, %c1 : index",
+            "%found:2 = scf.while (%lo = %c0, %hi = %rows1) : (index, index) -> (index, index) {",
+            "  %more = arith.cmpi ult, %lo, %hi : index",
+            "  scf.condition(%more) %lo, %hi : index, index",
+            "} do {", "^bb0(%l: index, %h: index):",
+            "  %span = arith.subi %h, %l : index", "  %half = arith.addi %span, %c1 : index",
+            "  %half2 = arith.divui %half, %c2 : index", "  %mid = arith.addi %l, %half2 : index",
+            *("  " + line for line in pos("%pm", "%mid")),
+            "  %left = arith.cmpi ule, %pm, %k0 : index",
+            "  %mid1 = arith.subi %mid, %c1 : index",
+            "  %nl = arith.select %left, %mid, %l : index", "  %nh = arith.select %left, %h, %mid1 : index",
+            "  scf.yield %nl, %nh : index, index", "}",
+            "%r0 = arith.addi %found#0, %c1 : index", *pos("%end0", "%r0"),
+            # walk the chunk: (sum, row, end of row)
+            (f"%walk:3 = scf.for %k = %k0 to %k1 step %c1 iter_args(%s = %zero, %r = %found#0, %e = %end0) "
+             f"-> ({acc}, index, index) {{"),
+            f"  %j_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
+            f"  %j = arith.index_castui %j_raw : {crd_t} to index",
+            f"  %a = memref.load %val[%k] : memref<?x{elt}>",
+            f"  %xj = memref.load %x[%j] : {_memref((cols,), elt)}", *widen_a, *widen_x,
+            f"  %s1 = math.fma {a}, {xj}, %s : {acc}",
+            "  %k_next = arith.addi %k, %c1 : index", "  %row_done = arith.cmpi eq, %k_next, %e : index",
+            f"  %next:3 = scf.if %row_done -> ({acc}, index, index) {{",
+            *("    " + line for line in flush("done", "%s1", "%r")),
+            # the next row that holds nonzero k_next (skipping empty rows)
+            "    %adv:2 = scf.while (%rr = %r, %ee = %e) : (index, index) -> (index, index) {",
+            "      %rn = arith.addi %rr, %c1 : index", "      %in = arith.cmpi ult, %rn, %rows : index",
+            "      %at_end = arith.cmpi ule, %ee, %k_next : index", "      %go = arith.andi %in, %at_end : i1",
+            "      scf.condition(%go) %rr, %ee : index, index",
+            "    } do {", "    ^bb0(%rr2: index, %ee2: index):",
+            "      %rq = arith.addi %rr2, %c1 : index", "      %rq1 = arith.addi %rq, %c1 : index",
+            *("      " + line for line in pos("%eq", "%rq1")),
+            "      scf.yield %rq, %eq : index, index", "    }",
+            f"    scf.yield %zero, %adv#0, %adv#1 : {acc}, index, index",
+            "  } else {", f"    scf.yield %s1, %r, %e : {acc}, index, index", "  }",
+            f"  scf.yield %next#0, %next#1, %next#2 : {acc}, index, index", "}",
+            # what is left belongs to a row the chunk did not finish (a zero sum adds nothing)
+            f"%tail_sum = arith.cmpf one, %walk#0, %zero : {acc}",
+            "%tail_row = arith.cmpi ult, %walk#1, %rows : index", "%tail = arith.andi %tail_sum, %tail_row : i1",
+            "scf.if %tail {", *("  " + line for line in flush("tail", "%walk#0", "%walk#1")), "}",
+            "}", "gpu.return"]
+    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
+              f"%x: {_memref((cols,), elt)}, %y: {y_t}")
+    return _function("spmv_split", params, body)
+
+
+def _spmm_shape(elt: str, rows: int, cols: int) -> tuple[int, int]:
+    """``(width, per_lane)``: elements per vector access (16 bytes when the rows allow it) and vectors per lane.
+
+    Under ``FEW_ROWS`` rows a lane owns one vector, so more warps share the
+    columns: a 512-row layer otherwise leaves SMs idle behind its longest
+    rows (DLMC ffn layers at 0.7x cuSPARSE on an H200).
+    """
+    width = 16 // _BYTES[elt]
+    if cols % width:
+        width = 1
+    return width, 1 if rows < FEW_ROWS else max(1, min(_TILE, math.ceil(cols / (WARP * width))))
+
+
+def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int, out: str) -> str:
+    pos_t, crd_t = _index_types(fmt)
+    width, per_lane = _spmm_shape(elt, rows, cols)
+    b_t, c_t = _memref((inner, cols), elt), _memref((rows, cols), out)
+    acc = _accumulator(elt)
+
+    def typed(element: str) -> str:
+        return element if width == 1 else f"vector<{width}x{element}>"
+
+    vec, acc_t, out_t = typed(elt), typed(acc), typed(out)
+
+    def load(name: str, buffer: str, index: str, memref: str) -> list[str]:
+        """``name`` = the data at ``index``, widened to the accumulator type."""
+        op = (f"memref.load {buffer}[{index}] : {memref}" if width == 1 else
+              f"vector.load {buffer}[{index}] {{alignment = 16}} : {memref}, {vec}")
+        widen, _value = _convert(name, f"{name}_raw", vec, acc_t)
+        return [f"{name}_raw = {op}", *widen] if widen else [f"{name} = {op}"]
+
+    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
+            f"%rows = arith.constant {rows} : index", f"%cols = arith.constant {cols} : index",
+            f"%warp = arith.constant {WARP} : index", f"%zero = arith.constant 0.0 : {acc}",
+            f"%zeros = arith.constant {'0.0' if width == 1 else f'dense<0.0> : {acc_t}'}"
+            + (f" : {acc}" if width == 1 else ""),
+            f"%width = arith.constant {width} : index",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%tile = gpu.block_id y",
+            f"%warps = arith.constant {BLOCK // WARP} : index",
+            "%warp_in_block = arith.divui %tid, %warp : index", "%lane = arith.remui %tid, %warp : index",
+            "%lane_col = arith.muli %lane, %width : index",
+            "%first_row = arith.muli %bid, %warps : index", "%row = arith.addi %first_row, %warp_in_block : index",
+            "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
+            f"%tile_cols = arith.constant {WARP * width * per_lane} : index",
+            "%tile_col = arith.muli %tile, %tile_cols : index"]
+    seeds = ["%zeros"] * per_lane  # where each accumulator starts: zero, or the bias
+    if bias_dim == 0:
+        body.append(f"%bias_raw = memref.load %bias[%safe_row] : {_memref((rows,), elt)}")
+        widen, seeds[0] = _convert("%bias_w", "%bias_raw", elt, acc)
+        body += widen
+        if width > 1:
+            body.append(f"%bias_seed = vector.broadcast {seeds[0]} : {acc} to {acc_t}")
+            seeds[0] = "%bias_seed"
+        seeds = [seeds[0]] * per_lane
+    # lane's columns (whole vectors: cols is a multiple of the width), clamped for loads and guarded for stores
+    for t in range(per_lane):
+        body += [f"%off{t} = arith.constant {t * WARP * width} : index",
+                 f"%cb{t} = arith.addi %tile_col, %off{t} : index",
+                 f"%col{t} = arith.addi %cb{t}, %lane_col : index", f"%in{t} = arith.cmpi ult, %col{t}, %cols : index",
+                 f"%safe{t} = arith.select %in{t}, %col{t}, %c0 : index"]
+        if bias_dim == 1:
+            body += load(f"%seed{t}", "%bias", f"%safe{t}", _memref((cols,), elt))
+            seeds[t] = f"%seed{t}"
+    accs = ", ".join(f"%acc{t} = {seeds[t]}" for t in range(per_lane))
+    types = ", ".join([acc_t] * per_lane)
+    widen_a, a = _convert("%a_w", "%a", elt, acc)
+    body += [f"%sums:{per_lane} = scf.for %k = %start to %end step %c1 iter_args({accs}) -> ({types}) {{",
+             f"  %k_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
+             f"  %kk = arith.index_castui %k_raw : {crd_t} to index",
+             f"  %a = memref.load %val[%k] : memref<?x{elt}>", *widen_a]
+    if width > 1:
+        body.append(f"  %av = vector.broadcast {a} : {acc} to {acc_t}")
+        a = "%av"
+    for t in range(per_lane):
+        body += [*load(f"%b{t}", "%b", f"%kk, %safe{t}", b_t),
+                 f"  %n{t} = math.fma {a}, %b{t}, %acc{t} : {acc_t}"]
+    body += [f"  scf.yield {', '.join(f'%n{t}' for t in range(per_lane))} : {types}", "}"]
+    for t in range(per_lane):
+        narrow, value = _convert(f"%out{t}", f"%sums#{t}", acc_t, out_t)
+        store = (f"  memref.store {value}, %c[%row, %col{t}] : {c_t}" if width == 1 else
+                 f"  vector.store {value}, %c[%row, %col{t}] {{alignment = 16}} : {c_t}, {out_t}")
+        body += [*narrow, f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{", store, "}"]
+    body.append("gpu.return")
+    bias = "" if bias_dim < 0 else f"%bias: {_memref((rows,) if bias_dim == 0 else (cols,), elt)}, "
+    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, %b: {b_t}, {bias}"
+              f"%c: {c_t}")
+    return _function("spmm", params, body)
+
+
+_ACC = "vector<2x2xf32>"  # an m16n8 MMA's float32 accumulator fragment
+_FRAG = "vector<4x2xf16>"
+
+
+def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str | None, m_tiles: int,
+                      out_elt: str) -> str:
+    """SpMM on Sparse Tensor Cores (``pos_t`` given: 2:4 ``A``) or GEMM on Tensor Cores (dense ``A``), same tiling.
+
+    A warp owns ``m_tiles`` tiles of 16 rows and ``per_warp`` tiles of 8
+    columns and walks K in steps of 32; float16 in, float32 sums,
+    ``out_elt`` (float16, or float32 with ``out_dtype``) out.  Each B
+    fragment is loaded once per step and used by all the warp's row tiles,
+    each A fragment by all its column tiles.  Per step,
+    row tile and column tile the 2:4 kernel issues one
+    ``nvgpu.mma.sp.sync`` m16n8k32, the dense one two ``nvgpu.mma.sync``
+    m16n8k16, so the pair isolates what sparsity gains.  Fragment layouts
+    follow the PTX ISA (as upstream's ``sparse-mma-2-4-f16`` test does):
+    lane ``l`` holds rows ``l/4`` and ``l/4 + 8``, columns ``2*(l%4) + {0,1}``
+    and ``+8`` of A, and K pairs ``2*(l%4) + {0,1} + 8q`` of B's column
+    ``l/4``.  The 2:4 metadata is built from the stored in-group offsets
+    (eight 2-bit fields per 16-bit half, lanes 4i and 4i+1 supply it): no
+    separate metadata array.
+    """
+    sparse = pos_t is not None
+    stored = inner // 2
+    c_t, b_t, a_t = (_memref((rows, cols), out_elt), _memref((inner, cols), "f16"), _memref((rows, inner), "f16"))
+    c_pair = f"vector<2x{out_elt}>"  # two neighbouring columns of C per lane and row
+    body = [*(f"%c{c} = arith.constant {c} : index" for c in (0, 1, 2, 4, 8, 16, 32)),
+            f"%rows = arith.constant {rows} : index", f"%stored = arith.constant {stored} : index",
+            f"%steps = arith.constant {inner // 32} : index", f"%warps = arith.constant {BLOCK // WARP} : index",
+            f"%tile_cols = arith.constant {8 * per_warp} : index",
+            f"%warp_rows = arith.constant {16 * m_tiles} : index",
+            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%nb = gpu.block_id y",
+            "%warp_in_block = arith.divui %tid, %c32 : index", "%lane = arith.remui %tid, %c32 : index",
+            "%warp = arith.muli %bid, %warps : index", "%warp_id = arith.addi %warp, %warp_in_block : index",
+            "%m0 = arith.muli %warp_id, %warp_rows : index", "%valid = arith.cmpi ult, %m0, %rows : index",
+            "%qr = arith.divui %lane, %c4 : index", "%q4 = arith.remui %lane, %c4 : index",
+            "%qc = arith.muli %q4, %c2 : index", "%pair = arith.remui %lane, %c2 : index",
+            "%n_base = arith.muli %nb, %tile_cols : index", "%pair8 = arith.muli %pair, %c8 : index",
+            "%shifts = arith.constant dense<[1, 4, 16, 64, 256, 1024, 4096, 16384]> : vector<8xi16>",
+            f"%zero_acc = arith.constant dense<0.0> : {_ACC}", f"%zero_frag = arith.constant dense<0.0> : {_FRAG}",
+            "%zero_pair = arith.constant dense<0.0> : vector<2x2xf16>",
+            "%zero_meta = arith.constant dense<0> : vector<2xi16>"]
+    for mi in range(m_tiles):  # this lane's two rows in each row tile, and where their stored values start
+        body += [f"%mt{mi} = arith.constant {16 * mi} : index", f"%m{mi}b = arith.addi %m0, %mt{mi} : index",
+                 f"%r0_{mi} = arith.addi %m{mi}b, %qr : index", f"%r1_{mi} = arith.addi %r0_{mi}, %c8 : index",
+                 f"%base0_{mi} = arith.muli %r0_{mi}, %stored : index",
+                 f"%base1_{mi} = arith.muli %r1_{mi}, %stored : index"]
+    body.append("scf.if %valid {")
+    slots = [(mi, t) for mi in range(m_tiles) for t in range(per_warp)]
+    accs = ", ".join(f"%acc{mi}_{t} = %zero_acc" for mi, t in slots)
+    types = ", ".join([_ACC] * len(slots))
+    loop = [f"%sums:{len(slots)} = scf.for %s = %c0 to %steps step %c1 iter_args({accs}) -> ({types}) {{",
+            "%cs = arith.muli %s, %c16 : index", "%k0 = arith.muli %s, %c32 : index"]
+
+    def fragment(name: str, pairs: list[str], shape: str, zero: str) -> list[str]:
+        lines, value = [], zero
+        for i, pair in enumerate(pairs):
+            lines.append(f"%{name}{i} = vector.insert {pair}, {value} [{i}] : vector<2xf16> into {shape}")
+            value = f"%{name}{i}"
+        return lines
+
+    def a_pairs(tag: str, mi: int, first_col: str, load: Callable[[str, str, str], list[str]]
+                ) -> tuple[list[str], list[str]]:
+        """A's four pairs for one MMA: rows r0/r1 of row tile ``mi`` x columns first_col + qc and + 8."""
+        lines = [f"%ca{tag} = arith.addi {first_col}, %qc : index", f"%cb{tag} = arith.addi %ca{tag}, %c8 : index"]
+        names = []
+        for name, row, col in (("00", "0", "a"), ("10", "1", "a"), ("01", "0", "b"), ("11", "1", "b")):
+            lines += load(f"%a{tag}_{name}", f"{row}_{mi}", f"%c{col}{tag}")
+            names.append(f"%a{tag}_{name}")
+        return lines, names
+
+    def b_pair(tag: str, k: str, n: str) -> list[str]:
+        """``%{tag}`` = (B[k, n], B[k+1, n])."""
+        return [f"{tag}k1 = arith.addi {k}, %c1 : index", f"{tag}x = memref.load %b[{k}, {n}] : {b_t}",
+                f"{tag}y = memref.load %b[{tag}k1, {n}] : {b_t}",
+                f"{tag} = vector.from_elements {tag}x, {tag}y : vector<2xf16>"]
+
+    halves = [""] if sparse else ["h0", "h1"]  # one m16n8k32 MMA, or two m16n8k16 ones, per step
+    if not sparse:
+        loop += ["%kh0 = arith.addi %k0, %c0 : index", "%kh1 = arith.addi %k0, %c16 : index"]
+    a_frags: dict[tuple[str, int], str] = {}
+    for mi in range(m_tiles):
+        for h in halves:
+            if sparse:
+                def load(out: str, row: str, col: str) -> list[str]:
+                    return [f"{out}_at = arith.addi %base{row}, {col} : index",
+                            f"{out} = vector.load %val[{out}_at] {{alignment = 4}} : memref<?xf16>, vector<2xf16>"]
+
+                lines, names = a_pairs(f"{h}m{mi}", mi, "%cs", load)
+            else:
+                def load(out: str, row: str, col: str) -> list[str]:
+                    return [f"{out} = vector.load %a[%r{row}, {col}] {{alignment = 4}} : {a_t}, vector<2xf16>"]
+
+                lines, names = a_pairs(f"{h}m{mi}", mi, f"%k{h}", load)
+            loop += lines + fragment(f"fa{h}m{mi}_", names, _FRAG, "%zero_frag")
+            a_frags[(h, mi)] = f"%fa{h}m{mi}_3"
+    metas = {}
+    for mi in range(m_tiles):  # the 8 stored offsets of this lane's half of the step, 2 bits each, rows r0, r1
+        meta = "%zero_meta"
+        if sparse:
+            for r in range(2):
+                tag = f"{r}_{mi}"
+                loop += [f"%mo{tag} = arith.addi %base{tag}, %cs : index",
+                         f"%mi{tag} = arith.addi %mo{tag}, %pair8 : index",
+                         f"%mb{tag} = vector.load %crd[%mi{tag}] {{alignment = 8}} : memref<?xi8>, vector<8xi8>",
+                         f"%mw{tag} = arith.extui %mb{tag} : vector<8xi8> to vector<8xi16>",
+                         f"%ms{tag} = arith.muli %mw{tag}, %shifts : vector<8xi16>",
+                         f"%mv{tag} = vector.reduction <add>, %ms{tag} : vector<8xi16> into i16",
+                         f"%meta{tag} = vector.insert %mv{tag}, {meta} [{r}] : i16 into vector<2xi16>"]
+                meta = f"%meta{tag}"
+        metas[mi] = meta
+    b_frags: dict[tuple[int, str], str] = {}
+    for t in range(per_warp):  # B fragments: loaded once, used by every row tile
+        loop += [f"%tn{t} = arith.constant {8 * t} : index", f"%nt{t} = arith.addi %n_base, %tn{t} : index",
+                 f"%n{t} = arith.addi %nt{t}, %qr : index"]
+        for h in halves:
+            k_first = "%k0" if sparse else f"%k{h}"
+            pairs = []
+            for q, offset in enumerate((0, 8, 16, 24) if sparse else (0, 8)):
+                tag = f"%b{t}{h}_{q}"
+                loop += [f"{tag}o = arith.constant {offset} : index", f"{tag}a = arith.addi {k_first}, %qc : index",
+                         f"{tag}k = arith.addi {tag}a, {tag}o : index", *b_pair(tag, f"{tag}k", f"%n{t}")]
+                pairs.append(tag)
+            loop += fragment(f"fb{t}{h}_", pairs, _FRAG if sparse else "vector<2x2xf16>",
+                             "%zero_frag" if sparse else "%zero_pair")
+            b_frags[(t, h)] = f"%fb{t}{h}_{len(pairs) - 1}"
+    results = []
+    for mi, t in slots:
+        acc = f"%acc{mi}_{t}"
+        for h in halves:
+            out = f"%d{mi}_{t}{h}"
+            if sparse:
+                loop.append(f"{out} = nvgpu.mma.sp.sync({a_frags[(h, mi)]}, {b_frags[(t, h)]}, {acc}) "
+                            f"metadata({metas[mi]}) {{mmaShape = [16, 8, 32]}} : ({_FRAG}, {_FRAG}, {_ACC}) -> {_ACC}")
+            else:
+                loop.append(f"{out} = nvgpu.mma.sync({a_frags[(h, mi)]}, {b_frags[(t, h)]}, {acc}) "
+                            f"{{mmaShape = [16, 8, 16]}} : ({_FRAG}, vector<2x2xf16>, {_ACC}) -> {_ACC}")
+            acc = out
+        results.append(acc)
+    loop += [f"scf.yield {', '.join(results)} : {types}", "}"]
+    body += loop
+    for t in range(per_warp):
+        body += [f"%ct{t} = arith.constant {8 * t} : index", f"%cn{t} = arith.addi %n_base, %ct{t} : index",
+                 f"%ccol{t} = arith.addi %cn{t}, %qc : index"]
+    for slot, (mi, t) in enumerate(slots):
+        for r in range(2):
+            tag = f"{mi}_{t}_{r}"
+            narrow, value = _convert(f"%h{tag}", f"%o{tag}", "vector<2xf32>", c_pair)
+            body += [f"%o{tag} = vector.extract %sums#{slot}[{r}] : vector<2xf32> from {_ACC}", *narrow,
+                     (f"vector.store {value}, %c[%r{r}_{mi}, %ccol{t}] {{alignment = {2 * _BYTES[out_elt]}}} : {c_t}, "
+                      f"{c_pair}")]
+    body += ["}", "gpu.return"]
+    if sparse:
+        return _function("spmm_2to4", f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, "
+                                      f"%b: {b_t}, %c: {c_t}", body)
+    return _function("gemm_f16", f"%a: {a_t}, %b: {b_t}, %c: {c_t}", body)
+
+
+def _function(name: str, params: str, body: list[str]) -> str:
+    inner = "\n".join("      " + line for line in body)
+    return f"    gpu.func @{name}({params}) kernel {{\n{inner}\n    }}\n"
+
+
+def _module_of(*functions: str) -> str:
+    return "module attributes {gpu.container_module} {\n  gpu.module @kernels {\n" + "".join(functions) + "  }\n}\n"
+
+
+def _module(name: str, params: str, body: list[str]) -> str:
+    return _module_of(_function(name, params, body))

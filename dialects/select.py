@@ -1,0 +1,139 @@
+"""Which emitter builds a kernel: one ordered table per target, tried in order, the sparsifier last.
+
+Why a table: each hand-scheduled emitter recognizes its own kernels (the
+matchers of ``sparse_mlir.dsl.patterns``) and returns ``None`` for every
+other spec, so the first row whose emitter returns a module wins, and the
+order of the rows is the only precedence there is.  When no row applies,
+the kernel goes through the generic ``linalg.generic`` module that the
+sparsifier lowers (CPU), or that is sparsified and mapped to GPU threads
+(CUDA: ``cuda_kernels`` returns ``None``).  Emitters take a planned
+``KernelSpec`` and never plan one themselves.
+
+Adding a kernel family is one emitter module under ``dialects/native/``
+and one row here; nothing else chooses between emitters.  The compiler
+(``sparse_mlir.compiler.build``) calls exactly ``cpu_module``,
+``cuda_kernels`` and ``generic_module``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from mlir import ir
+from sparse_mlir.dialects.linalg import build_kernel_module
+from sparse_mlir.dialects.native.bsr import native_bsr_spmm
+from sparse_mlir.dialects.native.gpu import (
+    NativeKernels,
+    gpu_gemm_f16,
+    gpu_linear,
+    gpu_linear_2to4,
+    gpu_spmm,
+    gpu_spmm_2to4,
+    gpu_spmv,
+)
+from sparse_mlir.dialects.native.linear import native_linear
+from sparse_mlir.dialects.native.sddmm import native_sddmm
+from sparse_mlir.dialects.native.spmm import native_spmm
+from sparse_mlir.dialects.native.spmv import native_spmv
+
+from sparse_mlir.dsl.plan import KernelSpec
+
+__all__ = [
+    "CPU_EMITTERS",
+    "CUDA_EMITTERS",
+    "SPARSIFIER",
+    "CpuChoice",
+    "CudaChoice",
+    "Emitter",
+    "cpu_module",
+    "cuda_choice",
+    "cuda_kernels",
+    "generic_module",
+]
+
+Shapes = dict[str, tuple[int | None, ...]]
+SPARSIFIER = "sparsifier"  # the emitter name of the generic module
+
+
+class Emitter(NamedTuple):
+    """One row of a table: a name (what ``CpuChoice.emitter`` reports) and ``build(spec, shapes, option)``.
+
+    ``option`` is the vector register width in bits on the CPU and whether
+    sums must be deterministic on CUDA; ``build`` returns ``None`` for a spec
+    it does not handle.
+    """
+
+    name: str
+    build: Callable[[KernelSpec, Shapes, object], object]
+
+
+# CPU: build(spec, shapes, vector_bits) -> ir.Module | None, in the current context
+CPU_EMITTERS: tuple[Emitter, ...] = (
+    Emitter("spmm", lambda spec, shapes, bits: native_spmm(spec, spec.formats, shapes, bits)),
+    Emitter("bsr_spmm", lambda spec, shapes, bits: native_bsr_spmm(spec, spec.formats, shapes, bits)),
+    Emitter("linear", lambda spec, shapes, bits: native_linear(spec, spec.formats, shapes, bits)),
+    Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes)),
+    Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
+)
+
+# CUDA: build(spec, shapes, deterministic) -> NativeKernels | None, in the current context
+CUDA_EMITTERS: tuple[Emitter, ...] = (
+    Emitter("spmv", lambda spec, shapes, deterministic: gpu_spmv(spec, spec.formats, shapes, deterministic)),
+    Emitter("spmm_2to4", lambda spec, shapes, deterministic: gpu_spmm_2to4(spec, spec.formats, shapes)),
+    Emitter("gemm_f16", lambda spec, shapes, deterministic: gpu_gemm_f16(spec, spec.formats, shapes)),
+    Emitter("linear", lambda spec, shapes, deterministic: gpu_linear(spec, spec.formats, shapes)),
+    Emitter("linear_2to4", lambda spec, shapes, deterministic: gpu_linear_2to4(spec, spec.formats, shapes)),
+    Emitter("spmm", lambda spec, shapes, deterministic: gpu_spmm(spec, spec.formats, shapes)),
+)
+
+
+class CpuChoice(NamedTuple):
+    """The module to lower and the emitter that built it (``SPARSIFIER``: the generic module)."""
+
+    module: ir.Module
+    emitter: str
+
+
+class CudaChoice(NamedTuple):
+    """The hand-scheduled kernels with their launches, and the emitter that built them."""
+
+    kernels: NativeKernels
+    emitter: str
+
+
+def cpu_module(spec: KernelSpec, shapes: Shapes, vector_bits: int) -> CpuChoice:
+    """The first hand-scheduled CPU module that applies, else the generic module for the sparsifier.
+
+    ``shapes`` gives every operand's sizes (``None``: dynamic); ``vector_bits``
+    is the target's vector register width (``toolchain.vector_bits``).
+    """
+    for name, build in CPU_EMITTERS:
+        module = build(spec, shapes, vector_bits)
+        if module is not None:
+            return CpuChoice(module, name)
+    return CpuChoice(generic_module(spec, shapes), SPARSIFIER)
+
+
+def cuda_choice(spec: KernelSpec, shapes: Shapes, deterministic: bool) -> CudaChoice | None:
+    """The first hand-scheduled CUDA emitter that applies and what it built, or ``None``."""
+    for name, build in CUDA_EMITTERS:
+        kernels = build(spec, shapes, deterministic)
+        if kernels is not None:
+            return CudaChoice(kernels, name)
+    return None
+
+
+def cuda_kernels(spec: KernelSpec, shapes: Shapes, deterministic: bool) -> NativeKernels | None:
+    """Hand-scheduled GPU kernels with their launches, or ``None``: the sparsified module is mapped instead.
+
+    ``deterministic`` drops kernels whose atomic additions make float sums
+    differ from run to run (the row-splitting SpMV).
+    """
+    choice = cuda_choice(spec, shapes, deterministic)
+    return None if choice is None else choice.kernels
+
+
+def generic_module(spec: KernelSpec, shapes: Shapes) -> ir.Module:
+    """The ``linalg.generic`` module of ``spec`` (``None`` sizes stay dynamic), what the sparsifier lowers."""
+    return build_kernel_module(spec, shapes)

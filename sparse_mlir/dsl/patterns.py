@@ -1,0 +1,284 @@
+"""Which hand-scheduled kernels apply: pattern matching on planned kernels.
+
+The CPU and GPU emitters (``dialects.native.*``, chosen by ``dialects.select``)
+take over from the sparsifier only for these shapes of ``KernelSpec``; each
+matcher returns the operand names the emitter needs, or ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import BSR, CSR, Format
+
+__all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
+           "spmm_epilogue", "linear_epilogue", "sddmm_operands", "threads_sparse_output"]
+
+
+def is_csr(fmt: Format | None) -> bool:
+    """CSR with any index widths."""
+    return fmt is not None and fmt.with_widths(32, 32) == CSR
+
+
+def bsr_blocks(fmt: Format | None) -> tuple[int, int] | None:
+    """``(rows, cols)`` of a block when ``fmt`` is BSR (any index widths), else ``None``."""
+    factors = fmt.block_factors if fmt is not None else {}
+    if set(factors) != {0, 1}:
+        return None
+    blocks = (factors[0], factors[1])
+    return blocks if fmt.with_widths(32, 32) == BSR(*blocks).with_widths(32, 32) else None
+
+
+def spmv_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+    """``(sparse A, dense x)`` when the kernel is ``y[i] = A[i,j] * x[j]`` with CSR ``A``."""
+    if spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 1 or not isinstance(body, Binary) or body.op != "*":
+        return None
+    (j,), (i,) = stage.reduce, stage.indices
+    for a, x in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        if isinstance(a, Access) and isinstance(x, Access) and is_csr(formats.get(a.tensor)) \
+                and x.tensor not in formats and a.index == (i, j) and x.index == (j,):
+            return a.tensor, x.tensor
+    return None
+
+
+def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str | None, int] | None:
+    """``(sparse A, dense B, bias, bias dim)`` when the kernel is a CSR, N:M or BSR SpMM with a dense result.
+
+    Also matched: the SpMM plus a bias over the rows or the columns
+    (``C[i,j] = A[i,k] * B[k,j] + bias[i]``), which the planner splits into a
+    sum stage and an add stage; the bias then seeds the accumulators.
+    """
+    if spec.sparse_output or len(spec.stages) not in (1, 2):
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or not isinstance(body, Binary) or body.op != "*":
+        return None
+    if not (isinstance(body.lhs, Access) and isinstance(body.rhs, Access)) or body.lhs.tensor == body.rhs.tensor:
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    bias, bias_dim = None, -1
+    if len(spec.stages) == 2:
+        add = spec.stages[1].body
+        if spec.stages[1].reduce or spec.stages[1].indices != (i, j) or not isinstance(add, Binary) or add.op != "+":
+            return None
+        terms = {(t.tensor, t.index) for t in (add.lhs, add.rhs) if isinstance(t, Access)}
+        if len(terms) != 2 or (stage.result, (i, j)) not in terms:
+            return None
+        ((bias, index),) = terms - {(stage.result, (i, j))}
+        if bias in formats or index not in ((i,), (j,)):
+            return None
+        bias_dim = (i, j).index(index[0])
+    for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        fmt = formats.get(a.tensor)
+        if fmt is not None and (is_csr(fmt) or fmt.is_nm or bsr_blocks(fmt)) and b.tensor not in formats \
+                and a.index == (i, k) and b.index == (k, j) and spec.output_indices == (i, j):
+            return a.tensor, b.tensor, bias, bias_dim
+    return None
+
+
+def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, str | None] | None:
+    """The roles of a Linear layer ``Y[b,o] = X[b,i] * W[o,i] (+ bias[o] or bias[b])`` with CSR or N:M ``W``.
+
+    The planner lays it out as three stages (``plan._contiguous_layouts``):
+    ``XT[i,b] = X[b,i]``, the SpMM ``T[o,b] = XT[i,b] * W[o,i]`` and
+    ``Y[b,o] = T[o,b] (+ bias)``.  Returns the names of ``x``, ``xt``, ``w``,
+    ``t``, ``bias`` (or ``None``), the indices ``b``, ``o``, ``i`` and the
+    bias index ``bias_index``.
+    """
+    found = _linear_core(spec, formats)
+    if found is None:
+        return None
+    roles, back = found
+    o, b = roles["o"], roles["b"]
+    bias = bias_index = None
+    term = back.body
+    if isinstance(term, Binary) and term.op == "+":
+        sides = [s for s in (term.lhs, term.rhs) if isinstance(s, Access)]
+        others = [s for s in sides if s.tensor != roles["t"]]
+        if len(sides) != 2 or len(others) != 1 or others[0].tensor in formats or others[0].index not in ((o,), (b,)):
+            return None
+        bias, bias_index = others[0].tensor, others[0].index[0]
+        term = next(s for s in sides if s.tensor == roles["t"])
+    if not isinstance(term, Access) or (term.tensor, term.index) != (roles["t"], (o, b)):
+        return None
+    return {**roles, "bias": bias, "bias_index": bias_index}
+
+
+def linear_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Expr, tuple[str, ...]] | None:
+    """A Linear layer whose result goes through an elementwise expression: ``Y[b,o] = relu(X@W^T + bias[o])``.
+
+    Returns the roles (as ``linear_operands``, without a bias), the third
+    stage's expression (reading ``t[o,b]``) and the dense tensors it reads,
+    each indexed ``(o,)`` or ``(b,)``; ``None`` when the layer has no such
+    epilogue (``linear_operands`` takes plain layers and a bias).
+    """
+    if linear_operands(spec, formats) is not None:
+        return None
+    found = _linear_core(spec, formats)
+    if found is None:
+        return None
+    roles, back = found
+    operands: dict[str, None] = {}
+
+    def allowed(node: Expr) -> bool:
+        if isinstance(node, Access):
+            if node.tensor == roles["t"]:
+                return node.index == (roles["o"], roles["b"])
+            if node.tensor in formats or node.index not in ((roles["o"],), (roles["b"],)):
+                return False
+            operands[node.tensor] = None
+            return True
+        return isinstance(node, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in node.children())
+
+    if not allowed(back.body) or roles["t"] not in _tensors(back.body):
+        return None
+    return roles, back.body, tuple(operands)
+
+
+def _linear_core(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Any] | None:
+    """The transpose and SpMM stages of a Linear layer: roles ``x``, ``xt``, ``w``, ``t``, ``b``, ``o``, ``i`` and the
+    third stage (``Y[b,o] = ...`` of ``t[o,b]``), not yet checked."""
+    if spec.sparse_output or len(spec.stages) != 3:
+        return None
+    transpose, product, back = spec.stages
+    if transpose.reduce or not isinstance(transpose.body, Access) or transpose.body.tensor in formats:
+        return None
+    (i, b), x = transpose.indices, transpose.body
+    if x.index != (b, i) or len(product.reduce) != 1 or product.reduce != (i,) or len(product.indices) != 2:
+        return None
+    o = product.indices[0]
+    body = product.body
+    if product.indices != (o, b) or not isinstance(body, Binary) or body.op != "*":
+        return None
+    factors = {(f.tensor, f.index) for f in (body.lhs, body.rhs) if isinstance(f, Access)}
+    w = next((t for t, index in factors if index == (o, i) and t in formats
+              and (is_csr(formats[t]) or formats[t].is_nm)), None)
+    if w is None or factors != {(transpose.result, (i, b)), (w, (o, i))}:
+        return None
+    if back.result != spec.output or back.indices != (b, o) or back.reduce:
+        return None
+    return {"x": x.tensor, "xt": transpose.result, "w": w, "t": product.result, "b": b, "o": o, "i": i}, back
+
+
+def dense_matmul_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+    """``(A, B)`` when the kernel is ``C[i,j] = A[i,k] * B[k,j]`` with every operand dense."""
+    if formats or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or not isinstance(body, Binary) or body.op != "*":
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    a, b = body.lhs, body.rhs
+    if isinstance(a, Access) and isinstance(b, Access) and a.index == (i, k) and b.index == (k, j) \
+            and a.tensor != b.tensor and spec.output_indices == (i, j):
+        return a.tensor, b.tensor
+    return None
+
+
+class SpmmEpilogue(NamedTuple):
+    """A SpMM followed by an elementwise expression of its result: ``C[i,j] = f(sum_k A[i,k] B[k,j], ...)``.
+
+    ``expr`` reads the product as ``temp[i,j]``; ``operands`` are the other
+    dense tensors it reads, each indexed ``(i,)``, ``(j,)`` or ``(i,j)``.
+    """
+
+    a: str
+    b: str
+    expr: Expr
+    temp: str
+    i: str
+    j: str
+    operands: tuple[str, ...]
+
+
+def spmm_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> SpmmEpilogue | None:
+    """The CSR/N:M SpMM of a two-stage kernel whose second stage is elementwise over its result, or ``None``.
+
+    ``relu(A[i,k]*B[k,j] + bias[j])``, ``exp(A@B) * 2.0``, ``max(A@B, D[i,j])``:
+    the register-tiled SpMM applies the expression to the finished sums
+    instead of writing a temporary for a second loop nest.
+    """
+    if spec.sparse_output or len(spec.stages) != 2 or spmm_operands(spec, formats) is not None:
+        return None
+    product, after = spec.stages
+    single = replace(spec, stages=(replace(product, result=spec.output),))
+    found = spmm_operands(single, formats)
+    if found is None or not (is_csr(formats[found[0]]) or formats[found[0]].is_nm) or after.reduce:
+        return None
+    i, j = product.indices
+    if after.indices != (i, j) or after.result != spec.output:
+        return None
+    operands: dict[str, None] = {}
+
+    def allowed(node: Expr) -> bool:
+        if isinstance(node, Access):
+            if node.tensor == product.result:
+                return node.index == (i, j)
+            if node.tensor in formats or node.index not in ((i,), (j,), (i, j)):
+                return False
+            operands[node.tensor] = None
+            return True
+        return isinstance(node, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in node.children())
+
+    if not allowed(after.body) or product.result not in _tensors(after.body):
+        return None
+    return SpmmEpilogue(found[0], found[1], after.body, product.result, i, j, tuple(operands))
+
+
+def _tensors(node: Expr) -> set[str]:
+    if isinstance(node, Access):
+        return {node.tensor}
+    return set().union(*(_tensors(c) for c in node.children())) if node.children() else set()
+
+
+def sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str] | None:
+    """``(S, A, B)`` when the kernel is ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (factors in any order) with CSR ``S``
+    and a CSR ``C`` of the same index widths; ``None`` otherwise."""
+    if not spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices:
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    factors = _product_factors(stage.body)
+    if factors is None or len(factors) != 3:
+        return None
+    roles: dict[str, str] = {}
+    for f in factors:
+        if f.index == (i, j) and f.tensor in formats:
+            roles["s"] = f.tensor
+        elif f.index == (i, k) and f.tensor not in formats:
+            roles["a"] = f.tensor
+        elif f.index == (k, j) and f.tensor not in formats:
+            roles["b"] = f.tensor
+    if len(roles) != 3 or len({roles["s"], roles["a"], roles["b"]}) != 3:
+        return None
+    s_fmt, c_fmt = formats[roles["s"]], formats[spec.output]
+    if not (is_csr(s_fmt) and is_csr(c_fmt)) or (s_fmt.pos_width, s_fmt.crd_width) != (c_fmt.pos_width,
+                                                                                      c_fmt.crd_width):
+        return None
+    return roles["s"], roles["a"], roles["b"]
+
+
+def _product_factors(node) -> list[Access] | None:
+    if isinstance(node, Access):
+        return [node]
+    if isinstance(node, Binary) and node.op == "*":
+        left, right = _product_factors(node.lhs), _product_factors(node.rhs)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def threads_sparse_output(spec: KernelSpec, formats: dict[str, Format]) -> bool:
+    """Whether a hand-scheduled kernel writes this sparse result with rows in parallel (the SDDMM); the
+    sparsifier never threads insertion into a sparse output."""
+    return spec.sparse_output and sddmm_operands(spec, formats) is not None

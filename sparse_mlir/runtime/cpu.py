@@ -1,0 +1,199 @@
+"""``CpuKernel``: what ``compile()`` returns for ``target="cpu"``.
+
+A call checks and converts its operands, works out every index's size, picks
+(or has the driver build, once per process and once per disk cache) the
+specialization for the sparse operands' shapes and index widths, and runs its
+native entry point.  Loaded libraries are shared by every kernel of the
+process, least recently used first out (``SPARSE_MLIR_MAX_LOADED_KERNELS``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from sparse_mlir.abi.c_signature import Signature
+from sparse_mlir.compiler import driver
+from sparse_mlir.compiler.driver import Artifact, BuildOptions
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.errors import OperandError, ShapeError
+from sparse_mlir.formats import Format
+from sparse_mlir.knobs import knobs
+from sparse_mlir.runtime.calls import kernel_call
+from sparse_mlir.runtime.kernel import Kernel, check_shapes_given, not_compiled, operand_table
+from sparse_mlir.runtime.library import NativeFunction
+from sparse_mlir.runtime.operands import check_extents, dense_output, prepare
+
+__all__ = ["CpuKernel", "Specialization", "ENTRY_NAME"]
+
+ENTRY_NAME = "sparse_mlir_kernel"
+_lock = threading.Lock()
+_key_locks: dict[str, threading.Lock] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A fork inherits these locks in whatever state another thread held them: start free in the child."""
+    global _lock, _key_locks
+    _lock = threading.Lock()
+    _key_locks = {}
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+# loaded libraries by cache key, least recently used first, shared by every kernel of the process
+_loaded: OrderedDict[str, Specialization] = OrderedDict()
+
+
+class Specialization:
+    """One compiled variant: its artifact (fixed sparse shapes and index widths) and the loaded library."""
+
+    def __init__(self, artifact: Artifact, formats: dict[str, Format]):
+        self.artifact = artifact
+        self.key = artifact.key
+        self.formats = formats
+        self.native = NativeFunction(artifact.path, artifact.signature, threaded=bool(artifact.options.openmp))
+        self.fresh = True  # not yet counted in a kernel's stats
+
+    @property
+    def shapes(self) -> dict[str, tuple[int | None, ...]]:
+        return {op.name: op.shape for op in self.artifact.signature.operands}
+
+    @property
+    def ir(self) -> dict[str, str]:
+        """The IR of every stage, read from the cache on demand."""
+        return self.artifact.ir
+
+
+class CpuKernel(Kernel):
+    """A compiled tensor-index-notation kernel for the CPU; call it with keyword operands."""
+
+    def __init__(self, spec: KernelSpec, options: BuildOptions):
+        super().__init__()
+        self.spec = spec
+        self.options = options
+        self.target = options.target
+        self._keys: dict[tuple, str] = {}  # call-site key -> cache key (the library itself may be evicted)
+        self._last: Specialization | None = None
+        self._mlir: str | None = None
+        # facts every call needs, computed once
+        self._inputs = operand_table(spec)
+        self._sparse_inputs = tuple(n for n in spec.inputs if spec.is_sparse(n))
+        self._sources = tuple((idx, tuple(places)) for idx, places in spec.extent_sources().items())
+        self._static = tuple(sorted(spec.static_indices))
+        self._sparse_output = spec.sparse_output
+
+    # -- introspection --------------------------------------------------------------
+    @property
+    def mlir(self) -> str:
+        """The module before lowering, sparse sizes still ``?`` (each call specializes them)."""
+        if self._mlir is None:
+            self._mlir = driver.kernel_source(self.spec)
+        return self._mlir
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        """The variants compiled for this kernel that are loaded now."""
+        return [_loaded[k] for k in self._keys.values() if k in _loaded]
+
+    @property
+    def signature(self) -> Signature:
+        if self._last is None:
+            raise not_compiled(self)
+        return self._last.artifact.signature
+
+    @property
+    def ir(self) -> dict[str, str]:
+        """IR of every stage of the most recent specialization (``input``, ``sparsified``, ``mapped``, ``llvm``)."""
+        if self._last is None:
+            raise not_compiled(self)
+        return self._last.ir
+
+    def specialize(self, shapes: Mapping[str, tuple[int, ...]]) -> CpuKernel:
+        """Compile (or load) the specialization for the declared formats and these shapes, without running it.
+
+        Only the sizes a sparse operand fixes are compiled in; ``shapes``
+        must give every sparse operand (and whatever fixes a sparse output's size).
+        """
+        spec = self.spec
+        checked = check_shapes_given(spec, shapes, self._sparse_inputs)
+        extents = {}
+        for name, shape in checked.items():
+            for idx, size in zip(spec.operand_index(name), shape):
+                if extents.setdefault(idx, size) != size:
+                    raise ShapeError(f"index {idx!r} has size {extents[idx]} in one operand and {size} in {name}")
+        if missing := sorted(spec.static_indices - extents.keys()):
+            raise ShapeError(f"the sizes of {', '.join(missing)} are compiled in: give the shapes of the operands "
+                             f"that have them")
+        formats = {n: spec.formats[n] for n in self._sparse_inputs}
+        self._remember(self._local_key(formats, extents), formats, spec.specialized_shapes(extents))
+        return self
+
+    def __repr__(self) -> str:
+        fmts = ", ".join(f"{k}={v}" for k, v in self.spec.formats.items())
+        return f"Kernel({self.spec.expression!r}, formats={{{fmts}}}, dtype={self.spec.dtype}, target={self.target!r})"
+
+    # -- calling ----------------------------------------------------------------------
+    @kernel_call
+    def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
+        spec = self.spec
+        args = prepare(spec.expression, self._inputs, operands, spec.dtype, self.target)
+        extents = check_extents(self._sources, args)
+        special = self._specialization(args, extents)
+        out_shape = tuple([extents[i] for i in spec.output_indices])
+        if self._sparse_output:
+            if out is not None:
+                raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
+            return special.native(args, None, out_shape)
+        return special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
+
+    def _local_key(self, formats: Mapping[str, Format], extents: Mapping[str, int]) -> tuple:
+        # the declared formats fix everything but the index widths, so widths + static sizes identify it
+        return (tuple([(formats[n].pos_width, formats[n].crd_width) for n in self._sparse_inputs]),
+                tuple([extents[i] for i in self._static]))
+
+    def _specialization(self, args: dict[str, Any], extents: dict[str, int]) -> Specialization:
+        formats = {n: args[n].format for n in self._sparse_inputs}
+        local_key = self._local_key(formats, extents)
+        key = self._keys.get(local_key)
+        special = _loaded.get(key) if key is not None else None
+        if special is not None:
+            with contextlib.suppress(KeyError):  # another thread may have just evicted it
+                _loaded.move_to_end(key)
+            self._last = special
+            return special
+        return self._remember(local_key, formats, self.spec.specialized_shapes(extents))
+
+    def _remember(self, local_key: tuple, formats: dict[str, Format],
+                  shapes: dict[str, tuple[int | None, ...]]) -> Specialization:
+        special = _load(self.spec, formats, shapes, self.options)
+        if special.fresh:
+            self._count(special.artifact)
+            special.fresh = False
+        self._keys[local_key] = special.key
+        self._last = special
+        return special
+
+
+def _load(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+          options: BuildOptions) -> Specialization:
+    """The loaded specialization: from this process's table, else from the driver (disk cache or a compile)."""
+    key = driver.cache_key(spec, formats, shapes, options, ENTRY_NAME)
+    special = _loaded.get(key)
+    if special is not None:
+        return special
+    with _lock:
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:  # one load per key in this process (the driver compiles once per key across processes)
+        special = _loaded.get(key)
+        if special is not None:
+            return special
+        special = Specialization(driver.build(spec, formats, shapes, options, ENTRY_NAME), formats)
+        _loaded[key] = special
+        while len(_loaded) > knobs.max_loaded_kernels():
+            _loaded.popitem(last=False)  # unloaded once no call still runs it (NativeFunction.__del__)
+        return special

@@ -1,0 +1,376 @@
+"""``SparseTensor``: a format, a shape and validated level buffers on the host.
+
+A tensor validates its buffers once, when built, and holds them as read-only
+views, so kernels trust it afterwards: that is what makes passing a
+``SparseTensor`` the fast way to call a kernel.  Builders never modify what
+they are given; they share the caller's buffers when those already have the
+format's layout (documented zero-copy), and otherwise build new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sparse_mlir.dtypes import SUPPORTED_DTYPES, check_dtype
+from sparse_mlir.errors import DeviceError, DTypeError, FormatError, InvalidIndicesError, ShapeError, SparseMLIRError
+from sparse_mlir.formats import BSR, COO, CSC, CSR, Format, LevelKind, as_format
+from sparse_mlir.tensor import storage
+
+# ``SUPPORTED_DTYPES`` and ``check_dtype`` live in ``sparse_mlir.dtypes``; they stay importable from here
+__all__ = ["SparseTensor", "LevelBuffers", "SUPPORTED_DTYPES", "check_dtype", "DEVICES", "register_device",
+           "register_compile"]
+
+DEVICES = ("cpu", "cuda")
+
+# Two things ``SparseTensor`` does belong to higher layers, which import this module: compiling the kernel of
+# ``A @ B`` (``sparse_mlir.api``) and copying to a GPU (``sparse_mlir.tensor.device``).  Each registers its
+# capability here when it is imported (``sparse_mlir.tensor`` imports ``device``, the package face ``api``), so
+# this module imports neither.
+_device_copies: dict[str, Callable[[SparseTensor], Any]] = {}
+_compile: Callable[..., Any] | None = None
+
+
+def register_device(device: str, copy: Callable[[SparseTensor], Any]) -> None:
+    """Make ``SparseTensor.to(device)`` return ``copy(tensor)`` (``sparse_mlir.tensor.device`` registers "cuda")."""
+    if device not in DEVICES or device == "cpu":
+        raise DeviceError(f"cannot register device {device!r}; devices: {', '.join(DEVICES[1:])}")
+    _device_copies[device] = copy
+
+
+def register_compile(compile_kernel: Callable[..., Any]) -> None:
+    """Make ``A @ B`` compile its kernel with ``compile_kernel(expression, formats=..., dtype=...)``
+    (``sparse_mlir.api`` registers its ``compile``)."""
+    global _compile
+    _compile = compile_kernel
+
+
+def _compile_kernel(expression: str, formats: dict[str, Format], dtype: np.dtype) -> Any:
+    if _compile is None:
+        raise SparseMLIRError("A @ B compiles its kernel with the compile() sparse_mlir.api registers when imported "
+                              "(sparse_mlir.tensor.host.register_compile), and none is registered")
+    return _compile(expression, formats=formats, dtype=dtype)
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _fit_widths(fmt: Format, shape: tuple[int, ...], nnz: int) -> Format:
+    """Widen index buffers to 64 bits when the shape or nnz does not fit the format's widths."""
+    limit = np.iinfo(np.int32).max
+    # only levels that store coordinates count: an N:M level's are offsets below m, whatever the shape
+    stored = [size for size, level in zip(fmt.level_sizes(shape), fmt.levels) if level.kind is not LevelKind.DENSE]
+    need_crd = fmt.crd_width not in (0, 64) and max(stored, default=0) > np.iinfo(
+        storage.index_dtype(fmt.crd_width)).max
+    need_pos = fmt.pos_width not in (0, 64) and nnz > min(limit, np.iinfo(storage.index_dtype(fmt.pos_width)).max)
+    if not (need_crd or need_pos):
+        return fmt
+    return fmt.with_widths(64 if need_pos else None, 64 if need_crd else None)
+
+
+class LevelBuffers:
+    """What a sparse tensor reads off its shape and level buffers, wherever the buffers live."""
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+    buffers: tuple[Any, ...]
+
+    @property
+    def nnz(self) -> int:
+        """Stored entries, explicit zeros included (as scipy counts them)."""
+        return int(self.buffers[-1].size)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class SparseTensor(LevelBuffers):
+    """A sparse tensor of order 1 to 3 in any :class:`~sparse_mlir.formats.Format`."""
+
+    __slots__ = ("format", "shape", "dtype", "buffers", "__weakref__")
+
+    def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...], *,
+                 validate: bool = True):
+        shape = storage.check_shape(shape)
+        fmt = as_format(fmt, len(shape))
+        if fmt.is_dense:
+            raise FormatError("a SparseTensor needs a sparse format; use a numpy array for dense data")
+        fmt.check_shape(shape)
+        storage.check_shape(shape, fmt)
+        try:
+            buffers = tuple(np.asarray(b) for b in buffers)
+        except TypeError:
+            raise InvalidIndicesError(f"buffers must be a sequence of arrays {fmt.buffer_names}, "
+                                      f"got {type(buffers).__name__}") from None
+        if validate:
+            _check_buffer_layout(fmt, buffers)
+        self.dtype = check_dtype(buffers[-1].dtype if buffers else None, "values")
+        if validate:
+            storage.validate(fmt, shape, buffers)
+        self.format = fmt
+        self.shape = shape
+        self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
+
+    # -- builders ---------------------------------------------------------------
+    @classmethod
+    def from_buffers(cls, fmt: Format | str, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
+        """Wrap level buffers (in ``fmt.buffer_names`` order) after validating them; no copy."""
+        return cls(as_format(fmt, len(shape)), shape, buffers)
+
+    @classmethod
+    def from_coo(cls, coords: Any, values: Any, shape: tuple[int, ...], format: Format | str = COO) -> SparseTensor:
+        """Build from coordinates (ndim x nnz) and values; unsorted input is sorted and duplicates summed.
+
+        ``coords`` must be ``(ndim, nnz)`` (one row per dimension, as
+        ``np.nonzero`` gives them); a 1-d tensor also takes a flat list.  An
+        ``(nnz, ndim)`` array is refused, not reshaped: reshaping it would
+        silently build a different tensor.
+        """
+        shape = storage.check_shape(shape)
+        fmt = as_format(format, len(shape))
+        values = np.asarray(values)
+        check_dtype(values.dtype, "values")
+        if values.ndim != 1:
+            raise ShapeError(f"values must be 1-d, got shape {values.shape}")
+        fmt.check_shape(shape)
+        storage.check_shape(shape, fmt)
+        coords = _coordinate_rows(coords, len(shape), values.size)
+        coords, values = storage.canonicalize(coords, values, shape, fmt)
+        fmt = _fit_widths(fmt, shape, values.size)
+        return cls(fmt, shape, storage.pack(fmt, shape, coords, values), validate=False)
+
+    @classmethod
+    def from_dense(cls, array: Any, format: Format | str) -> SparseTensor:
+        """Store the nonzeros of a dense array (NaN counts as a nonzero)."""
+        array = np.asarray(array)
+        if not 1 <= array.ndim <= 3:
+            raise ShapeError(f"sparse tensors have 1 to 3 dimensions, got {array.ndim}")
+        check_dtype(array.dtype, "dense array")
+        coords = np.array(np.nonzero(array), dtype=np.int64).reshape(array.ndim, -1)
+        return cls.from_coo(coords, array[tuple(coords)], array.shape, format)
+
+    @classmethod
+    def from_scipy(cls, matrix: Any, format: Format | str | None = None) -> SparseTensor:
+        """Build from a scipy.sparse matrix or array.
+
+        The format defaults to the matrix's own (csr, csc, coo, bsr; others go
+        through CSR).  When indices are canonical and already of the format's
+        width, the scipy buffers are shared read-only, not copied: mutating
+        them afterwards is undefined.  Otherwise a sorted, duplicate-summed
+        copy is built; int64 indices are narrowed when they fit and the format
+        is widened to 64 bits when they do not.
+        """
+        import scipy.sparse as sp
+
+        if not sp.issparse(matrix):
+            raise FormatError(f"from_scipy expects a scipy.sparse matrix, got {type(matrix).__name__}")
+        check_dtype(matrix.dtype, "scipy matrix values")
+        kind = matrix.format
+        fmt = as_format(format, 2) if format is not None else _SCIPY_FORMATS.get(kind, CSR)
+        if kind == "bsr" and format is None:
+            fmt = BSR(*matrix.blocksize)
+        shared = _share_scipy(matrix, fmt)
+        if shared is not None:
+            return shared
+        _check_scipy_structure(matrix)
+        coo = matrix.tocoo()
+        return cls.from_coo(np.vstack([coo.row, coo.col]), coo.data, matrix.shape, fmt)
+
+    # -- views ------------------------------------------------------------------
+    @property
+    def values(self) -> np.ndarray:
+        return self.buffers[-1]
+
+    def buffer(self, name: str) -> np.ndarray:
+        """A level buffer by name (``pos1``, ``crd1``, ``values``)."""
+        return self.buffers[self.format.buffer_names.index(name)]
+
+    def to_coo(self) -> tuple[np.ndarray, np.ndarray]:
+        """Coordinates (ndim x nnz) and values of every stored entry, in storage order."""
+        return storage.unpack(self.format, self.shape, self.buffers)
+
+    def to_dense(self) -> np.ndarray:
+        out = np.zeros(self.shape, dtype=self.dtype)
+        coords, values = self.to_coo()
+        np.add.at(out, tuple(coords), values)
+        return out
+
+    def to_scipy(self, kind: str = "array") -> Any:
+        """A scipy sparse array (2-d only; ``kind="matrix"``: the legacy matrix types): csr/csc/bsr/coo share
+        buffers, other formats convert."""
+        import scipy.sparse as sp
+
+        if kind not in ("array", "matrix"):
+            raise FormatError(f"to_scipy(kind=...) is 'array' or 'matrix', got {kind!r}")
+        if self.ndim != 2:
+            raise FormatError(f"to_scipy needs a 2-d tensor, got {self.ndim}-d")
+        csr, csc, bsr, coo_type = ((sp.csr_array, sp.csc_array, sp.bsr_array, sp.coo_array) if kind == "array" else
+                                   (sp.csr_matrix, sp.csc_matrix, sp.bsr_matrix, sp.coo_matrix))
+        fmt, b = self.format, self.buffers
+        if fmt == CSR.with_widths(fmt.pos_width, fmt.crd_width):
+            return csr((b[2], b[1], b[0]), shape=self.shape)
+        if fmt == CSC.with_widths(fmt.pos_width, fmt.crd_width):
+            return csc((b[2], b[1], b[0]), shape=self.shape)
+        bm_bn = fmt.block_factors
+        if not fmt.is_nm and bm_bn and fmt == BSR(bm_bn[0], bm_bn[1]).with_widths(fmt.pos_width, fmt.crd_width):
+            blocks = b[2].reshape(-1, bm_bn[0], bm_bn[1])
+            return bsr((blocks, b[1], b[0]), shape=self.shape)
+        coords, values = self.to_coo()
+        coo = coo_type((values, (coords[0], coords[1])), shape=self.shape)
+        return coo if fmt == COO.with_widths(fmt.pos_width, fmt.crd_width) else coo.tocsr()
+
+    # -- the array protocol (scipy's sparray habits) ------------------------------
+    __array_ufunc__ = None  # numpy defers ``x @ A`` to ``A.__rmatmul__`` instead of making an object array
+
+    def toarray(self) -> np.ndarray:
+        """The dense array (as scipy's ``toarray``)."""
+        return self.to_dense()
+
+    todense = toarray
+
+    def astype(self, dtype: Any) -> SparseTensor:
+        """The same pattern with values cast to ``dtype`` (index buffers shared)."""
+        target = check_dtype(dtype, "astype")
+        if target == self.dtype:
+            return self
+        return SparseTensor(self.format, self.shape, (*self.buffers[:-1], self.values.astype(target)),
+                            validate=False)
+
+    @property
+    def T(self) -> SparseTensor:
+        """The transpose: CSR and CSC swap into each other over the same buffers; other 2-d formats convert."""
+        if self.ndim != 2:
+            raise ShapeError(f".T transposes 2-d tensors, got {self.ndim}-d")
+        fmt = self.format
+        for here, there in ((CSR, CSC), (CSC, CSR)):
+            if fmt == here.with_widths(fmt.pos_width, fmt.crd_width):
+                return SparseTensor(there.with_widths(fmt.pos_width, fmt.crd_width), self.shape[::-1], self.buffers,
+                                    validate=False)
+        coords, values = self.to_coo()
+        return SparseTensor.from_coo(coords[::-1], values, self.shape[::-1], fmt)
+
+    def __matmul__(self, other: Any) -> Any:
+        """``A @ B`` with ``B`` dense (1-d: SpMV, 2-d: SpMM) or sparse (a CSR result), through a cached kernel of
+        ``A``'s format and dtype."""
+        if self.ndim != 2:
+            raise ShapeError(f"@ takes a 2-d sparse tensor, got {self.ndim}-d")
+        if isinstance(other, SparseTensor):
+            kernel = _compile_kernel("C[i,j] = A[i,k] * B[k,j]", {"A": self.format, "B": other.format, "C": CSR},
+                                     self.dtype)
+            return kernel(A=self, B=other)
+        rank = getattr(other, "ndim", None)
+        if rank not in (1, 2):
+            raise ShapeError(f"@ takes a 1-d or 2-d dense operand, got {type(other).__name__} of rank {rank}")
+        expression = "y[i] = A[i,k] * x[k]" if rank == 1 else "C[i,j] = A[i,k] * B[k,j]"
+        kernel = _compile_kernel(expression, {"A": self.format}, self.dtype)
+        return kernel(A=self, **({"x": other} if rank == 1 else {"B": other}))
+
+    def __rmatmul__(self, other: Any) -> Any:
+        """``B @ A`` with dense ``B``: ``(A.T @ B.T).T``, over a zero-copy transpose for CSR/CSC."""
+        rank = getattr(other, "ndim", None)
+        if rank == 1:
+            return self.T @ other
+        if rank == 2:
+            return (self.T @ other.T).T
+        return NotImplemented
+
+    def to(self, device: str) -> Any:
+        """``"cuda"``: a ``DeviceSparseTensor`` with device copies of the buffers (needs CuPy); ``"cpu"``: self."""
+        if device == "cpu":
+            return self
+        if device not in DEVICES:
+            raise DeviceError(f"unknown device {device!r}; devices: {', '.join(DEVICES)}")
+        copy = _device_copies.get(device)
+        if copy is None:
+            raise DeviceError(f"SparseTensor.to({device!r}) copies through sparse_mlir.tensor.device, which registers "
+                              f"it when imported, and it has not been: import sparse_mlir.tensor.device")
+        return copy(self)
+
+    def __repr__(self) -> str:
+        return f"SparseTensor(shape={self.shape}, format={self.format}, dtype={self.dtype}, nnz={self.nnz})"
+
+
+_SCIPY_FORMATS = {"csr": CSR, "csc": CSC, "coo": COO}
+
+
+def _check_buffer_layout(fmt: Format, buffers: tuple[np.ndarray, ...]) -> None:
+    """Count, rank and index dtypes of level buffers, checked before anything reads their contents."""
+    names = fmt.buffer_names
+    if len(buffers) != len(names):
+        raise InvalidIndicesError(f"format {fmt} needs {len(names)} buffers {names}, got {len(buffers)}")
+    for name, buf in zip(names, buffers):
+        if buf.ndim != 1:
+            raise InvalidIndicesError(f"{name} must be a 1-d buffer, got shape {buf.shape}")
+    for name, buf in zip(names[:-1], buffers[:-1]):
+        want = storage.index_dtype(fmt.pos_width if name.startswith("pos") else fmt.crd_width)
+        if buf.dtype != want:
+            raise DTypeError(f"{name} has dtype {buf.dtype}, but format {fmt} stores {want}")
+
+
+def _coordinate_rows(coords: Any, ndim: int, nnz: int) -> np.ndarray:
+    """``coords`` as an ``(ndim, nnz)`` array, without guessing at any other layout.
+
+    Only layouts with one reading are accepted: ``(ndim, nnz)`` itself, a
+    flat list for a 1-d tensor, and an empty list when there are no entries.
+    """
+    array = np.asarray(coords)
+    if array.ndim == 1 and (ndim == 1 or array.size == 0 == nnz):
+        return array.reshape(ndim, -1)
+    if array.ndim == 2 and array.shape[0] == ndim:
+        return array
+    hint = ""
+    if array.ndim == 2 and array.shape[1] == ndim:
+        hint = f"; these look like ({array.shape[0]}, {ndim}) coordinate pairs: pass coords.T"
+    raise InvalidIndicesError(f"coordinates must have shape ({ndim}, nnz), one row per dimension, "
+                              f"got {array.shape}{hint}")
+
+
+def _check_scipy_structure(matrix: Any) -> None:
+    """Raise ``InvalidIndicesError`` for compressed scipy arrays scipy itself would mis-read or reject."""
+    kind = matrix.format
+    if kind not in ("csr", "csc", "bsr"):
+        return
+    rows, cols = matrix.shape
+    if kind == "bsr":
+        bm, bn = matrix.blocksize
+        outer, inner = rows // bm, cols // bn
+    else:
+        outer, inner = (rows, cols) if kind == "csr" else (cols, rows)
+    indptr, indices = np.asarray(matrix.indptr), np.asarray(matrix.indices)
+    if indptr.size != outer + 1:
+        raise InvalidIndicesError(f"{kind} indptr must have {outer + 1} entries, got {indptr.size}")
+    if indptr[0] != 0 or (np.diff(indptr) < 0).any():
+        raise InvalidIndicesError(f"{kind} indptr must start at 0 and be monotone non-decreasing")
+    if indptr[-1] != indices.size or matrix.data.shape[0] != indices.size:
+        raise InvalidIndicesError(f"{kind} indptr ends at {indptr[-1]} with {indices.size} indices and "
+                                  f"{matrix.data.shape[0]} values (nnz mismatch)")
+    if indices.size and (indices.min() < 0 or indices.max() >= inner):
+        bad = indices[(indices < 0) | (indices >= inner)][0]
+        raise InvalidIndicesError(f"{kind} index {bad} is out of range [0, {inner})")
+
+
+def _share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
+    """Wrap a canonical csr/csc/bsr matrix whose buffers already match ``fmt``, without copying."""
+    kind = matrix.format
+    if kind == "bsr":
+        expected = BSR(*matrix.blocksize)
+    else:
+        expected = {"csr": CSR, "csc": CSC}.get(kind)
+    if expected is None or fmt.with_widths(32, 32) != expected:
+        return None
+    width = matrix.indices.dtype.itemsize * 8
+    if matrix.indptr.dtype != matrix.indices.dtype or width not in (32, 64) or fmt.pos_width != width \
+            or fmt.crd_width != width:
+        return None
+    data = matrix.data.reshape(-1)
+    try:
+        return SparseTensor(fmt, matrix.shape, (matrix.indptr, matrix.indices, data))
+    except (FormatError, ShapeError, ValueError):
+        return None  # unsorted or duplicate indices: the caller builds a canonical copy
+

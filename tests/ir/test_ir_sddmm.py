@@ -1,0 +1,54 @@
+"""IR of the CPU SDDMM (``dialects/native/sddmm.py``): S's pattern copied, B transposed, vector dot products."""
+
+from __future__ import annotations
+
+import pytest
+from ir_helpers import cpu_shapes, functions, op_counts, planned, verified
+from mlir import ir
+from sparse_mlir.dialects.linalg import KERNEL_NAME
+from sparse_mlir.dialects.native.sddmm import native_sddmm
+
+from sparse_mlir.formats import CSR
+
+pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
+
+EXTENTS = {"i": 24, "j": 40, "k": 32}
+
+
+def _build(expression: str, formats: dict, dtype: str = "float32") -> ir.Module | None:
+    spec = planned(expression, formats, dtype)
+    return native_sddmm(spec, spec.formats, cpu_shapes(spec, EXTENTS))
+
+
+def test_sddmm_copies_the_pattern_and_computes_each_entry_with_vector_chains():
+    module = verified(_build("C[i,j] = S[i,j] * A[i,k] * B[k,j]", {"S": "csr", "C": "csr"}))
+    kernel = functions(module)[KERNEL_NAME]
+    signature = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
+    level = ["memref<?xi32>", "memref<?xi32>", "memref<?xf32>"]
+    assert [str(t) for t in signature.inputs] == [*level, "memref<24x?xf32>", "memref<?x40xf32>"]
+    assert [str(t) for t in signature.results] == level  # C's buffers: S's pattern, new values
+    ops = op_counts(module)
+    assert ops["memref.copy"] == 2 and ops["memref.alloc"] == 4 and ops["memref.dealloc"] == 1  # B^T is freed
+    assert ops["scf.parallel"] == 2  # the transpose, then the rows of S
+    assert ops["vector.fma"] > 0 and ops["vector.reduction"] > 0
+
+
+def test_integer_sddmm_and_the_factor_order():
+    module = verified(_build("C[i,j] = A[i,k] * B[k,j] * S[i,j]", {"S": CSR.with_widths(64, 64),
+                                                                    "C": CSR.with_widths(64, 64)}, "int32"))
+    ops = op_counts(module)
+    assert not ops["vector.fma"] and ops["arith.muli"] > 0
+    kernel = functions(module)[KERNEL_NAME]
+    signature = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
+    assert [str(t) for t in signature.inputs][:2] == ["memref<24x?xi32>", "memref<?x40xi32>"]  # A, B, then S
+
+
+@pytest.mark.parametrize("expression, formats", [
+    ("C[i,j] = S[i,j] * A[i,k] * B[k,j]", {"S": "csr"}),  # a dense result
+    ("C[i,j] = S[i,j] * A[i,k] * B[k,j]", {"S": "csc", "C": "csr"}),
+    ("C[i,j] = S[i,j] * A[i,k] * B[k,j]", {"S": "csr", "C": CSR.with_widths(64, 64)}),  # other index widths
+    ("C[i,j] = S[i,j] * A[i,j]", {"S": "csr", "C": "csr"}),
+])
+def test_other_kernels_are_not_sddmm(expression, formats):
+    spec = planned(expression, formats)
+    assert native_sddmm(spec, spec.formats, cpu_shapes(spec, EXTENTS)) is None

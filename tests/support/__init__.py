@@ -1,0 +1,1 @@
+"""Test-only support: reference evaluator, CuPy and cuda.h stand-ins, the CPU emulation of GPU programs."""

@@ -1,0 +1,164 @@
+"""Run a GPU program's kernels on the CPU, thread by thread, to test them where there is no GPU.
+
+The emulated module has the kernel function's usual signature (the one the
+C entry point wraps), but its body replays the ``GpuProgram``'s launches
+from their manifest records: scratch buffers are allocated and zeroed, and
+each launch is a loop nest over its grid and block calling the kernel body
+as a ``func.func`` whose thread and block ids are arguments.  The kernels
+are the very ``gpu.func`` bodies that become PTX, and the launches are the
+very records the CUDA runtime reads, so a wrong grid, a wrong argument
+order or a wrong index in the mapped loops gives wrong numbers here.
+
+Threads run one after another, so kernels that talk between threads
+(``gpu.shuffle``, barriers, warp-wide MMAs) or pick threads per row at
+launch time cannot be emulated; ``EmulationError`` says so.  Atomics are
+emulated (sequentially, they are plain read-modify-writes).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from mlir import ir
+
+from sparse_mlir.compiler import build
+from sparse_mlir.dialects.encoding import TYPE_NAMES
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.lowering import cpu, toolchain
+from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
+from sparse_mlir.abi.gpu_program import GpuProgram, GridRule
+from sparse_mlir.abi.c_signature import Signature
+
+__all__ = ["EmulationError", "emulation_module", "build_emulation"]
+
+_IDS = {"thread_id": "t", "block_id": "b", "block_dim": "bd", "grid_dim": "g"}
+_ID_ARGS = [f"%emu_{k}{d}" for k in ("b", "t", "g", "bd") for d in "xyz"]
+
+
+class EmulationError(Exception):
+    """The program uses something sequential threads cannot reproduce."""
+
+
+def emulation_module(program: GpuProgram, gpu_stage: str, sig: Signature, skewed: bool = False) -> ir.Module:
+    """A CPU module for ``program`` from the IR that holds its ``gpu.module`` (the ``gpu`` stage).
+
+    ``skewed`` chooses the launches a skewed operand gets (``Launch.when``).
+    """
+    program = replace(program, launches=tuple(launch for launch in program.launches if launch.runs(skewed)))
+    source = ir.Module.parse(gpu_stage)
+    kernels = {}
+    used = {launch.kernel for launch in program.launches}
+    for op in source.body.operations:
+        if op.operation.name == "gpu.module":
+            for fn in op.regions[0].blocks[0].operations:
+                name = ir.StringAttr(fn.attributes["sym_name"]).value
+                if name not in used:
+                    continue
+                kernels[name] = (fn.operation.get_asm(), ir.FunctionType(
+                    ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
+    functions = "\n".join(_kernel_as_function(asm) for asm, _ in kernels.values())
+    text = _host_text(program, sig, {n: t for n, (_, t) in kernels.items()}) + functions
+    return ir.Module.parse(f"module {{\n{text}\n}}")
+
+
+def _kernel_as_function(asm: str) -> str:
+    if "gpu.shuffle" in asm or "gpu.barrier" in asm:
+        raise EmulationError("the kernel exchanges values between threads (shuffles or barriers)")
+    header = re.match(r"\s*gpu\.func @(\w+)\((.*?)\)\s+kernel(?:\s+attributes\s+\{[^{}]*\})?\s*\{", asm, re.S)
+    if header is None:
+        raise EmulationError(f"unexpected kernel header: {asm[:200]}")
+    ids = ", ".join(f"{a}: index" for a in _ID_ARGS)
+    body = asm[header.end():]
+    body = re.sub(r"(%[\w$.-]+) = gpu\.(thread_id|block_id|block_dim|grid_dim)\s+([xyz])(?:\s+upper_bound\s+\d+)?",
+                  lambda m: f"{m.group(1)} = arith.addi %emu_{_IDS[m.group(2)]}{m.group(3)}, %emu_zero : index", body)
+    body = body.replace("gpu.return", "func.return")
+    if (left := re.search(r"\b(?:nv)?gpu\.\w+", body)) is not None:
+        raise EmulationError(f"the kernel uses {left.group(0)}")
+    return (f"func.func private @{header.group(1)}({header.group(2)}, {ids}) {{\n"
+            f"  %emu_zero = arith.constant 0 : index\n{body}")
+
+
+def _buffer_types(sig: Signature) -> list[str]:
+    out = []
+    for op, buf in sig.kernel_arguments():
+        if not op.sparse:
+            out.append(f"memref<{''.join(f'{s}x' for s in op.shape)}{TYPE_NAMES[op.dtype.name]}>")
+            continue
+        dtypes = dict(op.buffers())
+        if buf in dtypes:
+            out.append(f"memref<?x{TYPE_NAMES[dtypes[buf].name]}>")
+        else:  # the implicit positions of an N:M level
+            out.append(f"memref<?xi{op.format.pos_width or 64}>")
+    return out
+
+
+def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.Type]]) -> str:
+    types = _buffer_types(sig)
+    params = ", ".join(f"%k{i}: {t}" for i, t in enumerate(types))
+    fills = f", {FILLS_OUTPUT}" if not program.needs_zeroed_output() else ""  # the C entry point skips zeroing
+    lines = [f"func.func @{KERNEL_NAME}({params}) -> {types[-1]} attributes {{llvm.emit_c_interface{fills}}} {{",
+             "%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index"]
+    for s, (shape, dtype) in enumerate(program.scratch):
+        elt = TYPE_NAMES[dtype]
+        mtype = f"memref<{''.join(f'{d}x' for d in shape)}{elt}>"
+        zero = "0.0" if elt.startswith("f") else "0"
+        lines += [f"%s{s} = memref.alloc() : {mtype}", f"%z{s} = arith.constant {zero} : {elt}",
+                  f"linalg.fill ins(%z{s} : {elt}) outs(%s{s} : {mtype})"]
+    fresh = iter(range(10**6))
+    for n, launch in enumerate(program.launches):
+        if launch.lanes is not None:
+            raise EmulationError("the launch's threads per row are picked at run time")
+        param_types = kernels[launch.kernel]
+        args: list[str] = []
+        for arg, ptype in zip(launch.args, param_types):
+            if arg.kind == "index":
+                value = f"%a{next(fresh)}"
+                lines.append(f"{value} = arith.constant {arg.ref} : index")
+                args.append(value)
+                continue
+            value, vtype = (f"%k{arg.ref}", types[arg.ref]) if arg.kind == "buffer" else \
+                (f"%s{arg.ref}", f"memref<{''.join(f'{d}x' for d in program.scratch[arg.ref][0])}"
+                                 f"{TYPE_NAMES[program.scratch[arg.ref][1]]}>")
+            if vtype != str(ptype):
+                cast = f"%a{next(fresh)}"
+                lines.append(f"{cast} = memref.cast {value} : {vtype} to {ptype}")
+                value = cast
+            args.append(value)
+        bounds = []
+        for k, d in enumerate([*(launch.grid if isinstance(launch.grid, tuple) else (0, 1, 1)), *launch.block]):
+            lines.append(f"%dim{n}_{k} = arith.constant {d} : index")
+            bounds.append(f"%dim{n}_{k}")
+        if isinstance(launch.grid, GridRule):  # blocks from the buffer's length, as GridRule.blocks
+            rule = launch.grid
+            lines += [f"%len{n} = memref.dim %k{rule.ref}, %c0 : {types[rule.ref]}",
+                      f"%per{n} = arith.constant {rule.per_block} : index",
+                      f"%need{n} = arith.ceildivui %len{n}, %per{n} : index",
+                      f"%grid{n} = arith.maxui %need{n}, %c1 : index"]
+            bounds[0] = f"%grid{n}"
+        ivs = [f"%iv{n}_{k}" for k in range(6)]
+        for k in range(6):
+            lines.append(f"scf.for {ivs[k]} = %c0 to {bounds[k]} step %c1 {{")
+        call_args = ", ".join([*args, *ivs[:3], *ivs[3:], *bounds[:3], *bounds[3:]])
+        call_types = ", ".join([*(str(t) for t in param_types), *["index"] * 12])
+        lines.append(f"func.call @{launch.kernel}({call_args}) : ({call_types}) -> ()")
+        lines += ["}"] * 6
+    lines += [f"return %k{len(types) - 1} : {types[-1]}", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def build_emulation(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature, out_path: Path,
+                    emitter: str = "auto", skewed: bool = False) -> dict[str, str]:
+    """A CPU library at ``out_path`` that runs the GPU program of one specialization thread by thread.
+
+    It exports ``sig`` like any CPU kernel, so tests call it with numpy
+    operands and compare.  Built in the test's own process (this harness is
+    not a job of the compiler process); returns the IR of each stage.
+    """
+    with ir.Context():
+        program, stages = build.gpu_program(spec, shapes, sig, (), emitter, False)
+        module = emulation_module(program, stages["mapped"], sig, skewed)
+        stages["llvm"] = cpu.loops_to_llvm(module, sig)
+    toolchain.compile_shared_library(stages["llvm"], out_path, cpu="native", opt_level=1)
+    return stages
