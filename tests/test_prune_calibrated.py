@@ -1,0 +1,131 @@
+"""Calibrated pruning: Wanda and SparseGPT keep a layer's outputs closer than magnitude pruning does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparse_mlir import prune
+from sparse_mlir.errors import DTypeError, PatternError, ShapeError
+
+PATTERNS = [{"sparsity": 0.5}, {"pattern": "2:4"}, {"sparsity": 0.75, "block": (4, 4)}]
+
+
+@pytest.fixture
+def layer(rng):
+    """A layer and inputs whose features have very different scales and are correlated (as in transformers)."""
+    samples, features, outputs = 1024, 64, 32
+    mix = rng.normal(size=(features, features)) * 0.3 + np.eye(features)
+    x = (rng.normal(size=(samples, features)) @ mix) * np.exp(rng.normal(0, 1.0, features))
+    return rng.normal(size=(outputs, features)).astype(np.float32), x
+
+
+def _output_error(w, pruned, x):
+    return np.linalg.norm(x @ w.T - x @ pruned.to_dense().T) / np.linalg.norm(x @ w.T)
+
+
+def _magnitude(w, kw):
+    if "pattern" in kw:
+        return prune.n_m(w, 2, 4)
+    if "block" in kw:
+        return prune.block(w, kw["sparsity"], kw["block"])
+    return prune.magnitude(w, kw["sparsity"], scope="row")
+
+
+@pytest.mark.parametrize("kw", PATTERNS, ids=["50%", "2:4", "block4x4"])
+def test_sparsegpt_beats_wanda_beats_magnitude_on_the_layer_outputs(layer, kw):
+    w, x = layer
+    before = w.copy()
+    calibration = prune.Calibration.from_activations(x)
+    errors = [_output_error(w, _magnitude(w, kw)[0], x),
+              _output_error(w, prune.wanda(w, calibration, **kw)[0], x),
+              _output_error(w, prune.sparsegpt(w, calibration, **kw)[0], x)]
+    assert errors[0] > errors[1] > errors[2], errors
+    assert errors[1] < 0.8 * errors[0]
+    np.testing.assert_array_equal(w, before)  # the caller's weights are never modified
+
+
+@pytest.mark.parametrize("kw", PATTERNS, ids=["50%", "2:4", "block4x4"])
+def test_the_pattern_holds_and_the_mask_is_what_is_stored(layer, kw):
+    w, x = layer
+    calibration = prune.Calibration.from_activations(x)
+    for pruner in (prune.wanda, prune.sparsegpt):
+        tensor, mask = pruner(w, calibration, **kw)
+        dense = tensor.to_dense()
+        assert tensor.nnz == mask.sum() and ((dense != 0) <= mask).all()
+        if "pattern" in kw:
+            assert tensor.format == prune.pattern_of(pattern="2:4").default_format()
+            assert prune.satisfies_n_m(mask, 2, 4) and (mask.reshape(32, -1, 4).sum(2) == 2).all()
+        elif "block" in kw:
+            tiles = mask.reshape(8, 4, 16, 4)
+            assert (tiles.all(axis=(1, 3)) == tiles.any(axis=(1, 3))).all()
+            assert tiles.any(axis=(1, 3)).sum() == 32  # a quarter of the 128 tiles
+        else:
+            assert (mask.sum(1) == 32).all()  # per row, as in the paper
+
+
+def test_wanda_keeps_the_weights_on_large_inputs():
+    w = np.array([[1.0, 2.0, 3.0, 4.0]])
+    x = np.array([[100.0, 10.0, 1.0, 0.1]] * 4)  # feature scales reverse the magnitude order
+    _, mask = prune.wanda(w, prune.Calibration.from_activations(x), sparsity=0.5)
+    assert mask.tolist() == [[True, True, False, False]]
+    _, mask = prune.magnitude(w, 0.5)
+    assert mask.tolist() == [[False, False, True, True]]
+
+
+def test_sparsegpt_keeps_the_outputs_when_inputs_span_few_directions(rng):
+    """Inputs of rank 8 in 32 features: half the weights can go with almost no change to the outputs."""
+    x = rng.normal(size=(512, 8)) @ rng.normal(size=(8, 32))
+    w = rng.normal(size=(16, 32))
+    tensor, _ = prune.sparsegpt(w, prune.Calibration.from_activations(x), sparsity=0.5, damp=1e-6)
+    assert _output_error(w, tensor, x) < 1e-3
+
+
+def test_statistics_accumulate_batch_by_batch(layer):
+    w, x = layer
+    whole = prune.Calibration.from_activations(x)
+    batched = prune.Calibration(x.shape[1])
+    for part in np.array_split(x.reshape(4, -1, x.shape[1]), 4):  # (batch, seq, features) batches flatten
+        batched.update(part)
+    assert batched.samples == whole.samples == x.shape[0]
+    np.testing.assert_allclose(batched.gram, whole.gram, rtol=1e-12)
+    np.testing.assert_array_equal(prune.wanda(w, batched, sparsity=0.5)[1], prune.wanda(w, whole, sparsity=0.5)[1])
+
+
+def test_torch_activations_are_accepted(layer):
+    torch = pytest.importorskip("torch")
+    _, x = layer
+    calibration = prune.Calibration.from_activations(torch.from_numpy(x))
+    np.testing.assert_allclose(calibration.gram, x.T @ x, rtol=1e-10)
+
+
+def test_features_never_seen_are_pruned_first(layer):
+    w, x = layer
+    x = x.copy()
+    x[:, :8] = 0.0
+    for pruner in (prune.wanda, prune.sparsegpt):
+        _, mask = pruner(w, prune.Calibration.from_activations(x), sparsity=0.5)
+        assert not mask[:, :8].any()
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    (lambda w, c: prune.wanda(w, c), PatternError),  # nothing to prune by
+    (lambda w, c: prune.wanda(w, c, sparsity=0.5, pattern="2:4"), PatternError),
+    (lambda w, c: prune.wanda(w, c, pattern="2:4", block=(4, 4)), PatternError),
+    (lambda w, c: prune.wanda(w, c, pattern="5:4"), PatternError),
+    (lambda w, c: prune.wanda(w, c, pattern="two:four"), PatternError),
+    (lambda w, c: prune.wanda(w, c, sparsity=1.0), PatternError),
+    (lambda w, c: prune.wanda(w[:, :30], c, sparsity=0.5), ShapeError),
+    (lambda w, c: prune.wanda(w, prune.Calibration(64), sparsity=0.5), ShapeError),  # no samples
+    (lambda w, c: prune.sparsegpt(w.astype(np.int32), c, sparsity=0.5), DTypeError),
+    (lambda w, c: prune.sparsegpt(w, c, sparsity=0.5, damp=0.0), PatternError),
+    (lambda w, c: prune.sparsegpt(w, c, sparsity=0.5, block_columns=0), PatternError),
+    (lambda w, c: prune.sparsegpt(w, c, sparsity=0.5, block=(3, 4)), PatternError),
+    (lambda w, c: c.update(np.ones((4, 63))), ShapeError),
+    (lambda w, c: c.update(np.full((4, 64), np.nan)), ShapeError),
+    (lambda w, c: prune.Calibration.from_activations(np.zeros((0, 64))), ShapeError),
+])
+def test_bad_parameters_raise_clearly(layer, call, error):
+    w, x = layer
+    with pytest.raises(error):
+        call(w, prune.Calibration.from_activations(x))
