@@ -101,16 +101,49 @@ def _descriptor(t: _Text, ptr: str, sizes: list[str], one: str, zero: str) -> st
     return slot
 
 
-def _check_levels(t: _Text, op: OperandABI, args: dict[str, str], one: str) -> None:
-    """Walk the levels as the kernel will, checking every buffer length against its parent's entries."""
+def _sizes(t: _Text, op: OperandABI, args: dict[str, str]) -> list[str]:
+    """Each dimension of ``op`` as an i64 value: compiled in, or its C parameter (checked by then)."""
+    return [t.i64(s) if s is not None else args[f"{op.name}_d{d}"] for d, s in enumerate(op.shape)]
+
+
+def _level_sizes(t: _Text, op: OperandABI, args: dict[str, str]) -> list[str]:
+    """Each level's size as an i64 value (``Format.level_sizes`` at run time): a dimension, a dimension
+    divided by its block (a multiple of it: checked by ``_check_blocks``) or the block itself."""
     fmt = op.format
     assert fmt is not None
-    sizes = fmt.level_sizes(op.shape)  # sparse shapes are static
+    dims = _sizes(t, op, args)
+    out = []
+    for e in fmt.dim_to_lvl:
+        if e.op == "floordiv":
+            out.append(t.i64(op.shape[e.dim] // e.factor) if op.shape[e.dim] is not None
+                       else t(f"llvm.sdiv {dims[e.dim]}, {t.i64(e.factor)} : i64"))
+        else:
+            out.append(t.i64(e.factor) if e.op == "mod" else dims[e.dim])
+    return out
+
+
+def _check_blocks(t: _Text, op: OperandABI, args: dict[str, str]) -> None:
+    """``SIZE_MISMATCH`` unless each run-time dimension that the format tiles is a multiple of its block
+    (N:M columns by ``m``, BSR rows and columns by the block's)."""
+    assert op.format is not None
+    for d, factor in op.format.block_factors.items():
+        if op.shape[d] is None and factor > 1:
+            rest = t(f"llvm.srem {args[f'{op.name}_d{d}']}, {t.i64(factor)} : i64")
+            t.fail_if(t.ne(rest, t.i64(0)), SIZE_MISMATCH)
+
+
+def _check_levels(t: _Text, op: OperandABI, args: dict[str, str], sizes: list[str], one: str) -> None:
+    """Walk the levels as the kernel will, checking every buffer length against its parent's entries.
+
+    ``args`` maps ``op``'s buffer names (``pos1``, ``pos1_len``...) to values, ``sizes`` are its level sizes.
+    """
+    fmt = op.format
+    assert fmt is not None
     dtypes = dict(op.buffers())
     n = one
     for i, level in enumerate(fmt.levels):
         if level.kind is LevelKind.DENSE:
-            n = t(f"llvm.mul {n}, {t.i64(sizes[i])} : i64")
+            n = t(f"llvm.mul {n}, {sizes[i]} : i64")
             continue
         if level.kind is LevelKind.STRUCTURED:
             n = t(f"llvm.mul {n}, {t.i64(level.n)} : i64")
@@ -151,15 +184,20 @@ def _check_monotone(t: _Text, pos: str, n: str, dtype: np.dtype, one: str) -> No
     t.fail_if(bad, BAD_LEVELS)
 
 
-def _implicit_positions(t: _Text, op: OperandABI, zero: str, one: str) -> tuple[str, str]:
-    """malloc and fill the positions 0, n, 2n, ... of an N:M level; return (pointer, length)."""
+def _implicit_positions(t: _Text, op: OperandABI, sizes: list[str], zero: str, one: str) -> tuple[str, str]:
+    """malloc and fill the positions 0, n, 2n, ... of an N:M level; return (pointer, length).
+
+    ``sizes`` are the operand's level sizes (``_level_sizes``): the groups are all but the last.
+    """
     fmt = op.format
     assert fmt is not None
     level = fmt.levels[-1]
-    groups = int(np.prod(fmt.level_sizes(op.shape)[:-1]))
+    groups = one
+    for size in sizes[:-1]:
+        groups = t(f"llvm.mul {groups}, {size} : i64")
     width = fmt.pos_width // 8 if fmt.pos_width else 8
     elt = _INT[width]
-    length = t.i64(groups + 1)
+    length = t(f"llvm.add {groups}, {one} : i64")
     ptr = t(f"llvm.call @malloc({t(f'llvm.mul {length}, {t.i64(width)} : i64')}) : (i64) -> !llvm.ptr")
     t.fail_if(t(f'llvm.icmp "eq" {ptr}, {t("llvm.mlir.zero : !llvm.ptr")} : !llvm.ptr'), NULL_POINTER)
     t.blocks += 1
@@ -202,18 +240,25 @@ def wrapper_text(sig: Signature, kernel: str, zero_fill: bool = True) -> str:
             if p.kind == "data" and p.buffer:  # a sparse buffer may be NULL when empty
                 is_null = t(f"llvm.and {is_null}, {t.ne(args[p.name + '_len'], zero)} : i1")
             t.fail_if(is_null, NULL_POINTER)
-    # 2. dense sizes: the static ones fixed at compile time, the others equal wherever an index repeats
-    for static, dense in sig.extents().values():
-        dims = [args[f"{name}_d{d}"] for name, d in dense]
+    # 2. sizes given at run time: none negative, the static ones as compiled, the others equal wherever an index
+    # repeats, and a sparse input's a multiple of its format's blocks
+    for p in params:
+        if p.kind == "dim":
+            t.fail_if(t(f'llvm.icmp "slt" {args[p.name]}, {zero} : i64'), SIZE_MISMATCH)
+    for static, carriers in sig.extents().values():
+        dims = [args[f"{name}_d{d}"] for name, d in carriers]
         reference = t.i64(static) if static is not None else (dims[0] if dims else None)
         for dim in dims:
             if dim != reference:
                 t.fail_if(t.ne(dim, reference), SIZE_MISMATCH)
+    sparse_inputs = [op for op in sig.inputs if op.sparse]
+    for op in sparse_inputs:
+        _check_blocks(t, op, args)
     # 3. level buffers of sparse inputs
-    for op in sig.inputs:
-        if op.sparse:
-            _check_levels(t, op, {p.buffer + ("_len" if p.kind == "len" else ""): args[p.name]
-                                  for p in op.params(sig.name)}, one)
+    level_sizes = {op.name: _level_sizes(t, op, args) for op in sparse_inputs}
+    for op in sparse_inputs:
+        _check_levels(t, op, {p.buffer + ("_len" if p.kind == "len" else ""): args[p.name]
+                              for p in op.params(sig.name) if p.kind != "dim"}, level_sizes[op.name], one)
     # 4. descriptors in the kernel's argument order
     out = sig.output
     if out.sparse:
@@ -236,7 +281,7 @@ def wrapper_text(sig: Signature, kernel: str, zero_fill: bool = True) -> str:
         elif f"{op.name}_{buf}" in args:
             slots.append(_descriptor(t, args[f"{op.name}_{buf}"], [args[f"{op.name}_{buf}_len"]], one, zero))
         else:  # N:M positions
-            ptr, length = _implicit_positions(t, op, zero, one)
+            ptr, length = _implicit_positions(t, op, level_sizes[op.name], zero, one)
             temporaries.append(ptr)
             slots.append(_descriptor(t, ptr, [length], one, zero))
     t.stmt(f"llvm.call @{kernel}({', '.join([result, *slots])}) : ({', '.join(['!llvm.ptr'] * (1 + len(slots)))}) "

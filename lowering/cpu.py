@@ -2,7 +2,8 @@
 
 Stages (each one's IR is kept for ``kernel.ir``):
 
-* ``input``: the module built from the DSL (sparse shapes static).
+* ``input``: the module built from the DSL (sparse shapes static, except in
+  the hand-scheduled shape-generic kernels, which read every size at run time).
 * ``sparsified``: after ``sparse-assembler{direct-out}`` (level buffers become
   plain memref arguments and results) and the sparsifier with direct codegen
   (no runtime library on the hot path), bufferized.
@@ -70,8 +71,18 @@ def _run(module: ir.Module, pipeline: str, stage: str) -> None:
 
 
 def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dict[str, str]:
-    """Lower ``module`` in place to the LLVM dialect with ``sig``'s C entry point; return each stage's IR."""
+    """Lower ``module`` in place to the LLVM dialect with ``sig``'s C entry point; return each stage's IR.
+
+    A shape-generic signature (sparse sizes given at run time) is only for
+    hand-scheduled modules: the sparse assembler needs static sparse shapes,
+    so a generic module reaching here with one is the runtime and the
+    emitter table disagreeing (``compiler.emitters``), refused by name.
+    """
     stages = {"input": str(module)}
+    if sig.shape_generic and "#sparse_tensor.encoding" in stages["input"]:
+        raise LoweringError(f"{sig.expression!r} is built by the sparsifier, which needs static sparse shapes, but "
+                            f"it was asked for a shape-generic build (compiler.emitters disagrees with "
+                            f"dialects.select)", stage="input", target="cpu")
     parallel = options.openmp is not None
     parallel = frontend.sparsify(module, parallel=parallel, target="cpu")
     stages["sparsified"] = str(module)

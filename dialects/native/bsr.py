@@ -203,7 +203,10 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
              (f"func.func @{KERNEL_NAME}({', '.join(params[n] for n in spec.inputs)}, %C: memref<?x?x{elt}>) "
               f"-> memref<?x?x{elt}> attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{"),
              *(f"%c{c} = arith.constant {c} : index" for c in sorted(constants)),
-             f"%block_rows = arith.constant {rows // bm} : index",
+             f"%c{bm}bm = arith.constant {bm} : index",
+             (f"%block_rows = arith.constant {rows // bm} : index" if rows is not None  # else C's rows / bm:
+              else f"%c_rows = memref.dim %C, %c0 : memref<?x?x{elt}>\n"  # the C entry point checked bm | rows
+                   f"%block_rows = arith.divui %c_rows, %c{bm}bm : index"),
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
              *tier_lines,
              f"%zero = arith.constant {zero} : {elt}", f"%zv = arith.constant dense<{zero}> : {blk.vec}",

@@ -51,12 +51,14 @@ def native_linear(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str
     return module
 
 
-def _kernel(spec: KernelSpec, fmt: Format, outputs: int, roles: dict[str, str | None], core: SpmmProblem,
+def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str, str | None], core: SpmmProblem,
             vector_bits: int) -> None:
     """The kernel function at the insertion point: ``XT = X^T``, ``T = W @ XT`` (a call of ``_CORE``), ``Y = T^T``.
 
     Its inputs are the spec's (``W`` as its three level buffers, every other
     input but ``X`` a vector over ``o`` or ``b``), then ``Y``, which it returns.
+    ``outputs`` (``W``'s rows) ``None``: read from ``Y``'s columns (a
+    shape-generic build; the C entry point has checked that they agree).
     """
     w, x = roles["w"], roles["x"]
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
@@ -102,7 +104,7 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int, roles: dict[str, str | 
                 scf.ReduceOp([], 0)
 
         batch, inputs = memref.dim(x_value, c0), memref.dim(x_value, c1)
-        rows = arith.constant(index, outputs)
+        rows = arith.constant(index, outputs) if outputs is not None else memref.dim(y, c1)
         xt = memref.alloc(matrix, [inputs, batch], [])
         transpose(x_value, xt, batch, inputs)
         # T = W @ XT (+ bias), the tiled SpMM: W's buffers, XT, then the bias or the epilogue's operands

@@ -76,9 +76,13 @@ def _index(value: int) -> ir.Value:
     return arith.constant(ir.IndexType.get(), value)
 
 
-def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value, rows: int, cols: int,
-          element: ir.Type, lanes: int, level: list[ir.Type]) -> list[ir.Value]:
+def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value, rows: int | None,
+          cols: int | None, element: ir.Type, lanes: int, level: list[ir.Type]) -> list[ir.Value]:
+    """``rows``/``cols`` of ``S`` ``None`` (a shape-generic build): read from ``A``'s rows and ``B``'s columns,
+    which the C entry point has checked against ``S``'s."""
     c0, c1 = _index(0), _index(1)
+    n_rows = _index(rows) if rows is not None else memref.dim(a, c0)
+    n_cols = _index(cols) if cols is not None else memref.dim(b, c1)
     is_float = isinstance(element, ir.FloatType)
     nnz = memref.dim(crd, c0)
     inner = memref.dim(a, c1)
@@ -90,14 +94,14 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     out_val = memref.alloc(level[2], [nnz], [])
     # B^T, so each dot product reads two contiguous rows
     matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
-    bt = memref.alloc(matrix, [_index(cols), inner], [])
+    bt = memref.alloc(matrix, [n_cols, inner], [])
     # in tiles of TILE columns: each row k of the tile is one contiguous read of B, and the tile's TILE rows of
     # B^T stay in L1 while k walks (a column at a time read B with an 8-16 KiB stride: 7 ns per element)
     tile = _index(_TILE)
-    transpose = _parallel(c0, _index(cols), tile)
+    transpose = _parallel(c0, n_cols, tile)
     with ir.InsertionPoint(transpose):
         j0 = transpose.arguments[0]
-        j1 = arith.minui(arith.addi(j0, tile), _index(cols))
+        j1 = arith.minui(arith.addi(j0, tile), n_cols)
         rows_of_b = scf.ForOp(c0, inner, c1)
         with ir.InsertionPoint(rows_of_b.body):
             k = rows_of_b.induction_variable
@@ -153,7 +157,7 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
 
     index = ir.IndexType.get()
     c2 = _index(2)
-    loop = _parallel(c0, _index(rows), c1)
+    loop = _parallel(c0, n_rows, c1)
     with ir.InsertionPoint(loop):
         i = loop.arguments[0]
         start = arith.index_castui(index, memref.load(pos, [i]))

@@ -52,11 +52,12 @@ PANEL_BYTES = 8192  # B's rows per panel: a quarter of a 32 KiB L1, the rest str
 class _Stream:
     """Text for walking one row's nonzeros: CSR segments, or N:M groups with implicit positions."""
 
-    def __init__(self, fmt: Format, cols: int):
+    def __init__(self, fmt: Format, cols: int | None):
         self.nm = fmt.levels[-1] if fmt.is_nm else None
         self.crd_t = f"i{fmt.crd_width or 64}"
         self.pos_t = f"i{fmt.pos_width or 64}"
-        self.groups = cols // self.nm.m if self.nm else 0
+        # groups per row; None: read at run time from B's rows (a shape-generic build)
+        self.groups = (cols // self.nm.m if cols is not None else None) if self.nm else 0
 
     def setup(self) -> list[str]:
         """Row bounds (CSR) or the row's first entry (N:M), from ``%i``."""
@@ -96,9 +97,19 @@ class _Stream:
             return set()
         return {f"%c{self.nm.n}n = arith.constant {self.nm.n} : index",
                 f"%c{self.nm.m}m = arith.constant {self.nm.m} : index",
-                f"%row_len = arith.constant {self.groups * self.nm.n} : index",
-                f"%groups = arith.constant {self.groups} : index",
                 *(f"%c{e} = arith.constant {e} : index" for e in range(self.nm.n))}
+
+    def sizes(self) -> list[str]:
+        """``%groups`` per row and ``%row_len`` (entries per row), after ``constants``: compiled in, or from
+        B's rows (A's columns; the C entry point has checked that they are a multiple of ``m``)."""
+        if not self.nm:
+            return []
+        if self.groups is not None:
+            return [f"%groups = arith.constant {self.groups} : index",
+                    f"%row_len = arith.constant {self.groups * self.nm.n} : index"]
+        return ["%b_rows = memref.dim %B, %c0 : memref<?x?x{elt}>",
+                f"%groups = arith.divui %b_rows, %c{self.nm.m}m : index",
+                f"%row_len = arith.muli %groups, %c{self.nm.n}n : index"]
 
 
 def multiply_add(is_float: bool, acc: str, b: str, v: str, out: str, shape: str) -> list[str]:
@@ -151,7 +162,8 @@ def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, finish_row: 
             "%panel_fit = arith.divui %panel_budget, %b_group1 : index",
             "%panel = arith.maxui %panel_fit, %c1 : index",
             # at least one panel, so that rows without groups still store their zeros (or bias)
-            f"%panels_end = arith.constant {max(stream.groups, 1)} : index",
+            (f"%panels_end = arith.constant {max(stream.groups, 1)} : index" if stream.groups is not None
+             else "%panels_end = arith.maxui %groups, %c1 : index"),
             "scf.parallel (%ib) = (%c0) to (%rows) step (%row_block) {",
             "%ib_end = arith.addi %ib, %row_block : index", "%ie = arith.minui %ib_end, %rows : index",
             "scf.for %glo = %c0 to %panels_end step %panel {",
@@ -193,7 +205,7 @@ class SpmmProblem:
 
     dtype: np.dtype
     fmt: Format  # A's: CSR or N:M, any index widths
-    shape: tuple[int, int]  # A's rows and columns
+    shape: tuple[int | None, int | None]  # A's rows and columns (None: read at run time from C and B)
     inputs: tuple[tuple[str, int], ...]
     a: str
     b: str
@@ -357,7 +369,9 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
              f"-> memref<?x?x{elt}> "
              + (f"attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{" if function_name == KERNEL_NAME else "{"),
              *consts,
-             f"%rows = arith.constant {rows} : index",
+             (f"%rows = arith.constant {rows} : index" if rows is not None
+              else f"%rows = memref.dim %C, %c0 : memref<?x?x{elt}>"),
+             *stream.sizes(),
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
              *tier_lines,
              f"%zero = arith.constant {zero} : {elt}",

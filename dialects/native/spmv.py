@@ -10,7 +10,9 @@ the last entry) so the random lines are in flight long before they are
 needed; rows shorter than ``SHORT_ROW`` skip all that for one plain loop.
 Rows run as an ``scf.parallel`` loop (threaded, guided schedule, by the CPU
 pipeline).  The function has the sparse assembler's signature, so
-everything after it is shared with sparsified kernels.
+everything after it is shared with sparsified kernels.  A ``None`` row count
+(a shape-generic build) is read from ``y``, which the C entry point has
+checked against ``A``'s rows.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def native_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
               f"-> memref<?x{elt}> attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{"),
              *(f"%c{c} = arith.constant {c} : index"
                for c in sorted({0, 1, UNROLL, DISTANCE, SHORT_ROW, *range(UNROLL)})),
-             f"%rows = arith.constant {rows} : index", f"%zero = arith.constant {zero} : {elt}",
+             (f"%rows = arith.constant {rows} : index" if rows is not None
+              else f"%rows = memref.dim %y, %c0 : memref<?x{elt}>"), f"%zero = arith.constant {zero} : {elt}",
              f"%nnz = memref.dim %crd, %c0 : memref<?x{crd_t}>",
              "%has = arith.cmpi ugt, %nnz, %c0 : index", "%nnz1 = arith.subi %nnz, %c1 : index",
              "%last = arith.select %has, %nnz1, %c0 : index",

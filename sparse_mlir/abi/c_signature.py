@@ -10,7 +10,9 @@ disagree.
 Parameters, in order:
 
 * a sparse input ``X``: for each level buffer ``b`` (``X.format.buffer_names``)
-  ``const T* X_b, int64_t X_b_len``;
+  ``const T* X_b, int64_t X_b_len``, then ``int64_t X_d{k}`` for each
+  dimension ``k`` whose size is not compiled in (every one, in a
+  shape-generic kernel: ``compiler.emitters``);
 * a dense input ``X`` of rank r: ``const T* X, int64_t X_d0 .. X_d{r-1}``
   (C-contiguous, row-major);
 * a dense output ``Y``: ``T* Y, int64_t Y_d0 ..`` (zero-filled, then written);
@@ -19,8 +21,9 @@ Parameters, in order:
   ``NAME_free`` releases.
 
 Status: 0 ok, 1 a NULL pointer, 2 a size that disagrees with the kernel's
-shapes or with another operand, 3 level buffers whose lengths are
-inconsistent (e.g. ``pos[last] != crd_len``).  Coordinates themselves are not
+shapes or with another operand (or is negative, or is not a multiple of a
+block of the format), 3 level buffers whose lengths are inconsistent (e.g.
+``pos[last] != crd_len``, or positions not ``rows + 1`` long).  Coordinates themselves are not
 range-checked in C: pass buffers that a ``SparseTensor`` would accept.
 """
 
@@ -42,7 +45,8 @@ __all__ = ["OK", "NULL_POINTER", "SIZE_MISMATCH", "BAD_LEVELS", "Param", "Operan
            "format_to_json", "format_from_json", "C_TYPES"]
 
 OK, NULL_POINTER, SIZE_MISMATCH, BAD_LEVELS = 0, 1, 2, 3
-STATUS_TEXT = {NULL_POINTER: "a NULL pointer", SIZE_MISMATCH: "a size that disagrees with the kernel's shapes",
+STATUS_TEXT = {NULL_POINTER: "a NULL pointer",
+               SIZE_MISMATCH: "a size that disagrees with the kernel's shapes or another operand's",
                BAD_LEVELS: "inconsistent level buffer lengths"}
 
 C_TYPES = {"float16": "_Float16", "float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
@@ -75,6 +79,14 @@ class OperandABI:
     def sparse(self) -> bool:
         return self.format is not None
 
+    @property
+    def size_params(self) -> tuple[int, ...]:
+        """The dimensions whose size is a C parameter ``NAME_d{k}``: every one of a dense operand, the
+        run-time ones of a sparse input, none of a sparse output (its size follows from the inputs)."""
+        if not self.sparse:
+            return tuple(range(len(self.shape)))
+        return () if self.output else tuple(d for d, s in enumerate(self.shape) if s is None)
+
     def buffers(self) -> list[tuple[str, np.dtype]]:
         """User-visible buffers (N:M positions are implicit) with their dtypes."""
         assert self.format is not None
@@ -92,14 +104,14 @@ class OperandABI:
         const = "" if self.output else "const "
         if self.sparse and self.output:
             return [Param(self.name, f"{kernel}_result*", "result", self.name)]
+        dims = [Param(f"{self.name}_d{d}", "int64_t", "dim", self.name, str(d)) for d in self.size_params]
         if self.sparse:
             out = []
             for buf, dt in self.buffers():
                 out += [Param(f"{self.name}_{buf}", f"const {C_TYPES[dt.name]}*", "data", self.name, buf),
                         Param(f"{self.name}_{buf}_len", "int64_t", "len", self.name, buf)]
-            return out
-        return [Param(self.name, f"{const}{ctype}*", "data", self.name)] + \
-            [Param(f"{self.name}_d{d}", "int64_t", "dim", self.name, str(d)) for d in range(len(self.shape))]
+            return out + dims
+        return [Param(self.name, f"{const}{ctype}*", "data", self.name), *dims]
 
 
 @dataclass(frozen=True)
@@ -146,16 +158,23 @@ class Signature:
         return self.output.buffers() if self.output.sparse else []
 
     def extents(self) -> dict[str, tuple[int | None, list[tuple[str, int]]]]:
-        """Per index variable: its static size (or None) and the dense (operand, dim) pairs that carry it."""
+        """Per index variable: its static size (or None) and the (operand, dim) pairs whose size is a
+        C parameter (``OperandABI.size_params``), all of which must agree."""
         out: dict[str, tuple[int | None, list[tuple[str, int]]]] = {}
         for op in self.operands:
+            given = op.size_params
             for d, idx in enumerate(op.index):
-                static, dense = out.get(idx, (None, []))
+                static, carriers = out.get(idx, (None, []))
                 static = op.shape[d] if op.shape[d] is not None else static
-                if not op.sparse:
-                    dense = dense + [(op.name, d)]
-                out[idx] = (static, dense)
+                if d in given:
+                    carriers = carriers + [(op.name, d)]
+                out[idx] = (static, carriers)
         return out
+
+    @property
+    def shape_generic(self) -> bool:
+        """Whether a sparse input's size is a run-time parameter (the kernel takes every size)."""
+        return any(op.size_params for op in self.inputs if op.sparse)
 
     # -- manifest ----------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from sparse_mlir._version import __version__
 from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.abi.gpu_program import CHIPS, GpuProgram
 from sparse_mlir.compiler import cache, process
+from sparse_mlir.compiler.emitters import shape_generic_emitter
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.errors import DeviceError, LoweringError
 from sparse_mlir.formats import Format
@@ -39,7 +40,7 @@ from sparse_mlir.knobs import knobs
 from sparse_mlir.lowering.toolchain import tool_versions
 
 __all__ = ["TARGETS", "EMITTERS", "BuildOptions", "Artifact", "build", "kernel_source", "cache_key", "source_hash", "tool_versions",
-           "with_operand_formats", "densified_bytes", "stats"]
+           "with_operand_formats", "densified_bytes", "stats", "shape_generic", "generic_shapes"]
 
 TARGETS = ("cpu", "cuda")
 EMITTERS = ("auto", "sparsifier")  # "sparsifier": skip the hand-scheduled emitters (to compare them)
@@ -127,6 +128,20 @@ def build(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, options:
     program = GpuProgram.from_json(json.loads(path.read_text())) if options.target == "cuda" else None
     stats["loaded"] += 1
     return Artifact(key, path, sig, options, program, outcome.get("compiled", False), outcome.get("densified", False))
+
+
+def shape_generic(spec: KernelSpec, formats: dict[str, Format], options: BuildOptions) -> bool:
+    """Whether one build of ``spec`` with these formats takes every size at run time (``generic_shapes``).
+
+    True for the hand-scheduled CPU kernels (``emitters.SHAPE_GENERIC_CPU``);
+    sparsifier kernels and every GPU kernel are built once per sparse shape.
+    """
+    return options.target == "cpu" and shape_generic_emitter(spec, formats) is not None
+
+
+def generic_shapes(spec: KernelSpec) -> Shapes:
+    """Every operand's sizes left to run time: the ``shapes`` of a shape-generic build."""
+    return {name: (None,) * spec.ranks[name] for name in (*spec.inputs, spec.output)}
 
 
 def kernel_source(spec: KernelSpec) -> str:

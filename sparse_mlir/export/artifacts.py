@@ -1,7 +1,12 @@
 """Ahead-of-time export: object file, shared library, C header and JSON manifest.
 
-The sparse assembler needs static sparse shapes, so every sparse operand's
-shape is fixed at export (``shapes=``); dense sizes stay run-time arguments.
+A shape-generic kernel (the hand-scheduled CPU ones: ``compiler.driver.shape_generic``)
+exports without ``shapes=`` and takes every size at run time, the sparse
+operands' as ``NAME_d0..`` parameters checked against their buffers and the
+dense operands; given ``shapes=``, it is fixed to them like any other.  The
+sparse assembler needs static sparse shapes, so a sparsifier kernel fixes
+every sparse operand's shape at export (``shapes=``); its dense sizes stay
+run-time arguments.
 The library exports exactly ``NAME`` (and ``NAME_free`` for a sparse
 output): every other symbol is local, so several kernels link into one
 program.  It needs libc and libm only.  ``load_kernel`` runs it from Python
@@ -51,7 +56,8 @@ def export(kernel: Kernel, out_dir: str | Path, name: str,
     available) and a manifest of its launches instead (``_export_cuda``).
 
     ``shapes`` gives the shape of every sparse operand (and of any operand
-    that fixes a sparse output's size).  ``cpu`` is the ``-mcpu`` of the
+    that fixes a sparse output's size); a shape-generic kernel needs none
+    (``None`` or ``{}``: every size at run time), and is fixed to them if given.  ``cpu`` is the ``-mcpu`` of the
     code: portable ``x86-64-v2`` by default, ``native`` for this machine.
     ``threads`` exports an OpenMP-threaded kernel: it then needs an OpenMP
     runtime with the ``__kmpc`` ABI at link and run time (``libiomp5.so``
@@ -64,8 +70,10 @@ def export(kernel: Kernel, out_dir: str | Path, name: str,
     if kernel.target == "cuda":
         return _export_cuda(kernel, Path(out_dir), name, shapes or {})
     spec = kernel.spec
-    extents = _static_extents(kernel, shapes or {})
-    sizes = spec.specialized_shapes(extents)  # only static indices are looked up
+    if not shapes and driver.shape_generic(spec, spec.formats, BuildOptions("cpu")):
+        sizes = driver.generic_shapes(spec)
+    else:
+        sizes = spec.specialized_shapes(_static_extents(kernel, shapes or {}))  # only static indices are looked up
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     obj, lib, header, manifest = (folder / f"{name}.o", folder / f"lib{name}.so", folder / f"{name}.h",

@@ -2,8 +2,11 @@
 
 A call checks and converts its operands, works out every index's size, picks
 (or has the driver build, once per process and once per disk cache) the
-specialization for the sparse operands' shapes and index widths, and runs its
-native entry point.  Loaded libraries are shared by every kernel of the
+specialization for the sparse operands' index widths (and, unless the kernel
+is shape-generic, their shapes), and runs its native entry point.  A
+shape-generic kernel (a hand-scheduled one: ``driver.shape_generic``) has
+one build per index widths that takes every size at run time; the others
+(the sparsifier's) one per sparse shape.  Loaded libraries are shared by every kernel of the
 process, least recently used first out (``SPARSE_MLIR_MAX_LOADED_KERNELS``).
 """
 
@@ -50,7 +53,7 @@ _loaded: OrderedDict[str, Specialization] = OrderedDict()
 
 
 class Specialization:
-    """One compiled variant: its artifact (fixed sparse shapes and index widths) and the loaded library."""
+    """One compiled variant: its artifact (index widths, and sparse shapes unless generic) and the loaded library."""
 
     def __init__(self, artifact: Artifact, formats: dict[str, Format]):
         self.artifact = artifact
@@ -86,8 +89,15 @@ class CpuKernel(Kernel):
         self._sources = tuple((idx, tuple(places)) for idx, places in spec.extent_sources().items())
         self._static = tuple(sorted(spec.static_indices))
         self._sparse_output = spec.sparse_output
+        self._generic: dict[tuple, bool] = {}  # index widths of the sparse inputs -> shape-generic?
 
     # -- introspection --------------------------------------------------------------
+    @property
+    def shape_generic(self) -> bool:
+        """Whether one build takes every size at run time (operands with the declared index widths): the
+        hand-scheduled CPU kernels; a sparsifier kernel compiles once per sparse shape."""
+        return driver.shape_generic(self.spec, {n: self.spec.formats[n] for n in self._sparse_inputs}, self.options)
+
     @property
     def mlir(self) -> str:
         """The module before lowering, sparse sizes still ``?`` (each call specializes them)."""
@@ -117,9 +127,15 @@ class CpuKernel(Kernel):
         """Compile (or load) the specialization for the declared formats and these shapes, without running it.
 
         Only the sizes a sparse operand fixes are compiled in; ``shapes``
-        must give every sparse operand (and whatever fixes a sparse output's size).
+        must give every sparse operand (and whatever fixes a sparse output's size),
+        unless the kernel is ``shape_generic`` (then ``{}`` builds the one variant).
         """
         spec = self.spec
+        formats = {n: spec.formats[n] for n in self._sparse_inputs}
+        if self._is_generic(formats):
+            check_shapes_given(spec, shapes, ())
+            self._remember(self._local_key(formats, {}), formats, driver.generic_shapes(spec))
+            return self
         checked = check_shapes_given(spec, shapes, self._sparse_inputs)
         extents = {}
         for name, shape in checked.items():
@@ -129,7 +145,6 @@ class CpuKernel(Kernel):
         if missing := sorted(spec.static_indices - extents.keys()):
             raise ShapeError(f"the sizes of {', '.join(missing)} are compiled in: give the shapes of the operands "
                              f"that have them")
-        formats = {n: spec.formats[n] for n in self._sparse_inputs}
         self._remember(self._local_key(formats, extents), formats, spec.specialized_shapes(extents))
         return self
 
@@ -152,9 +167,21 @@ class CpuKernel(Kernel):
         return special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
 
     def _local_key(self, formats: Mapping[str, Format], extents: Mapping[str, int]) -> tuple:
-        # the declared formats fix everything but the index widths, so widths + static sizes identify it
-        return (tuple([(formats[n].pos_width, formats[n].crd_width) for n in self._sparse_inputs]),
-                tuple([extents[i] for i in self._static]))
+        # the declared formats fix everything but the index widths, so widths (+ static sizes unless the kernel
+        # is shape-generic: None) identify it
+        widths = tuple([(formats[n].pos_width, formats[n].crd_width) for n in self._sparse_inputs])
+        generic = self._generic.get(widths)
+        if generic is None:
+            generic = self._is_generic(formats)
+        return widths, None if generic else tuple([extents[i] for i in self._static])
+
+    def _is_generic(self, formats: Mapping[str, Format]) -> bool:
+        """Whether the build for these actual formats is shape-generic (asked once per index widths: the
+        formats are the declared ones but for their widths)."""
+        widths = tuple([(formats[n].pos_width, formats[n].crd_width) for n in self._sparse_inputs])
+        if widths not in self._generic:
+            self._generic[widths] = driver.shape_generic(self.spec, dict(formats), self.options)
+        return self._generic[widths]
 
     def _specialization(self, args: dict[str, Any], extents: dict[str, int]) -> Specialization:
         formats = {n: args[n].format for n in self._sparse_inputs}
@@ -166,7 +193,8 @@ class CpuKernel(Kernel):
                 _loaded.move_to_end(key)
             self._last = special
             return special
-        return self._remember(local_key, formats, self.spec.specialized_shapes(extents))
+        shapes = driver.generic_shapes(self.spec) if local_key[1] is None else self.spec.specialized_shapes(extents)
+        return self._remember(local_key, formats, shapes)
 
     def _remember(self, local_key: tuple, formats: dict[str, Format],
                   shapes: dict[str, tuple[int | None, ...]]) -> Specialization:

@@ -61,17 +61,20 @@ class NativeFunction:
         self.function.restype = ctypes.c_int32
         self.function.argtypes = [ctypes.c_int64 if p.ctype == "int64_t" else ctypes.c_void_p
                                   for p in sig.params()]
-        self._inputs = tuple((op.name, op.sparse) for op in sig.inputs)
+        # (name, sparse, the sparse input's dimensions passed as sizes: shape-generic kernels)
+        self._inputs = tuple((op.name, op.sparse, op.size_params if op.sparse else ()) for op in sig.inputs)
         self._result_buffers = sig.result_buffers()
         self._local = threading.local()
 
     def __call__(self, args: dict[str, Any], out: np.ndarray | None, out_shape: tuple[int, ...]) -> Any:
         params: list[int] = []
         entries = 0  # how much data the call touches, to decide whether threads pay off
-        for name, sparse in self._inputs:
+        for name, sparse, sizes in self._inputs:
             value = args[name]
             if sparse:
                 params += _tensor_args(value)
+                for d in sizes:
+                    params.append(value.shape[d])
                 entries += value.buffers[-1].size
             else:
                 params.append(abi.data_pointer(value))

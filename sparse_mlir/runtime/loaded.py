@@ -1,4 +1,4 @@
-"""Kernels loaded from an export (``load_kernel``): fixed sparse shapes, run without MLIR.
+"""Kernels loaded from an export (``load_kernel``): the export's shapes (fixed, or run-time ones), run without MLIR.
 
 ``LoadedKernel`` runs a CPU export's library on numpy operands,
 ``LoadedCudaKernel`` a GPU export's PTX/cubin on CuPy operands.  Both follow
@@ -69,6 +69,11 @@ class LoadedKernel(_Exported):
     """An exported CPU kernel: keyword numpy / SparseTensor operands, as for ``sm.compile`` kernels."""
 
     target = "cpu"
+
+    @property
+    def shape_generic(self) -> bool:
+        """Whether the export takes every size at run time (a shape-generic kernel exported without shapes)."""
+        return self._signature.shape_generic
 
     def __init__(self, manifest: dict[str, Any], folder: Path):
         super().__init__(manifest, folder)

@@ -1,0 +1,72 @@
+"""Which CPU kernels are shape-generic: one build takes every size at run time.
+
+The hand-scheduled CPU emitters (``dialects.native``) take a sparse operand as
+plain memrefs (positions, coordinates, values) and read every size from its
+buffers or the dense operands, so they need no static shape; the sparsifier
+goes through ``sparse_tensor.assemble``, which refuses dynamic sparse
+shapes, so its kernels stay one build per sparse shape.  The runtime must
+know which applies before it asks for a build, in a process that may never
+load MLIR, so the decision is made here from the spec and formats alone,
+with the same matchers (``dsl.patterns``) the emitters call, in the order of
+``dialects.select.CPU_EMITTERS``.  ``build.build_cpu`` checks on every
+shape-generic build that the emitter it ran is the one named here, and
+``tests/ir/test_ir_select.py`` that the rows agree, so the two cannot drift
+apart silently.  No MLIR here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sparse_mlir.dsl.patterns import (
+    bsr_blocks,
+    is_csr,
+    linear_epilogue,
+    linear_operands,
+    sddmm_operands,
+    spmm_epilogue,
+    spmm_operands,
+    spmv_operands,
+)
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import Format
+
+__all__ = ["SHAPE_GENERIC_CPU", "shape_generic_emitter"]
+
+Match = Callable[[KernelSpec, dict[str, Format]], bool]
+
+
+def _spmm(spec: KernelSpec, formats: dict[str, Format]) -> bool:
+    found = spmm_operands(spec, formats)
+    if found is None:
+        return spmm_epilogue(spec, formats) is not None
+    return is_csr(formats[found[0]]) or formats[found[0]].is_nm
+
+
+def _bsr(spec: KernelSpec, formats: dict[str, Format]) -> bool:
+    found = spmm_operands(spec, formats)
+    return found is not None and bsr_blocks(formats[found[0]]) is not None
+
+
+def _linear(spec: KernelSpec, formats: dict[str, Format]) -> bool:
+    return linear_operands(spec, formats) is not None or linear_epilogue(spec, formats) is not None
+
+
+# the shape-generic rows of ``dialects.select.CPU_EMITTERS``, by emitter name, in the table's order
+SHAPE_GENERIC_CPU: tuple[tuple[str, Match], ...] = (
+    ("spmm", _spmm),
+    ("bsr_spmm", _bsr),
+    ("linear", _linear),
+    ("spmv", lambda spec, formats: spmv_operands(spec, formats) is not None),
+    ("sddmm", lambda spec, formats: sddmm_operands(spec, formats) is not None),
+)
+
+
+def shape_generic_emitter(spec: KernelSpec, formats: dict[str, Format]) -> str | None:
+    """The name of the shape-generic CPU emitter that builds ``spec`` with ``formats`` (the operands' actual
+    formats, index widths included), or ``None``: the kernel is built once per sparse shape."""
+    formats = {**spec.formats, **formats}
+    for name, matches in SHAPE_GENERIC_CPU:
+        if matches(spec, formats):
+            return name
+    return None
