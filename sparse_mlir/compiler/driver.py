@@ -216,7 +216,8 @@ def _compile(path: Path, spec: KernelSpec, shapes: Shapes, sig: Signature, optio
             stages = process.call("build_cpu", spec, shapes, sig, path, options.cpu, options.openmp,
                                   options.object_file)
         except LoweringError as exc:
-            if spec.sparse_output or not spec.formats or not refused(exc):
+            generic = any(None in shapes[n] for n in spec.inputs if spec.is_sparse(n))  # dense copies need sizes
+            if spec.sparse_output or not spec.formats or generic or not refused(exc):
                 raise
             need, budget = densified_bytes(spec, shapes), knobs.dense_budget()
             if need > budget:
