@@ -8,8 +8,15 @@ from support.data import require
 
 torch = require("torch")
 
-from sparse_mlir.errors import DeviceError, OperandError  # noqa: E402
-from sparse_mlir.torch import SparseLinear, sparsify  # noqa: E402
+from sparse_mlir.errors import (
+    DeviceError,
+    DTypeError,
+    FormatError,
+    OperandError,
+    OptionError,
+    PatternError,
+)
+from sparse_mlir.torch import SparseLinear, sparsify, sparsity_report
 
 
 @pytest.mark.parametrize("kw", [{"pattern": "2:4"}, {"sparsity": 0.9}, {"sparsity": 0.5, "format": "dcsr"}])
@@ -34,14 +41,78 @@ def test_sparsify_replaces_linears_in_place():
         assert model(torch.randn(4, 32)).shape == (4, 8)
 
 
-def test_inference_only_and_cpu_only():
+def test_what_the_layer_cannot_run_is_refused_by_name():
     sparse = SparseLinear.from_linear(torch.nn.Linear(8, 4), sparsity=0.5)
-    with pytest.raises(OperandError, match="inference-only"):
-        sparse(torch.randn(2, 8, requires_grad=True))
-    with pytest.raises(OperandError, match="float32"), torch.no_grad():
+    with pytest.raises(OperandError, match="computes in torch.float32.*torch.float64"):
         sparse(torch.randn(2, 8, dtype=torch.float64))
-    with pytest.raises(OperandError, match="pattern"):
-        SparseLinear.from_linear(torch.nn.Linear(8, 4))
-    meta = torch.empty(2, 8, device="meta")
-    with pytest.raises(DeviceError), torch.no_grad():
-        sparse(meta)
+    with pytest.raises(OperandError, match="8 features"):
+        sparse(torch.randn(2, 7))
+    with pytest.raises(DeviceError):
+        sparse(torch.empty(2, 8, device="meta"))
+    with pytest.raises(DTypeError, match="float16"):
+        SparseLinear.from_linear(torch.nn.Linear(8, 4), sparsity=0.5).half()(torch.randn(2, 8).half())
+
+
+def test_double_switches_the_layer_to_float64_kernels():
+    sparse = SparseLinear.from_linear(torch.nn.Linear(8, 4), sparsity=0.5).double()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        want = x @ torch.from_numpy(sparse.weight.to_dense()).T + sparse.bias
+        got = sparse(x)
+    assert got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_bare_linear_is_converted_and_returned():
+    linear = torch.nn.Linear(16, 8)
+    before = linear.weight.detach().clone()
+    sparse = sparsify(linear, sparsity=0.75)
+    assert isinstance(sparse, SparseLinear)
+    assert torch.equal(linear.weight, before)  # the user's layer is copied, not changed
+    report = sparsity_report(sparse)
+    assert [layer.name for layer in report.layers] == [""] and report.sparsity == pytest.approx(0.75)
+
+
+def test_sparsify_reports_layers_by_qualified_name_and_the_sparsity_reached():
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(32, 16)), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    sparsify(model, sparsity=0.9)
+    report = sparsity_report(model)
+    assert [(layer.name, layer.shape) for layer in report.layers] == [("0.0", (16, 32)), ("2", (8, 16))]
+    stored = model[0][0].weight.nnz + model[2].weight.nnz
+    assert report.sparsity == pytest.approx(1 - stored / (16 * 32 + 8 * 16)) and report.sparsity == pytest.approx(0.9,
+                                                                                                                   abs=0.01)
+    assert "0.0: csr 16x32" in str(report) and "2 sparse layers" in str(report)
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"pattern": "2:4", "sparsity": 0.9}, OptionError, "conflicts"),
+    ({}, OptionError, "pattern='N:M'"),
+    ({"sparsity": 0.9, "formats": "bsr4x4"}, OptionError, "ineffective.*block"),
+    ({"sparsity": 0.9, "formats": "2:4"}, OptionError, "ineffective.*pattern="),
+    ({"pattern": "2:4", "formats": "bsr2x2"}, OptionError, "does not store"),
+    ({"pattern": "2:4", "formats": "4:8"}, OptionError, "does not store"),
+    ({"pattern": "two:four"}, PatternError, "N:M"),
+    ({"sparsity": 1.0}, PatternError, r"\[0, 1\)"),
+    ({"sparsity": "0.5"}, PatternError, "fraction"),
+    ({"sparsity": 0.5, "formats": "coo3"}, FormatError, "3-d"),
+])
+def test_conflicting_or_ineffective_options_raise_before_anything_changes(options, error, match):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(error, match=match):
+        sparsify(model, **options)
+    assert type(model[0]) is torch.nn.Linear
+
+
+def test_layers_that_cannot_be_swapped_are_left_dense_with_a_warning():
+    attention = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)
+    with pytest.warns(UserWarning, match="self_attn.out_proj .*subclasses nn.Linear"):
+        sparsify(attention, sparsity=0.5)
+    assert [layer.name for layer in sparsity_report(attention).layers] == ["linear1", "linear2"]
+    with torch.no_grad():  # MultiheadAttention still reads its out_proj.weight
+        assert attention(torch.randn(2, 3, 16)).shape == (2, 3, 16)
+    tied = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False))
+    tied[1].weight = tied[0].weight
+    with pytest.warns(UserWarning, match="tied"), pytest.raises(OptionError, match="no nn.Linear"):
+        sparsify(tied, sparsity=0.5)
+    with pytest.raises(OptionError, match="no nn.Linear"):
+        sparsify(torch.nn.Sequential(torch.nn.ReLU()), sparsity=0.5)

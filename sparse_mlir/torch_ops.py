@@ -1,0 +1,211 @@
+"""The sparse Linear as torch custom operators with an autograd formula (``torch.library``; the ``torch`` extra).
+
+Why custom operators and not a bare ``autograd.Function``: an operator
+registered with ``torch.library`` is opaque to ``torch.compile`` (it traces
+the call through its fake implementation, which only computes shapes) and
+to autograd (its registered formula), so a model with ``SparseLinear``
+layers compiles and trains without graph breaks, and the kernels stay the
+ones the MLIR pipeline generated.
+
+``y = x W^T + b`` with ``W`` sparse of shape ``(out, in)``.  Every product
+is a compiled kernel:
+
+* forward: ``Yt[o,b] = W[o,i] * Xt[i,b] (+ bias[o])`` in ``W``'s own format
+  (the tiled SpMM for CSR and N:M);
+* input gradient ``dX = dY W``: the same Linear kernel on ``W^T`` stored as
+  CSR, ``dXt[i,b] = WT[i,o] * dYt[o,b]``.  ``W^T``'s pattern is computed
+  once per pattern (``TransposedPattern``); its values are ``W``'s values
+  gathered into transposed order on each call (data movement, no
+  arithmetic), which is 4x faster than a kernel scattering over ``W``'s
+  columns;
+* values gradient: the gradient of each stored entry only, an SDDMM over
+  ``W``'s pattern, ``D[o,i] = S[o,i] * dYt[o,b] * X[b,i]`` with ``S`` the
+  pattern in row-major CSR with values 1, so the pruned entries get no
+  gradient and the mask stays fixed.  Its values come back in ``W``'s
+  storage order (a gather when that order is not row-major, as for BSR);
+  N:M patterns go through CSR too (a sparse N:M result is not generated
+  correctly, see the report of issue 18);
+* bias gradient: the column sums ``gb[o] = dY[b,o]``.
+
+The operators take the pattern as tensors (no Python objects), so they are
+plain functions of their inputs: deep copies, ``state_dict`` loads and
+``.to()`` of the module need no registry to stay in step.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from sparse_mlir.api import compile as compile_kernel
+from sparse_mlir.formats import CSR, Format, format_from_json, format_to_json
+from sparse_mlir.runtime.kernel import Kernel
+from sparse_mlir.tensor.host import SparseTensor
+
+__all__ = ["TransposedPattern", "format_key", "linear", "transposed_pattern"]
+
+_LINEAR = "Yt[o,b] = W[o,i] * Xt[i,b]"
+_LINEAR_BIAS = "Yt[o,b] = W[o,i] * Xt[i,b] + bias[o]"
+_SDDMM = "D[o,i] = S[o,i] * Gt[o,b] * X[b,i]"
+_COLUMN_SUMS = "gb[o] = G[b,o]"
+
+
+@functools.cache
+def _kernel(expression: str, formats: tuple[tuple[str, Format], ...], dtype: str) -> Kernel:
+    """One compiled kernel per expression, formats and dtype (``compile`` plans on every call: 50 us)."""
+    return compile_kernel(expression, formats=dict(formats), dtype=dtype)
+
+
+@functools.cache
+def format_key(fmt: Format) -> str:
+    """A format as the string operator argument it travels as (custom operators take no Python objects)."""
+    return json.dumps(format_to_json(fmt), sort_keys=True)
+
+
+@functools.cache
+def _format(key: str) -> Format:
+    return format_from_json(json.loads(key))
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().numpy()
+
+
+def _csr_width(nnz: int, size: int) -> Format:
+    """CSR with 32-bit indices, or 64-bit ones when the entries or the dimension do not fit."""
+    return CSR if max(nnz, size) < 2**31 else CSR.with_widths(64, 64)
+
+
+class TransposedPattern(NamedTuple):
+    """What the backward needs of ``W``'s pattern, as index tensors (module buffers, recomputed per pattern).
+
+    ``pos``/``crd``: ``W`` in row-major CSR; ``stored``: for each stored entry
+    of ``W``, its place in that order (empty when it is the identity, as for
+    CSR and N:M); ``t_pos``/``t_crd``: ``W^T`` in CSR; ``t_order``: for each
+    entry of ``W^T``, its place in ``W``'s storage.
+    """
+
+    pos: torch.Tensor
+    crd: torch.Tensor
+    stored: torch.Tensor
+    t_pos: torch.Tensor
+    t_crd: torch.Tensor
+    t_order: torch.Tensor
+
+
+def transposed_pattern(weight: SparseTensor) -> TransposedPattern:
+    """The row-major and transposed CSR patterns of ``weight`` (index arithmetic only, once per pattern)."""
+    (rows, cols), _ = weight.to_coo()
+    out_features, in_features = weight.shape
+    index = np.int32 if _csr_width(weight.nnz, max(weight.shape)) is CSR else np.int64
+
+    def compressed(major: np.ndarray, minor: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        order = np.lexsort((minor, major))
+        pos = np.concatenate(([0], np.cumsum(np.bincount(major, minlength=size)))).astype(index)
+        return pos, minor[order].astype(index), order
+
+    pos, crd, order = compressed(rows, cols, out_features)
+    t_pos, t_crd, t_order = compressed(cols, rows, in_features)
+    stored = np.empty(0, np.int64)
+    if not np.array_equal(order, np.arange(order.size)):
+        stored = np.empty(order.size, np.int64)
+        stored[order] = np.arange(order.size)
+    return TransposedPattern(*(torch.from_numpy(np.ascontiguousarray(a)) for a in
+                               (pos, crd, stored, t_pos, t_crd, t_order.astype(np.int64))))
+
+
+# -- the operators -------------------------------------------------------------------
+@torch.library.custom_op("sparse_mlir::linear", mutates_args=())
+def _linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, levels: list[torch.Tensor],
+            pattern: list[torch.Tensor], fmt: str, shape: list[int]) -> torch.Tensor:
+    """``x W^T + b`` for ``x`` of shape ``(rows, in)``: the result is ``(out, rows)`` in memory, seen transposed."""
+    del pattern  # the backward's (an input so that setup_context can save it)
+    weight = SparseTensor(_format(fmt), tuple(shape), (*map(_numpy, levels), _numpy(values)), validate=False)
+    operands = {"W": weight, "Xt": np.ascontiguousarray(_numpy(x).T)}
+    if bias is not None:
+        operands["bias"] = _numpy(bias)
+    kernel = _kernel(_LINEAR if bias is None else _LINEAR_BIAS, (("W", weight.format),), str(weight.dtype))
+    return torch.from_numpy(kernel(**operands)).t()
+
+
+@_linear.register_fake
+def _(x, values, bias, levels, pattern, fmt, shape):
+    return x.new_empty((shape[0], x.shape[0])).t()
+
+
+@torch.library.custom_op("sparse_mlir::linear_grad_input", mutates_args=())
+def _grad_input(grad: torch.Tensor, values: torch.Tensor, t_pos: torch.Tensor, t_crd: torch.Tensor,
+                t_order: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """``dX = dY W`` as the Linear kernel on ``W^T`` (CSR): ``dXt[i,b] = WT[i,o] * dYt[o,b]``."""
+    out_features, in_features = shape
+    fmt = _csr_width(values.numel(), max(shape))
+    w_t = SparseTensor(fmt, (in_features, out_features), (_numpy(t_pos), _numpy(t_crd), _numpy(values[t_order])),
+                       validate=False)
+    kernel = _kernel(_LINEAR, (("W", CSR),), str(w_t.dtype))
+    return torch.from_numpy(kernel(W=w_t, Xt=np.ascontiguousarray(_numpy(grad).T))).t()
+
+
+@_grad_input.register_fake
+def _(grad, values, t_pos, t_crd, t_order, shape):
+    return grad.new_empty((shape[1], grad.shape[0])).t()
+
+
+@torch.library.custom_op("sparse_mlir::linear_grad_values", mutates_args=())
+def _grad_values(grad: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, crd: torch.Tensor, stored: torch.Tensor,
+                 shape: list[int]) -> torch.Tensor:
+    """The gradient of each stored value: the SDDMM ``S * (dY^T X)`` over ``W``'s pattern, in ``W``'s order."""
+    nnz = crd.numel()
+    fmt = _csr_width(nnz, max(shape))
+    dtype = _numpy(x).dtype
+    ones = SparseTensor(fmt, tuple(shape), (_numpy(pos), _numpy(crd), np.ones(nnz, dtype)), validate=False)
+    kernel = _kernel(_SDDMM, (("S", CSR), ("D", CSR)), str(dtype))
+    values = torch.from_numpy(kernel(S=ones, Gt=np.ascontiguousarray(_numpy(grad).T),
+                                     X=np.ascontiguousarray(_numpy(x))).values.copy())
+    return values[stored] if stored.numel() else values
+
+
+@_grad_values.register_fake
+def _(grad, x, pos, crd, stored, shape):
+    return x.new_empty((crd.numel(),))
+
+
+@torch.library.custom_op("sparse_mlir::linear_grad_bias", mutates_args=())
+def _grad_bias(grad: torch.Tensor) -> torch.Tensor:
+    """The bias gradient: the column sums of ``dY``."""
+    array = np.ascontiguousarray(_numpy(grad))
+    return torch.from_numpy(_kernel(_COLUMN_SUMS, (), str(array.dtype))(G=array))
+
+
+@_grad_bias.register_fake
+def _(grad):
+    return grad.new_empty((grad.shape[1],))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, values, bias, _levels, pattern, _fmt, shape = inputs
+    ctx.shape = shape
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, values, *pattern)
+
+
+def _backward(ctx, grad: torch.Tensor):
+    x, values, pos, crd, stored, t_pos, t_crd, t_order = ctx.saved_tensors
+    need_x, need_values, need_bias = ctx.needs_input_grad[:3]
+    grad_x = _grad_input(grad, values, t_pos, t_crd, t_order, ctx.shape) if need_x else None
+    grad_values = _grad_values(grad, x, pos, crd, stored, ctx.shape) if need_values else None
+    grad_bias = _grad_bias(grad) if need_bias and ctx.has_bias else None
+    return grad_x, grad_values, grad_bias, None, None, None, None
+
+
+_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+def linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, levels: list[torch.Tensor],
+           pattern: TransposedPattern, fmt: Format, shape: tuple[int, int]) -> torch.Tensor:
+    """``x W^T + b`` for 2-d ``x`` (checked by the caller: CPU, ``values``' dtype, ``in`` features), differentiable
+    in ``x``, ``values`` (the stored entries only) and ``bias``."""
+    return _linear(x, values, bias, list(levels), list(pattern), format_key(fmt), list(shape))
