@@ -1,5 +1,6 @@
 /* Embeds three sparse_mlir kernels (CSR SpMV, CSR SpMM, 2:4 SpMM) in a plain C program
- * and checks each against a reference computed here. No Python at run time. */
+ * and checks each against a reference computed here. No Python at run time. The SpMV is
+ * shape-generic (exported without SHAPES): one function for every size. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,25 +35,31 @@ static int check(const char* what, int32_t status, double err, double tol) {
   return ok ? 0 : 1;
 }
 
-static int spmv(void) {
-  csr a = random_csr(300, 200, 0.05);
-  double x[200], y[300], ref[300] = {0};
-  for (int j = 0; j < 200; ++j) x[j] = next_random();
-  for (int i = 0; i < 300; ++i)
+/* example_spmv is shape-generic (no SHAPES in CMakeLists.txt): A's sizes are arguments */
+static int spmv_at(int rows, int cols) {
+  csr a = random_csr(rows, cols, 0.05);
+  double *x = malloc(sizeof(double) * cols), *y = malloc(sizeof(double) * rows), *ref = calloc(rows, sizeof(double));
+  for (int j = 0; j < cols; ++j) x[j] = next_random();
+  for (int i = 0; i < rows; ++i)
     for (int p = a.pos[i]; p < a.pos[i + 1]; ++p) ref[i] += a.val[p] * x[a.crd[p]];
-  int nnz = a.pos[300];
-  int32_t status = example_spmv(a.pos, 301, a.crd, nnz, a.val, nnz, x, 200, y, 300);
+  int nnz = a.pos[rows];
+  int32_t status = example_spmv(a.pos, rows + 1, a.crd, nnz, a.val, nnz, rows, cols, x, cols, y, rows);
   double err = 0;
-  for (int i = 0; i < 300; ++i) err = fmax(err, fabs(y[i] - ref[i]));
-  int failed = check("CSR SpMV (float64)", status, err, 1e-12);
-  /* a wrong dense size is refused with a status, not a wild access */
-  int32_t refused = example_spmv(a.pos, 301, a.crd, nnz, a.val, nnz, x, 199, y, 300);
-  printf("%-28s status=%d %s\n", "SpMV wrong size refused", refused,
-         refused == SPARSE_MLIR_SIZE_MISMATCH ? "ok" : "FAILED");
-  failed |= refused != SPARSE_MLIR_SIZE_MISMATCH;
-  free(a.pos); free(a.crd); free(a.val);
-  return failed;
+  for (int i = 0; i < rows; ++i) err = fmax(err, fabs(y[i] - ref[i]));
+  char what[64];
+  snprintf(what, sizeof what, "CSR SpMV %dx%d (float64)", rows, cols);
+  int failed = check(what, status, err, 1e-12);
+  /* sizes that disagree are refused with a status, not a wild access: a dense size, then A's rows against
+   * its positions (rows + 1 of them) */
+  int32_t wrong_x = example_spmv(a.pos, rows + 1, a.crd, nnz, a.val, nnz, rows, cols, x, cols - 1, y, rows);
+  int32_t wrong_rows = example_spmv(a.pos, rows + 1, a.crd, nnz, a.val, nnz, rows + 1, cols, x, cols, y, rows + 1);
+  int refused = wrong_x == SPARSE_MLIR_SIZE_MISMATCH && wrong_rows == SPARSE_MLIR_BAD_LEVELS;
+  printf("%-28s status=%d,%d %s\n", "SpMV wrong sizes refused", wrong_x, wrong_rows, refused ? "ok" : "FAILED");
+  free(a.pos); free(a.crd); free(a.val); free(x); free(y); free(ref);
+  return failed | !refused;
 }
+
+static int spmv(void) { return spmv_at(300, 200) | spmv_at(57, 1000); }
 
 static int spmm(void) {
   enum { M = 300, K = 200, N = 24 };

@@ -4,7 +4,11 @@
 #   sparse_mlir_add_kernel(<name>
 #       EXPR "C[i,j] = A[i,k] * B[k,j]"
 #       FORMATS A=csr [B=...]
-#       SHAPES A=4096x4096 [...]          # every sparse operand: the sparse ABI is shape-specialized
+#       [SHAPES A=4096x4096 ...]          # optional for shape-generic kernels (hand-scheduled CPU ones:
+#                                         # CSR SpMV, CSR/N:M/BSR SpMM, Linear, SDDMM), which then take
+#                                         # every size at run time (A_d0, A_d1 after A's buffers);
+#                                         # required for the others (sparsifier, TARGET cuda): every
+#                                         # sparse operand, whose shape is compiled in
 #       [DTYPE float32] [OUT_DTYPE float32] [TARGET cpu] [CPU x86-64-v2] [THREADS])
 #
 # generates the kernel at build time (like Halide's add_halide_library) and
