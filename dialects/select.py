@@ -32,6 +32,8 @@ from sparse_mlir.dialects.native.gpu import (
     gpu_spmm_2to4,
     gpu_spmv,
 )
+from sparse_mlir.dialects.native.gpu_formats import gpu_format_products
+from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
 from sparse_mlir.dialects.native.spmm import native_spmm
@@ -85,6 +87,10 @@ CUDA_EMITTERS: tuple[Emitter, ...] = (
     Emitter("linear", lambda spec, shapes, deterministic: gpu_linear(spec, spec.formats, shapes)),
     Emitter("linear_2to4", lambda spec, shapes, deterministic: gpu_linear_2to4(spec, spec.formats, shapes)),
     Emitter("spmm", lambda spec, shapes, deterministic: gpu_spmm(spec, spec.formats, shapes)),
+    Emitter("format_products", lambda spec, shapes, deterministic:
+            gpu_format_products(spec, spec.formats, shapes, deterministic)),
+    Emitter("total_reduction", lambda spec, shapes, deterministic:
+            gpu_total_reduction(spec, spec.formats, shapes, deterministic)),
 )
 
 

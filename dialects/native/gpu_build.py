@@ -1,0 +1,150 @@
+"""Op-builder helpers shared by the hand-scheduled GPU kernels of other formats (``gpu_formats``, ``gpu_reduce``).
+
+Why a module of its own: those kernels are built with the MLIR Python
+bindings' op builders (not parsed text), and they all need the same few
+pieces: a ``gpu.module`` to put ``gpu.func``s in, the global thread index,
+index loads from level buffers of any width, binary searches over sorted
+coordinates or positions, and ``scf.for`` sums.  Every helper inserts at the
+current insertion point and location.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, gpu, math, memref, scf
+from sparse_mlir.dialects.encoding import TYPE_NAMES
+
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import Format
+
+__all__ = ["BLOCK", "WARP", "KernelModule", "buffer_refs", "const", "dense_type", "element_type", "float_type",
+           "global_thread", "index_type", "level_buffer_types", "load_index", "search", "sum_range", "when"]
+
+BLOCK = 128  # threads per block, as the other GPU kernels
+WARP = 32
+
+
+def index_type() -> ir.Type:
+    return ir.IndexType.get()
+
+
+def const(value: int) -> ir.Value:
+    """An ``index`` constant."""
+    return arith.constant(index_type(), value)
+
+
+def float_type(name: str) -> ir.Type:
+    """``f32`` or ``f64`` from its MLIR spelling."""
+    return {"f32": ir.F32Type.get, "f64": ir.F64Type.get, "f16": ir.F16Type.get}[name]()
+
+
+def element_type(spec: KernelSpec) -> ir.Type | None:
+    """The data's MLIR float type, or ``None`` (no kernel here) unless float32 or float64 with no ``out_dtype``.
+
+    float16 needs float32 sums (the CSR kernels do that); these kernels sum
+    in the data's own type.
+    """
+    name = TYPE_NAMES.get(spec.dtype.name)
+    if name not in ("f32", "f64") or spec.output_dtype != spec.dtype:
+        return None
+    return float_type(name)
+
+
+def level_buffer_types(fmt: Format, elt: ir.Type) -> list[ir.Type]:
+    """The ``memref<?x...>`` of each buffer of ``fmt``'s codegen format (N:M positions included), in order."""
+    types = []
+    for name in fmt.codegen_format.buffer_names:
+        if name == "values":
+            types.append(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], elt, loc=ir.Location.unknown()))
+        else:
+            width = (fmt.pos_width if name.startswith("pos") else fmt.crd_width) or 64
+            types.append(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(width),
+                                           loc=ir.Location.unknown()))
+    return types
+
+
+def dense_type(shape: Sequence[int], elt: ir.Type) -> ir.Type:
+    return ir.MemRefType.get(list(shape), elt, loc=ir.Location.unknown())
+
+
+def buffer_refs(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, int]:
+    """Each operand's first position in ``Signature.kernel_arguments()``: a sparse input has one per buffer."""
+    refs: dict[str, int] = {}
+    position = 0
+    for name in (*spec.inputs, *(() if spec.sparse_output else (spec.output,))):
+        refs[name] = position
+        position += len(formats[name].codegen_format.buffer_names) if name in formats else 1
+    return refs
+
+
+class KernelModule:
+    """A ``module { gpu.module @kernels { ... } }`` that ``gpu.func``s are added to."""
+
+    def __init__(self) -> None:
+        self.module = ir.Module.parse("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n  }\n}")
+        self._body = self.module.body.operations[0].regions[0].blocks[0]
+
+    def kernel(self, name: str, params: Sequence[ir.Type], build: Callable[..., None]) -> None:
+        """Add kernel ``name``; ``build(*arguments)`` emits its body (``gpu.return`` is added after it)."""
+        with ir.InsertionPoint(self._body), ir.Location.unknown():
+            func = gpu.GPUFuncOp(ir.TypeAttr.get(ir.FunctionType.get(list(params), [])), sym_name=name, kernel=True)
+            block = func.body.blocks.append(*params)
+        with ir.InsertionPoint(block), ir.Location.unknown():
+            build(*block.arguments)
+            gpu.ReturnOp([])
+
+
+def global_thread() -> ir.Value:
+    """``block_id.x * block_dim.x + thread_id.x``."""
+    return arith.addi(arith.muli(gpu.block_id(gpu.Dimension.x), gpu.block_dim(gpu.Dimension.x)),
+                      gpu.thread_id(gpu.Dimension.x))
+
+
+def load_index(buffer: ir.Value, at: ir.Value) -> ir.Value:
+    """``buffer[at]`` (an integer level buffer of any width, unsigned) as an ``index``."""
+    value = memref.load(buffer, [at])
+    return value if isinstance(value.type, ir.IndexType) else arith.index_castui(index_type(), value)
+
+
+def when(condition: ir.Value) -> ir.InsertionPoint:
+    """An insertion point in the then-block of a new ``scf.if condition`` (the block ends in its yield)."""
+    branch = scf.IfOp(condition)
+    with ir.InsertionPoint(branch.then_block):
+        scf.YieldOp([])
+    return ir.InsertionPoint.at_block_terminator(branch.then_block)
+
+
+def search(buffer: ir.Value, lo: ir.Value, hi: ir.Value, key: ir.Value, above: bool) -> ir.Value:
+    """The first ``k`` in ``[lo, hi)`` with ``buffer[k] > key`` (``above``) or ``>= key``, else ``hi``.
+
+    ``buffer`` is sorted over ``[lo, hi)`` (coordinates of a row-sorted COO,
+    positions).  A binary search: ``log2(hi - lo)`` dependent loads.
+    """
+    idx = index_type()
+    loop = scf.WhileOp([idx, idx], [lo, hi])
+    before = loop.before.blocks.append(idx, idx)
+    with ir.InsertionPoint(before):
+        left, right = before.arguments
+        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, left, right), [left, right])
+    after = loop.after.blocks.append(idx, idx)
+    with ir.InsertionPoint(after):
+        left, right = after.arguments
+        mid = arith.addi(left, arith.divui(arith.subi(right, left), const(2)))
+        value = load_index(buffer, mid)
+        go_right = arith.cmpi(arith.CmpIPredicate.ule if above else arith.CmpIPredicate.ult, value, key)
+        scf.YieldOp([arith.select(go_right, arith.addi(mid, const(1)), left), arith.select(go_right, right, mid)])
+    return loop.results[0]
+
+
+def sum_range(lo: ir.Value, hi: ir.Value, step: ir.Value, zero: ir.Value,
+              term: Callable[[ir.Value], ir.Value | tuple[ir.Value, ir.Value]]) -> ir.Value:
+    """``sum over k in range(lo, hi, step)`` of ``term(k)``: a value, or a pair ``(a, b)`` added as ``fma(a, b)``."""
+    loop = scf.ForOp(lo, hi, step, [zero])
+    with ir.InsertionPoint(loop.body):
+        k, acc = loop.induction_variable, loop.inner_iter_args[0]
+        value = term(k)
+        total = math.fma(value[0], value[1], acc) if isinstance(value, tuple) else arith.addf(acc, value)
+        scf.YieldOp([total])
+    return loop.results[0]

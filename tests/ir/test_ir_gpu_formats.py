@@ -1,0 +1,84 @@
+"""IR of the GPU kernels for COO, CSC and DCSR products and total reductions (``dialects/native/gpu_formats.py``,
+``gpu_reduce.py``): they verify, hold the key ops (binary searches, atomics only where allowed) and their
+launches name their kernels; other specs are turned down."""
+
+from __future__ import annotations
+
+import pytest
+from ir_helpers import functions, op_counts, planned, static_shapes, verified
+from sparse_mlir.abi.gpu_program import GridRule
+from sparse_mlir.dialects.native.gpu_formats import CHUNK, gpu_format_products
+from sparse_mlir.dialects.native.gpu_reduce import COMBINE, PARTIALS, gpu_total_reduction
+
+pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
+
+EXTENTS = {"i": 64, "j": 48, "k": 48}
+SPMV, SPMM = "y[i] = A[i,j] * x[j]", "C[i,j] = A[i,k] * B[k,j]"
+
+
+def _products(expression: str, fmt: str, deterministic: bool, dtype: str = "float32"):
+    spec = planned(expression, {"A": fmt}, dtype)
+    return gpu_format_products(spec, spec.formats, static_shapes(spec, EXTENTS), deterministic)
+
+
+def _checked(found) -> dict:
+    verified(found.module)
+    assert {launch.kernel for launch in found.launches} == set(functions(found.module))
+    ops = op_counts(found.module)
+    assert not ops["gpu.shuffle"] and not ops["gpu.barrier"]  # one thread's work each: emulated exactly
+    return ops
+
+
+@pytest.mark.parametrize(("expression", "fmt", "deterministic", "kernel", "atomics", "searches"), [
+    (SPMV, "coo", True, "coo_spmv", 0, 2),
+    (SPMV, "coo", False, "coo_spmv_chunks", 2, 0),
+    (SPMM, "coo", False, "coo_spmm", 0, 2),
+    (SPMV, "dcsr", False, "dcsr_spmv", 0, 0),
+    (SPMM, "dcsr", True, "dcsr_spmm", 0, 0),
+    (SPMV, "csc", False, "csc_spmv", 1, 0),
+    (SPMM, "csc", False, "csc_spmm", 1, 0),
+])
+def test_each_format_gets_its_parallel_kernel(expression, fmt, deterministic, kernel, atomics, searches):
+    found = _products(expression, fmt, deterministic)
+    ops = _checked(found)
+    (launch,) = found.launches
+    assert launch.kernel == kernel
+    assert ops["memref.atomic_rmw"] == atomics and ops["scf.while"] == searches
+    assert launch.fills_output == (fmt == "coo" and kernel != "coo_spmv_chunks")  # else the runtime zeroes
+    if kernel == "coo_spmv_chunks":
+        assert launch.grid == GridRule(ref=1, per_block=128 * CHUNK)  # from the stored entries, at launch
+    if fmt == "dcsr":
+        assert launch.grid == GridRule(ref=1, per_block=4 if expression == SPMM else 128)  # from the stored rows
+
+
+def test_kernels_are_turned_down_where_they_do_not_apply():
+    assert _products(SPMV, "csc", deterministic=True) is None  # atomics only: the sparsifier keeps it
+    assert _products(SPMV, "csr", deterministic=False) is None  # the CSR kernels' job
+    assert _products(SPMV, "coo", deterministic=False, dtype="float16") is None  # float16 sums in float32 elsewhere
+    assert _products(SPMV, "coo", deterministic=False, dtype="int32") is None
+    assert _products("C[i,j] = A[i,k] * B[k,j] + b[j]", "coo", deterministic=False) is None
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_total_reductions_run_in_passes(deterministic):
+    spec = planned("s[] = A[i,j] * x[j]", {"A": "coo"}, "float64")
+    found = gpu_total_reduction(spec, spec.formats, static_shapes(spec, EXTENTS), deterministic)
+    ops = _checked(found)
+    kernels = [launch.kernel for launch in found.launches]
+    assert kernels == ["reduce_partials", "reduce_combine"] + (["reduce_final"] if deterministic else [])
+    assert ops["memref.atomic_rmw"] == (0 if deterministic else 1)
+    assert found.scratch[0] == ((PARTIALS,), "float64") and len(found.scratch) == (2 if deterministic else 1)
+    first = found.launches[0]
+    assert first.grid[0] * first.block[0] == PARTIALS
+    assert [arg.ref for arg in first.args if arg.kind == "buffer"] == [2, 3, 4]  # COO's crd1, values, then x
+    assert found.launches[1].grid[0] * found.launches[1].block[0] == COMBINE
+
+
+def test_total_reductions_are_turned_down_where_they_do_not_apply():
+    def build(expression: str, fmt: str):
+        spec = planned(expression, {"A": fmt}, "float32")
+        return gpu_total_reduction(spec, spec.formats, static_shapes(spec, EXTENTS), False)
+
+    assert build("s[] = A[i,j] * x[i]", "coo") is None  # x at the first level's coordinate
+    assert build("y[i] = A[i,j]", "coo") is None  # not a scalar
+    assert build("s[] = A[i,j]", "bsr2x2") is not None  # stored zeros add nothing
