@@ -77,6 +77,11 @@ def check_all() -> bool:
             x = rng.standard_normal(64).astype(dtype)
             got = k(A=a, x=cp.asarray(x))
             ref = (cp.asarray(dense, dtype=cp.float64) @ cp.asarray(x, dtype=cp.float64)).astype(out_dtype)
+        elif kind in ("sum", "dot"):  # total reductions: a 0-d result
+            x = rng.standard_normal(64).astype(dtype)
+            got = k(A=a, x=cp.asarray(x)) if kind == "dot" else k(A=a)
+            ref = cp.asarray(dense, dtype=cp.float64)
+            ref = (ref @ cp.asarray(x, dtype=cp.float64) if kind == "dot" else ref).sum().astype(out_dtype)
         elif kind == "linear":  # Y = X W^T, torch.nn.Linear's orientation
             x = rng.standard_normal((40, 64)).astype(dtype)
             got = k(A=a, X=cp.asarray(x))
@@ -175,6 +180,42 @@ def bench_spmv_skewed() -> None:
     print(f"SpMV skewed {rows} rows, longest {int(lengths.max())}, nnz {int(lengths.sum()) / 1e6:.1f}M: "
           f"split {split * 1e3:.3f} ms, deterministic {exact * 1e3:.3f} ms, cupyx {lib * 1e3:.3f} ms "
           f"({lib / split:.2f}x), rel err {errors[0]:.1e}/{errors[1]:.1e}")
+
+
+def as_format(tensor: DeviceSparseTensor, fmt: str) -> DeviceSparseTensor:
+    """The CSR ``tensor`` stored as COO, CSC or DCSR on the device (every row stored)."""
+    rows, cols = tensor.shape
+    pos, crd, values = tensor.buffers
+    if fmt == "coo":
+        row_of = cp.repeat(cp.arange(rows, dtype=cp.int32), cp.diff(pos).astype(cp.int64))
+        return DeviceSparseTensor(sm.COO, (rows, cols), (cp.asarray([0, crd.size], cp.int32), row_of, crd, values))
+    if fmt == "dcsr":
+        stored = cp.arange(rows, dtype=cp.int32)
+        return DeviceSparseTensor(sm.DCSR, (rows, cols), (cp.asarray([0, rows], cp.int32), stored, pos, crd, values))
+    row_of = cp.repeat(cp.arange(rows, dtype=cp.int32), cp.diff(pos).astype(cp.int64))
+    order = cp.lexsort(cp.stack([row_of, crd]))  # by column, then row
+    counts = cp.bincount(crd, minlength=cols)
+    indptr = cp.concatenate([cp.zeros(1, cp.int64), cp.cumsum(counts)]).astype(cp.int32)
+    return DeviceSparseTensor(sm.CSC, (rows, cols), (indptr, row_of[order], values[order]))
+
+
+def bench_spmv_formats() -> None:
+    """SpMV with COO, CSC and DCSR operands against cupyx's CSR SpMV on the same matrix (target >= 0.8x)."""
+    rows, cols = PLAN_SHAPES["spmv_big"]
+    a, ref = csr_on_device(rows, cols, 25)
+    x = cp.random.standard_normal(cols, dtype=cp.float32)
+    expect = ref @ x
+    lib = gpu_time(lambda: ref @ x)
+    for name in PLAN["spmv_formats"]:
+        fmt = name.rsplit("_", 1)[1]
+        tensor, k = as_format(a, fmt), kernel(name)
+        err = float(cp.max(cp.abs(k(A=tensor, x=x) - expect)) / cp.max(cp.abs(expect)))
+        ours = gpu_time(lambda k=k, tensor=tensor: k(A=tensor, x=x))
+        launched = [launch.kernel for launch in k.function.program.launches]
+        RESULTS["bench"][f"spmv_50M_{fmt}"] = {"ours_s": ours, "cupyx_csr_s": lib, "vs_cupyx_csr": lib / ours,
+                                               "rel_err": err, "kernels": launched}
+        print(f"SpMV {rows}x{cols} nnz {a.nnz / 1e6:.0f}M as {fmt} ({','.join(launched)}): ours "
+              f"{ours * 1e3:.3f} ms, cupyx CSR {lib * 1e3:.3f} ms ({lib / ours:.2f}x), rel err {err:.1e}")
 
 
 def bench_spmm_big() -> None:
@@ -278,8 +319,8 @@ PLAN_SHAPES = shapes_from_plan()
 if __name__ == "__main__":
     print(f"device: {RESULTS['device']}, CuPy {cp.__version__}")
     ok = check_all()
-    for step in (bench_launch_overhead, bench_spmv_big, bench_spmv_skewed, bench_spmm_big, bench_dlmc,
-                 bench_tensor_cores):
+    for step in (bench_launch_overhead, bench_spmv_big, bench_spmv_formats, bench_spmv_skewed, bench_spmm_big,
+                 bench_dlmc, bench_tensor_cores):
         try:
             step()
         except Exception as exc:  # report and go on: device time is too short to rerun

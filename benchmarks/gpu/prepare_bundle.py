@@ -40,7 +40,14 @@ CHECK_FORMATS = ("csr", "csc", "coo", "dcsr", "bsr2x2", "2:4")
 CHECK_SHAPES = {"spmv": {"A": (96, 64), "x": (64,)}, "spmm": {"A": (96, 64), "B": (64, 40)},
                 "spmm_bias": {"A": (96, 64), "B": (64, 40), "b": (40,)}, "linear": {"A": (96, 64), "X": (40, 64)}}
 EXPRESSIONS = {"spmv": "y[i] = A[i,j]*x[j]", "spmm": "C[i,j] = A[i,k]*B[k,j]",
-               "spmm_bias": "C[i,j] = A[i,k]*B[k,j] + b[j]", "linear": "Y[b,o] = X[b,i]*A[o,i]"}
+               "spmm_bias": "C[i,j] = A[i,k]*B[k,j] + b[j]", "linear": "Y[b,o] = X[b,i]*A[o,i]",
+               "sum": "s[] = A[i,j]", "dot": "s[] = A[i,j]*x[j]"}
+# the parallel kernels of other formats (issue 13.3): deterministic variants and total reductions, checked; SpMV with
+# COO, CSC and DCSR operands timed against cupyx's CSR SpMV on the same 50M-nonzero matrix
+FORMAT_CHECKS = [("spmv", "coo", True), ("spmv", "dcsr", True), ("spmm", "coo", True), ("sum", "csr", False),
+                 ("sum", "coo", False), ("sum", "csc", False), ("sum", "dcsr", True), ("dot", "csr", False),
+                 ("dot", "coo", True), ("dot", "dcsr", False)]
+SPMV_FORMATS = ("coo", "csc", "dcsr")
 TENSOR_CORE = 8192  # 2:4 float16 SpMM and its dense Tensor Core reference, 8192^3
 SPMV_BIG = (2_000_000, 2_000_000)  # 25 nonzeros per row: 50M
 SPMM_BIG = 4096
@@ -54,9 +61,9 @@ def smtx_shape(path: Path) -> tuple[int, int]:
 
 
 def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes: dict, emitter: str = "auto",
-           out_dtype: str | None = None) -> str:
+           out_dtype: str | None = None, deterministic: bool = False) -> str:
     kernel = sm.compile(EXPRESSIONS[kind], formats={"A": fmt} if fmt else {}, dtype=dtype, target="cuda",
-                        out_dtype=out_dtype)
+                        out_dtype=out_dtype, deterministic=deterministic)
     if emitter != "auto":
         from sparse_mlir.runtime.cuda import CudaKernel
 
@@ -83,13 +90,19 @@ def main() -> None:
     start = time.perf_counter()
     fresh_bundle(out)
     plan: dict[str, list] = {"check": [], "spmv_big": [], "spmm_big": [], "dlmc": [], "tiny": [], "tensor_core": [],
-                             "spmv_skewed": []}
+                             "spmv_skewed": [], "spmv_formats": []}
     for kind, shapes in CHECK_SHAPES.items():
         for fmt in CHECK_FORMATS if kind not in ("spmm_bias", "linear") else ("csr",):
             for dtype in ("float32", "float64"):
                 name = f"check_{kind}_{fmt.replace(':', 'of')}_{dtype}"
                 plan["check"].append({"name": export(out, name, kind, fmt, dtype, shapes), "kind": kind,
                                       "format": fmt, "dtype": dtype})
+    for kind, fmt, deterministic in FORMAT_CHECKS:
+        dtype = "float64" if deterministic and kind != "spmm" else "float32"
+        shapes = CHECK_SHAPES.get(kind, {"A": (96, 64), "x": (64,)} if kind == "dot" else {"A": (96, 64)})
+        name = f"check_{kind}_{fmt}_{dtype}" + ("_deterministic" if deterministic else "")
+        plan["check"].append({"name": export(out, name, kind, fmt, dtype, shapes, deterministic=deterministic),
+                              "kind": kind, "format": fmt, "dtype": dtype})
     # float16: CSR kernels summing in float32, 2:4 on Sparse Tensor Cores, the dense Tensor Core GEMM; each also
     # keeping its float32 sums (out_dtype)
     for kind, fmt in (("spmv", "csr"), ("spmm", "csr"), ("spmm", "2:4"), ("spmm", None)):
@@ -116,6 +129,9 @@ def main() -> None:
                                        {"A": spmv_big, "x": (spmv_big[1],)}, emitter))
         plan["spmm_big"].append(export(out, f"spmm_big_{emitter}", "spmm", "csr", "float32",
                                        {"A": (spmm_big, spmm_big), "B": (spmm_big, spmm_big)}, emitter))
+    for fmt in SPMV_FORMATS:
+        plan["spmv_formats"].append(export(out, f"spmv_big_{fmt}", "spmv", fmt, "float32",
+                                           {"A": spmv_big, "x": (spmv_big[1],)}))
     (out / "dlmc").mkdir()
     shapes_done: dict[tuple[int, int], str] = {}
     matrices = sorted((knobs.data_dir() / DLMC).glob("*.smtx.gz")) or sorted(BUILT_IN.glob("dlmc_*.smtx.gz"))
