@@ -53,7 +53,12 @@ from sparse_mlir.formats import (
     format_to_json,
 )
 from sparse_mlir.tensor.host import SparseTensor
-from sparse_mlir.torch_ops import TransposedPattern, linear, transposed_pattern
+from sparse_mlir.torch_ops import (
+    TransposedPattern,
+    format_key,
+    linear,
+    transposed_pattern,
+)
 
 __all__ = ["Pruning", "SparseLinear", "SparsityReport", "sparsify", "sparsity_report"]
 
@@ -138,6 +143,7 @@ class SparseLinear(nn.Module):
             raise DTypeError(f"SparseLinear computes in float32 or float64, the weight is {weight.dtype}")
         self.out_features, self.in_features = weight.shape
         self._format, self._shape = weight.format, weight.shape
+        self._format_key = format_key(weight.format)
         self.pruning = pruning if pruning is not None else Pruning.of(weight)
         self._adopt(weight.buffers)
         if bias is not None:
@@ -297,7 +303,7 @@ class SparseLinear(nn.Module):
             raise DTypeError(f"the bias is {self.bias.dtype}, the weight {values.dtype}")
         pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
         rows = x.reshape(-1, self.in_features)
-        out = linear(rows, values, self.bias, self._levels, pattern, self._format, self._shape)
+        out = linear(rows, values, self.bias, self._levels, pattern, self._format_key, self._shape)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

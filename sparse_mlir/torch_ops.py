@@ -188,6 +188,7 @@ def _(grad):
 def _setup_context(ctx, inputs, output) -> None:
     x, values, bias, _levels, pattern, _fmt, shape = inputs
     ctx.shape = shape
+    ctx.lists = len(_levels), len(pattern)
     ctx.has_bias = bias is not None
     ctx.save_for_backward(x, values, *pattern)
 
@@ -198,14 +199,19 @@ def _backward(ctx, grad: torch.Tensor):
     grad_x = _grad_input(grad, values, t_pos, t_crd, t_order, ctx.shape) if need_x else None
     grad_values = _grad_values(grad, x, pos, crd, stored, ctx.shape) if need_values else None
     grad_bias = _grad_bias(grad) if need_bias and ctx.has_bias else None
-    return grad_x, grad_values, grad_bias, None, None, None, None
+    levels, pattern = ctx.lists
+    return grad_x, grad_values, grad_bias, [None] * levels, [None] * pattern, None, None
 
 
 _linear.register_autograd(_backward, setup_context=_setup_context)
 
 
 def linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, levels: list[torch.Tensor],
-           pattern: TransposedPattern, fmt: Format, shape: tuple[int, int]) -> torch.Tensor:
+           pattern: list[torch.Tensor], fmt: str, shape: tuple[int, int]) -> torch.Tensor:
     """``x W^T + b`` for 2-d ``x`` (checked by the caller: CPU, ``values``' dtype, ``in`` features), differentiable
-    in ``x``, ``values`` (the stored entries only) and ``bias``."""
-    return _linear(x, values, bias, list(levels), list(pattern), format_key(fmt), list(shape))
+    in ``x``, ``values`` (the stored entries only) and ``bias``.
+
+    ``fmt`` is ``format_key`` of the weight's format, computed once by the
+    caller: ``torch.compile`` takes it as a constant instead of tracing JSON.
+    """
+    return _linear(x, values, bias, levels, pattern, fmt, list(shape))

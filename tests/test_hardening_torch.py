@@ -10,8 +10,8 @@ from support.data import require
 
 torch = require("torch")
 
-from sparse_mlir.errors import FormatError, InvalidIndicesError  # noqa: E402
-from sparse_mlir.torch import sparsify  # noqa: E402
+from sparse_mlir.errors import FormatError, InvalidIndicesError
+from sparse_mlir.torch import sparsify
 
 
 def model(seed: int, **prune) -> torch.nn.Module:
