@@ -32,6 +32,7 @@ from sparse_mlir.dialects.native.gpu import (
     gpu_spmm_2to4,
     gpu_spmv,
 )
+from sparse_mlir.dialects.native.gpu_fibers import gpu_csf_fibers
 from sparse_mlir.dialects.native.gpu_formats import gpu_format_products
 from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
 from sparse_mlir.dialects.native.linear import native_linear
@@ -91,6 +92,7 @@ CUDA_EMITTERS: tuple[Emitter, ...] = (
             gpu_format_products(spec, spec.formats, shapes, deterministic)),
     Emitter("total_reduction", lambda spec, shapes, deterministic:
             gpu_total_reduction(spec, spec.formats, shapes, deterministic)),
+    Emitter("csf_fibers", lambda spec, shapes, deterministic: gpu_csf_fibers(spec, spec.formats, shapes)),
 )
 
 

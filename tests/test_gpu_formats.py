@@ -105,6 +105,26 @@ def test_total_reduction_of_a_three_dimensional_csf_tensor_when_emulated(tmp_pat
     np.testing.assert_allclose(got, a.sum(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("expr", "dense_index"), [("Z[i,j] = A[i,j,k]*B[k,j]", "kj"), ("Z[i,j] = x[k]*A[i,j,k]", "k"),
+                                                   ("Z[i,j] = A[i,j,k]*D[i,k]", "ik")])
+@pytest.mark.parametrize("widths", [(32, 32), (64, 8)])
+def test_csf_contractions_run_a_thread_per_fiber_when_emulated(expr, dense_index, widths, dtype, tmp_path):
+    """Empty slices (first and last ``i`` among them) and fibers, one long fiber; small integers: exact sums."""
+    rng = np.random.default_rng(14)
+    a = rng.integers(-3, 4, (9, 8, 10)) * (rng.random((9, 8, 10)) < 0.3)
+    a[[0, 4, 8]] = 0  # empty slices: their i is not stored
+    a[2, [0, 7]] = 0  # empty fibers
+    a[3, 5] = rng.integers(1, 4, 10)  # a full fiber
+    a = a.astype(dtype)
+    sizes = {"i": 9, "j": 8, "k": 10}
+    name = "B" if "B[" in expr else "x" if "x[" in expr else "D"
+    d = rng.integers(-2, 3, tuple(sizes[c] for c in dense_index)).astype(dtype)
+    got = _emulate(expr, CSF.with_widths(*widths), {"A": a, name: d}, tmp_path, False)
+    want = np.einsum(f"ijk,{dense_index}->ij", a, d)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_an_empty_operand_gives_zeros_when_emulated(tmp_path):
     a = np.zeros((20, 10))
     x = np.ones(10)
@@ -123,7 +143,8 @@ PROGRAMS = [(SPMV, n, {"A": (300, 200), "x": (200,)}, d) for n in ("coo", "csc",
            [(SPMM, n, {"A": (300, 200), "B": (200, 70)}, d) for n in ("coo", "csc", "dcsr") for d in (False, True)
             if (n, d) != ("csc", True)] + \
            [(SUM, n, {"A": (300, 200)}, d) for n in ("coo", "csr", "dcsr") for d in (False, True)] + \
-           [(DOT, "coo", {"A": (300, 200), "x": (200,)}, True)]
+           [(DOT, "coo", {"A": (300, 200), "x": (200,)}, True),
+            ("Z[i,j] = A[i,j,k]*B[k,j]", "csf", {"A": (20, 30, 40), "B": (40, 30)}, False)]
 
 
 @pytest.mark.parametrize(("expr", "name", "shapes", "deterministic"), PROGRAMS,

@@ -82,3 +82,21 @@ def test_total_reductions_are_turned_down_where_they_do_not_apply():
     assert build("s[] = A[i,j] * x[i]", "coo") is None  # x at the first level's coordinate
     assert build("y[i] = A[i,j]", "coo") is None  # not a scalar
     assert build("s[] = A[i,j]", "bsr2x2") is not None  # stored zeros add nothing
+
+
+def test_csf_contractions_take_a_thread_per_fiber():
+    from sparse_mlir.dialects.native.gpu_fibers import gpu_csf_fibers
+
+    def build(expression: str, fmt: str = "csf", dtype: str = "float32"):
+        spec = planned(expression, {"A": fmt}, dtype)
+        return gpu_csf_fibers(spec, spec.formats, static_shapes(spec, EXTENTS))
+
+    found = build("Z[i,j] = A[i,j,k] * B[k,j]")
+    ops = _checked(found)
+    (launch,) = found.launches
+    assert launch.kernel == "csf_fibers" and launch.grid == GridRule(ref=3, per_block=128)  # stored fibers (crd1)
+    assert ops["scf.while"] == 1 and not ops["memref.atomic_rmw"] and not launch.fills_output
+    assert build("Z[i,j] = A[i,j,k] * x[k]") is not None
+    assert build("Z[i,k] = A[i,j,k] * x[j]") is None  # the sum is not over the last level
+    assert build("Z[i,j] = A[i,j,k] * B[k,j]", "coo3") is None
+    assert build("Z[i,j] = A[i,j,k] * B[k,j]", dtype="float16") is None
