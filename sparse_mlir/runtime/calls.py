@@ -10,13 +10,14 @@ torch tensors are converted both ways (``torch_tensors``).
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from sparse_mlir.errors import OperandError
 from sparse_mlir.runtime.torch_tensors import call_with_torch
 
-__all__ = ["kernel_call", "keyword_signature"]
+__all__ = ["kernel_call", "keyword_signature", "refuse_positional"]
 
 
 def keyword_signature(kernel: Any) -> str:
@@ -26,14 +27,24 @@ def keyword_signature(kernel: Any) -> str:
     return f"kernel({', '.join(f'{name}=...' for name in names)}, out=None)"
 
 
+def refuse_positional(kernel: Any) -> OperandError:
+    """The error for a positional operand: it names the keyword signature."""
+    return OperandError(f"operands are passed by keyword, named as in the expression: {keyword_signature(kernel)}")
+
+
 def kernel_call(call: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a kernel's ``__call__(self, out=None, **operands)`` with the shared call protocol (one extra frame)."""
+    """Wrap a kernel's ``__call__(self, out=None, **operands)`` with the shared call protocol (one extra frame).
+
+    The frame is on every call's fixed cost, so the common case (no torch
+    tensor anywhere: torch not even imported) calls straight through.
+    """
 
     @functools.wraps(call)
     def wrapper(self: Any, *positional: Any, out: Any = None, **operands: Any) -> Any:
         if positional:
-            raise OperandError(f"operands are passed by keyword, named as in the expression: "
-                               f"{keyword_signature(self)}")
+            raise refuse_positional(self)
+        if "torch" not in sys.modules:
+            return call(self, out, **operands)
         return call_with_torch(call, self, out, operands)
 
     return wrapper

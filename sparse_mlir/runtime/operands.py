@@ -9,7 +9,7 @@ import numpy as np
 
 from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
 from sparse_mlir.formats import Format
-from sparse_mlir.tensor.host import SparseTensor
+from sparse_mlir.tensor.host import SparseTensor, share_scipy
 
 __all__ = ["prepare", "check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
 
@@ -40,7 +40,8 @@ def check_names(expression: str, inputs: tuple[str, ...], operands: dict[str, An
 def prepare(expression: str, inputs: tuple[tuple[str, Format | None, int], ...], operands: dict[str, Any],
             dtype: np.dtype, target: str) -> dict[str, SparseTensor | np.ndarray]:
     """Check names, then convert each ``(name, format or None, rank)`` input; inputs are never modified."""
-    check_names(expression, tuple(n for n, _, _ in inputs), operands)
+    if len(operands) != len(inputs) or not all(n in operands for n, _, _ in inputs):
+        check_names(expression, tuple(n for n, _, _ in inputs), operands)
     return {n: sparse_operand(n, operands[n], fmt, dtype, target) if fmt is not None
             else dense_operand(n, operands[n], rank, dtype, target) for n, fmt, rank in inputs}
 
@@ -57,7 +58,11 @@ def sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype, tar
         return value  # fast path: built in the declared format
     _refuse_device(name, value, target)
     if _is_scipy_sparse(value):
-        value = SparseTensor.from_scipy(value, declared)  # validated and converted on every call
+        if value.dtype != dtype:  # before any work, and naming the operand
+            raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype}")
+        # zero-copy in its own layout (bounds checked on every call, order from scipy's cached flag), else a copy
+        shared = share_scipy(value, declared)
+        return shared if shared is not None else SparseTensor.from_scipy(value, declared)
     if not isinstance(value, SparseTensor):
         raise OperandError(f"operand {name} is declared {declared}; pass a SparseTensor or a scipy.sparse "
                            f"matrix, got {type(value).__name__}")

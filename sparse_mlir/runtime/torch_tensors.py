@@ -37,8 +37,15 @@ __all__ = ["call_with_torch", "from_torch", "to_torch"]
 def call_with_torch(call: Callable[..., Any], kernel: Any, out: Any, operands: dict[str, Any]) -> Any:
     """``call(kernel, out, **operands)`` with torch tensors converted in and the result converted back."""
     torch = sys.modules.get("torch")
-    if torch is None or not any(isinstance(v, torch.Tensor) for v in (out, *operands.values())):
+    if torch is None:
         return call(kernel, out, **operands)
+    tensor = torch.Tensor
+    if not isinstance(out, tensor):
+        for value in operands.values():  # a plain loop: this runs on every call in a process that imported torch
+            if isinstance(value, tensor):
+                break
+        else:
+            return call(kernel, out, **operands)
     converted = {name: from_torch(name, value, torch) if isinstance(value, torch.Tensor) else value
                  for name, value in operands.items()}
     if isinstance(out, torch.Tensor):

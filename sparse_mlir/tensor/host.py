@@ -9,6 +9,7 @@ format's layout (documented zero-copy), and otherwise build new ones.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from sparse_mlir.tensor import storage
 
 # ``SUPPORTED_DTYPES`` and ``check_dtype`` live in ``sparse_mlir.dtypes``; they stay importable from here
 __all__ = ["SparseTensor", "LevelBuffers", "SUPPORTED_DTYPES", "check_dtype", "DEVICES", "register_device",
-           "register_compile"]
+           "register_compile", "share_scipy"]
 
 DEVICES = ("cpu", "cuda")
 
@@ -117,6 +118,15 @@ class SparseTensor(LevelBuffers):
         self.shape = shape
         self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
 
+    @classmethod
+    def _trusted(cls, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
+        """Wrap buffers a builder of this module has already checked (layout, bounds, dtype), skipping
+        ``__init__``'s checks: what keeps a scipy operand's per-call cost at a few microseconds."""
+        self = object.__new__(cls)
+        self.format, self.shape, self.dtype = fmt, shape, buffers[-1].dtype
+        self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
+        return self
+
     # -- builders ---------------------------------------------------------------
     @classmethod
     def from_buffers(cls, fmt: Format | str, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
@@ -160,11 +170,14 @@ class SparseTensor(LevelBuffers):
         """Build from a scipy.sparse matrix or array.
 
         The format defaults to the matrix's own (csr, csc, coo, bsr; others go
-        through CSR).  When indices are canonical and already of the format's
-        width, the scipy buffers are shared read-only, not copied: mutating
-        them afterwards is undefined.  Otherwise a sorted, duplicate-summed
-        copy is built; int64 indices are narrowed when they fit and the format
-        is widened to 64 bits when they do not.
+        through CSR).  When it is the matrix's own layout, scipy says the
+        matrix is canonical (``has_canonical_format``) and its indices are of
+        the format's width, the scipy buffers are shared read-only, not
+        copied (see ``share_scipy``): mutating them afterwards is undefined.
+        Otherwise a sorted, duplicate-summed copy is built; int64 indices are
+        narrowed when they fit and the format is widened to 64 bits when they
+        do not.  Kernels take scipy operands through ``share_scipy`` directly,
+        at scipy's own index widths.
         """
         import scipy.sparse as sp
 
@@ -175,8 +188,8 @@ class SparseTensor(LevelBuffers):
         fmt = as_format(format, 2) if format is not None else _SCIPY_FORMATS.get(kind, CSR)
         if kind == "bsr" and format is None:
             fmt = BSR(*matrix.blocksize)
-        shared = _share_scipy(matrix, fmt)
-        if shared is not None:
+        shared = share_scipy(matrix, fmt)
+        if shared is not None and shared.format == fmt:
             return shared
         _check_scipy_structure(matrix)
         coo = matrix.tocoo()
@@ -331,46 +344,110 @@ def _coordinate_rows(coords: Any, ndim: int, nnz: int) -> np.ndarray:
                               f"got {array.shape}{hint}")
 
 
+def _scipy_layout(matrix: Any) -> tuple[Format, tuple[np.ndarray, ...], int, int] | None:
+    """``(format, index buffers, outer extent, inner extent)`` of a csr/csc/bsr/coo matrix in this package's
+    terms (index widths 32), or ``None`` for any other kind (dia, lil, dok, n-d coo...)."""
+    kind = matrix.format
+    if kind in ("csr", "csc", "bsr"):
+        rows, cols = matrix.shape
+        if kind == "bsr":
+            bm, bn = matrix.blocksize
+            return BSR(bm, bn), (matrix.indptr, matrix.indices), rows // bm, cols // bn
+        return ((CSR, (matrix.indptr, matrix.indices), rows, cols) if kind == "csr" else
+                (CSC, (matrix.indptr, matrix.indices), cols, rows))
+    if kind == "coo" and len(matrix.shape) == 2:
+        return COO, (matrix.row, matrix.col), matrix.shape[0], matrix.shape[1]
+    return None
+
+
 def _check_scipy_structure(matrix: Any) -> None:
-    """Raise ``InvalidIndicesError`` for compressed scipy arrays scipy itself would mis-read or reject."""
-    kind = matrix.format
-    if kind not in ("csr", "csc", "bsr"):
+    """Raise ``InvalidIndicesError`` for index buffers a kernel (or scipy itself) would read out of bounds.
+
+    Vectorized and copy-free, so it runs on every call with a scipy operand:
+    buffer lengths, ``indptr`` from 0 to nnz without decreasing, and every
+    index in range, in one pass over the indices (viewed as unsigned, a
+    negative index is a huge one).  Order and duplicates are not checked here.
+    """
+    layout = _scipy_layout(matrix)
+    if layout is None:
         return
-    rows, cols = matrix.shape
-    if kind == "bsr":
-        bm, bn = matrix.blocksize
-        outer, inner = rows // bm, cols // bn
-    else:
-        outer, inner = (rows, cols) if kind == "csr" else (cols, rows)
-    indptr, indices = np.asarray(matrix.indptr), np.asarray(matrix.indices)
-    if indptr.size != outer + 1:
-        raise InvalidIndicesError(f"{kind} indptr must have {outer + 1} entries, got {indptr.size}")
-    if indptr[0] != 0 or (np.diff(indptr) < 0).any():
-        raise InvalidIndicesError(f"{kind} indptr must start at 0 and be monotone non-decreasing")
-    if indptr[-1] != indices.size or matrix.data.shape[0] != indices.size:
-        raise InvalidIndicesError(f"{kind} indptr ends at {indptr[-1]} with {indices.size} indices and "
-                                  f"{matrix.data.shape[0]} values (nnz mismatch)")
-    if indices.size and (indices.min() < 0 or indices.max() >= inner):
-        bad = indices[(indices < 0) | (indices >= inner)][0]
-        raise InvalidIndicesError(f"{kind} index {bad} is out of range [0, {inner})")
-
-
-def _share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
-    """Wrap a canonical csr/csc/bsr matrix whose buffers already match ``fmt``, without copying."""
+    _, index, outer, inner = layout
     kind = matrix.format
-    if kind == "bsr":
-        expected = BSR(*matrix.blocksize)
+    values = matrix.data.shape[0]
+    if kind == "coo":
+        row, col = index
+        if not row.size == col.size == values:
+            raise InvalidIndicesError(f"coo has {row.size} row and {col.size} column indices and {values} values "
+                                      f"(nnz mismatch)")
+        _check_index_range(kind, "row index", row, matrix.shape[0])
+        _check_index_range(kind, "column index", col, matrix.shape[1])
+        return
+    indptr, indices = (np.asarray(b) for b in index)
+    if indptr.ndim != 1 or indices.ndim != 1 or indptr.size != outer + 1:
+        raise InvalidIndicesError(f"{kind} indptr must have {outer + 1} entries, got shape {indptr.shape}")
+    if indptr[0] != 0 or (indptr[1:] < indptr[:-1]).any():
+        raise InvalidIndicesError(f"{kind} indptr must start at 0 and be monotone non-decreasing")
+    if indptr[-1] != indices.size or values != indices.size:
+        raise InvalidIndicesError(f"{kind} indptr ends at {indptr[-1]} with {indices.size} indices and "
+                                  f"{values} values (nnz mismatch)")
+    _check_index_range(kind, "index", indices, inner)
+
+
+def _check_index_range(kind: str, what: str, indices: np.ndarray, extent: int) -> None:
+    if not indices.size:
+        return
+    if indices.dtype.kind == "i":  # one pass: a negative index viewed as unsigned is past any extent
+        too_big = int(indices.view(indices.dtype.str.replace("i", "u")).max()) >= extent
     else:
-        expected = {"csr": CSR, "csc": CSC}.get(kind)
-    if expected is None or fmt.with_widths(32, 32) != expected:
+        too_big = indices.min() < 0 or indices.max() >= extent
+    if too_big:
+        bad = indices[(indices < 0) | (indices >= extent)][0]
+        raise InvalidIndicesError(f"{kind} {what} {bad} is out of range [0, {extent})")
+
+
+def share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
+    """A ``SparseTensor`` over a scipy matrix's own buffers (read-only views, no copy), or ``None`` when the
+    matrix needs a converted copy to be in ``fmt``.
+
+    Shared when ``fmt`` is the matrix's own layout (csr, csc, bsr with its
+    blocksize, 2-d coo) whatever its index widths: the tensor takes scipy's
+    widths (int32 or int64; kernels specialize on them), so nothing is
+    narrowed or widened.  The structure and every index are checked on each
+    call (``_check_scipy_structure``: vectorized, one pass, no copy); order
+    and duplicates are taken from scipy's ``has_canonical_format``, which
+    scipy computes once (in C) and caches on the matrix, as its own
+    operations do, so a canonical matrix is never re-sorted or re-checked.
+    A matrix whose flag lies (indices reordered in place after scipy cached
+    it) stays safe: every index is in bounds, so a kernel reads nothing
+    outside its buffers; it only sums in another order, or keeps duplicates
+    a kernel with a sparse result may pass on, as scipy would.
+    Raises ``InvalidIndicesError`` for a broken structure.
+    """
+    layout = _scipy_layout(matrix)
+    if layout is None or _at_widths(fmt, 32, 32) != layout[0]:
         return None
-    width = matrix.indices.dtype.itemsize * 8
-    if matrix.indptr.dtype != matrix.indices.dtype or width not in (32, 64) or fmt.pos_width != width \
-            or fmt.crd_width != width:
+    index = layout[1]
+    if not all(type(b) is np.ndarray and b.dtype.kind == "i" and b.itemsize in (4, 8) for b in index):
+        return None
+    _check_scipy_structure(matrix)
+    if not matrix.has_canonical_format:  # scipy's flag: computed once, after the bounds checks made that safe
         return None
     data = matrix.data.reshape(-1)
-    try:
-        return SparseTensor(fmt, matrix.shape, (matrix.indptr, matrix.indices, data))
-    except (FormatError, ShapeError, ValueError):
-        return None  # unsorted or duplicate indices: the caller builds a canonical copy
+    if matrix.format == "coo":
+        row, col = index
+        if row.dtype != col.dtype:
+            return None
+        buffers: tuple[np.ndarray, ...] = (np.array([0, row.size], dtype=row.dtype), row, col, data)
+        shared = _at_widths(fmt, row.itemsize * 8, row.itemsize * 8)
+    else:
+        buffers = (index[0], index[1], data)
+        shared = _at_widths(fmt, index[0].itemsize * 8, index[1].itemsize * 8)
+    check_dtype(data.dtype, "scipy matrix values")
+    return SparseTensor._trusted(shared, tuple(matrix.shape), buffers)
 
+
+@functools.lru_cache(maxsize=256)
+def _at_widths(fmt: Format, pos_width: int, crd_width: int) -> Format:
+    """``fmt.with_widths(...)``, remembered: building a ``Format`` costs microseconds, and each call with a
+    scipy operand asks for the same few."""
+    return fmt.with_widths(pos_width, crd_width)
