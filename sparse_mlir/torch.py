@@ -275,7 +275,7 @@ class SparseLinear(nn.Module):
         except SparseMLIRError as exc:
             raise type(exc)(f"{prefix}weight: the checkpoint's level buffers are not a valid {self._format} "
                             f"tensor of shape {self._shape}: {exc}") from exc
-        if tensor.dtype != self.weight_values.detach().numpy().dtype:
+        if torch.from_numpy(tensor.values[:0]).dtype != self.weight_values.dtype:
             raise FormatError(f"{prefix}weight: the checkpoint's values are {tensor.dtype}, this layer computes in "
                               f"{self.weight_values.dtype}")
         return arrays
@@ -299,11 +299,16 @@ class SparseLinear(nn.Module):
                                f"cast the input, or the layer with .float() / .double()")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise OperandError(f"expected inputs with {self.in_features} features, got shape {tuple(x.shape)}")
-        if self.bias is not None and self.bias.dtype != values.dtype:
-            raise DTypeError(f"the bias is {self.bias.dtype}, the weight {values.dtype}")
+        if values.shape != self._pattern_crd.shape:
+            raise ShapeError(f"weight_values has shape {tuple(values.shape)}, but the weight's pattern stores "
+                             f"{self._pattern_crd.numel()} entries (replace values in place, or load a state dict)")
+        bias = self.bias
+        if bias is not None and (bias.dtype != values.dtype or bias.shape != (self.out_features,)):
+            raise OperandError(f"the bias is {bias.dtype} of shape {tuple(bias.shape)}, the layer needs "
+                               f"{values.dtype} of shape ({self.out_features},)")
         pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
         rows = x.reshape(-1, self.in_features)
-        out = linear(rows, values, self.bias, self._levels, pattern, self._format_key, self._shape)
+        out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -395,9 +400,14 @@ def sparsify(model: nn.Module, *, pattern: str | None = None, sparsity: float | 
     if not chosen:
         raise OptionError("sparsify found no nn.Linear layer to convert" + (f" (skipped: {'; '.join(skipped)})"
                                                                            if skipped else ""))
-    for name in chosen:
+    converted = {}
+    for name in chosen:  # every layer first: a layer that cannot be pruned leaves the model as it was
+        try:
+            converted[name] = SparseLinear._pruned(model.get_submodule(name), recipe)
+        except SparseMLIRError as exc:
+            raise type(exc)(f"layer {name}: {exc}") from exc
+    for name, layer in converted.items():
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child, SparseLinear._pruned(getattr(parent, child), recipe))
+        setattr(model.get_submodule(parent_name), child, layer)
     _log.info("sparsify: %s", sparsity_report(model))
     return model

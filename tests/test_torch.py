@@ -15,6 +15,7 @@ from sparse_mlir.errors import (
     OperandError,
     OptionError,
     PatternError,
+    ShapeError,
 )
 from sparse_mlir.torch import SparseLinear, sparsify, sparsity_report
 
@@ -116,3 +117,22 @@ def test_layers_that_cannot_be_swapped_are_left_dense_with_a_warning():
         sparsify(tied, sparsity=0.5)
     with pytest.raises(OptionError, match="no nn.Linear"):
         sparsify(torch.nn.Sequential(torch.nn.ReLU()), sparsity=0.5)
+
+
+def test_a_layer_that_cannot_be_pruned_leaves_the_whole_model_as_it_was():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 6))  # 6 columns of the second: not 2:4
+    model.append(torch.nn.Linear(6, 4))
+    with pytest.raises(PatternError, match="layer 2: 2:4 pruning groups columns by 4, but there are 6"):
+        sparsify(model, pattern="2:4")
+    assert all(type(layer) is torch.nn.Linear for layer in model)
+
+
+def test_replaced_values_or_bias_of_the_wrong_size_are_refused_not_read_out_of_bounds():
+    sparse = SparseLinear.from_linear(torch.nn.Linear(8, 4), sparsity=0.5)
+    sparse.weight_values = torch.nn.Parameter(torch.randn(3))
+    with pytest.raises(ShapeError, match="weight_values has shape .3,., but the weight's pattern stores 16"):
+        sparse(torch.randn(2, 8))
+    sparse = SparseLinear.from_linear(torch.nn.Linear(8, 4), sparsity=0.5)
+    sparse.bias = torch.nn.Parameter(torch.randn(2))
+    with pytest.raises(OperandError, match="bias .* shape .2,.*shape .4,."):
+        sparse(torch.randn(2, 8))
