@@ -34,6 +34,7 @@ from sparse_mlir.dialects.native.gpu import (
 )
 from sparse_mlir.dialects.native.gpu_fibers import gpu_csf_fibers
 from sparse_mlir.dialects.native.gpu_formats import gpu_format_products
+from sparse_mlir.dialects.native.gpu_merge import gpu_spmv_merge
 from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
@@ -82,6 +83,8 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
 
 # CUDA: build(spec, shapes, deterministic) -> NativeKernels | None, in the current context
 CUDA_EMITTERS: tuple[Emitter, ...] = (
+    Emitter("spmv_merge", lambda spec, shapes, deterministic:
+            gpu_spmv_merge(spec, spec.formats, shapes, deterministic)),
     Emitter("spmv", lambda spec, shapes, deterministic: gpu_spmv(spec, spec.formats, shapes, deterministic)),
     Emitter("spmm_2to4", lambda spec, shapes, deterministic: gpu_spmm_2to4(spec, spec.formats, shapes)),
     Emitter("gemm_f16", lambda spec, shapes, deterministic: gpu_gemm_f16(spec, spec.formats, shapes)),

@@ -102,6 +102,17 @@ class _Knobs:
         return os.environ.get("SPARSE_MLIR_HOPPER", "0") == "1"
 
     @staticmethod
+    def merge_spmv() -> bool:
+        """``SPARSE_MLIR_MERGE_SPMV=1`` runs the merge-path kernel for skewed rows in deterministic CSR SpMV.
+
+        It is checked on the CPU emulation and by ptxas but not yet timed on
+        a GPU (``benchmarks/gpu/device_check.py`` does that and sets it);
+        until then skewed rows run the lanes-per-row kernel, as balanced ones.
+        Read at each call, by the runtime: the compiled program holds both.
+        """
+        return os.environ.get("SPARSE_MLIR_MERGE_SPMV", "0") == "1"
+
+    @staticmethod
     def data_dir() -> Path:
         """``SPARSE_MLIR_DATA``: the folder of benchmark matrices (``dlmc/``, ``suitesparse/``).
 

@@ -9,30 +9,32 @@ sm_90; the runtime's launches are checked against the CuPy stand-in.
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sparse_mlir.lowering import cuda_toolkit
 
 import sparse_mlir as sm
 from sparse_mlir.formats import COO, CSC, CSF, CSR, DCSR, Format
-from sparse_mlir.lowering import cuda_toolkit
 
 SPMV, SPMM = "y[i] = A[i,j]*x[j]", "C[i,j] = A[i,k]*B[k,j]"
 SUM, DOT = "s[] = A[i,j]", "s[] = A[i,j]*x[j]"
 FORMATS = {"coo": COO, "csc": CSC, "dcsr": DCSR, "csr": CSR}
 
 
-def _emulate(expr: str, fmt: Format, dense: dict[str, np.ndarray], tmp_path, deterministic: bool) -> np.ndarray:
+def _emulate(expr: str, fmt: Format, dense: dict[str, np.ndarray], tmp_path, deterministic: bool,
+             skewed: bool = False) -> np.ndarray:
     """The GPU program of ``expr`` for ``A`` stored in ``fmt`` (its index widths kept), run thread by thread."""
     from mlir import ir
+    from sparse_mlir.lowering import cpu, toolchain
     from support.gpu_emulation import emulation_module
 
     from sparse_mlir.abi.c_signature import Signature
     from sparse_mlir.compiler import build
     from sparse_mlir.compiler.driver import with_operand_formats
-    from sparse_mlir.lowering import cpu, toolchain
     from sparse_mlir.runtime.library import NativeFunction
 
     spec = sm.compile(expr, formats={"A": fmt}, dtype=dense["A"].dtype.name, target="cuda").spec
@@ -49,9 +51,9 @@ def _emulate(expr: str, fmt: Format, dense: dict[str, np.ndarray], tmp_path, det
     with ir.Context():
         program, stages = build.gpu_program(special, shapes, sig, (), "auto", deterministic)
         assert program.notes == ("native",), program.notes
-        module = emulation_module(program, stages["mapped"], sig)
+        module = emulation_module(program, stages["mapped"], sig, skewed)
         llvm = cpu.loops_to_llvm(module, sig)
-    path = tmp_path / f"emulated_{abs(hash((expr, str(fmt), deterministic)))}.so"
+    path = tmp_path / f"emulated_{abs(hash((expr, str(fmt), deterministic, skewed)))}.so"
     toolchain.compile_shared_library(llvm, path, cpu="native", opt_level=1)
     out = np.full(shapes[spec.output], np.nan, dtype=spec.output_dtype)
     return NativeFunction(path, sig)(args, out, out.shape)
@@ -143,7 +145,7 @@ PROGRAMS = [(SPMV, n, {"A": (300, 200), "x": (200,)}, d) for n in ("coo", "csc",
            [(SPMM, n, {"A": (300, 200), "B": (200, 70)}, d) for n in ("coo", "csc", "dcsr") for d in (False, True)
             if (n, d) != ("csc", True)] + \
            [(SUM, n, {"A": (300, 200)}, d) for n in ("coo", "csr", "dcsr") for d in (False, True)] + \
-           [(DOT, "coo", {"A": (300, 200), "x": (200,)}, True),
+           [(DOT, "coo", {"A": (300, 200), "x": (200,)}, True), (SPMV, "csr", {"A": (3000, 200), "x": (200,)}, True),
             ("Z[i,j] = A[i,j,k]*B[k,j]", "csf", {"A": (20, 30, 40), "B": (40, 30)}, False)]
 
 
@@ -151,18 +153,15 @@ PROGRAMS = [(SPMV, n, {"A": (300, 200), "x": (200,)}, d) for n in ("coo", "csc",
                          ids=[f"{e}|{n}|{'det' if d else 'atomic'}" for e, n, _, d in PROGRAMS])
 def test_no_launch_walks_the_operand_on_one_thread_and_ptxas_assembles_it(expr, name, shapes, deterministic,
                                                                             tmp_path):
-    """Every launch that reads ``A`` covers many threads; only a deterministic total's last pass (256 sums in
-    scratch, not ``A``) is one thread.  ptxas assembles the PTX for sm_80 and sm_90, spill-free."""
+    """Every launch covers many threads, but a deterministic total's last pass (256 sums in scratch, not ``A``);
+    ptxas assembles the PTX for sm_80 and sm_90, spill-free."""
     program = _program(expr, name, shapes, deterministic)
     assert program.notes == ("native",)
     a_buffers = set(range(len(sm.formats.parse_format(name).buffer_names)))
     for launch in program.launches:
         reads_a = any(arg.kind == "buffer" and arg.ref in a_buffers for arg in launch.args)
         threads = launch.block[0] * (launch.grid[0] if isinstance(launch.grid, tuple) else 2)
-        if reads_a:
-            assert threads >= 128, launch
-        else:
-            assert launch.kernel in ("reduce_combine", "reduce_final"), launch
+        assert threads >= 128 or (not reads_a and launch.kernel == "reduce_final"), launch
     atomic = any(k.kernel in ("coo_spmv_chunks", "csc_spmv", "csc_spmm") or
                  (k.kernel == "reduce_combine" and not k.fills_output) for k in program.launches)
     assert atomic == (not deterministic and (name == "csc" or expr in (SUM, DOT) or expr == SPMV and name == "coo"))
@@ -173,9 +172,10 @@ def test_no_launch_walks_the_operand_on_one_thread_and_ptxas_assembles_it(expr, 
         src = tmp_path / f"{chip}.ptx"
         src.write_text(ptx)
         done = subprocess.run([tool, f"-arch={chip}", "-v", str(src), "-o", str(tmp_path / f"{chip}.cubin")],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
-        assert " 0 bytes spill stores" in done.stderr and "bytes spill stores" in done.stderr
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", done.stderr)]
+        assert spills and not any(spills), done.stderr
 
 
 def test_deterministic_csc_products_stay_on_the_sparsifier_and_other_inputs_are_turned_down():
@@ -184,6 +184,7 @@ def test_deterministic_csc_products_stay_on_the_sparsifier_and_other_inputs_are_
     # float16, a bias stage, and a transposed access are not these kernels' products
     from sparse_mlir.dialects.native.gpu_formats import product_operands
     from sparse_mlir.dialects.native.gpu_reduce import total_reduction_operands
+
     from sparse_mlir.dsl.plan import plan
 
     def spec(expr: str, fmt: str = "coo"):
@@ -201,7 +202,7 @@ def test_deterministic_csc_products_stay_on_the_sparsifier_and_other_inputs_are_
 
 
 def test_runtime_launches_the_format_kernels_and_zeroes_only_what_they_accumulate_into(monkeypatch):
-    import support.fake_cupy as fake_cupy
+    from support import fake_cupy
 
     record = fake_cupy.install(monkeypatch)
     a = sp.random(500, 300, density=0.02, format="csr", dtype=np.float32, random_state=0)
@@ -222,3 +223,88 @@ def test_runtime_launches_the_format_kernels_and_zeroes_only_what_they_accumulat
     assert calls[("coo", True)] == (("coo_spmv", (4, 1, 1)), True)  # stores every row: not zeroed first
     assert calls[("dcsr", True)] == (("dcsr_spmv", (-(-stored_rows // 128), 1, 1)), False)  # rows not stored: 0
     assert calls[("csc", False)] == (("csc_spmv", (3, 1, 1)), False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("rows", "widths"), [(300, (32, 32)), (1000, (64, 16)), (37, (32, 8))])
+def test_merge_path_spmv_for_skewed_rows_when_emulated(rows, widths, dtype, tmp_path):
+    """Shares of the merge path cut rows anywhere: one row longer than many shares, empty rows (first and last
+    too, and runs of them), rows ending exactly at a share's border; small integers: exact in any order."""
+    rng = np.random.default_rng(rows)
+    cols = 120
+    lengths = rng.integers(0, 4, rows)
+    lengths[[0, rows - 1, rows // 2, rows // 2 + 1, rows // 2 + 2]] = 0
+    lengths[rows // 3] = cols  # a long row
+    a = np.zeros((rows, cols))
+    for row, n in enumerate(lengths):
+        a[row, rng.choice(cols, n, replace=False)] = rng.integers(1, 4, n)
+    x = rng.integers(-2, 3, cols).astype(dtype)
+    a = a.astype(dtype)
+    got = _emulate(SPMV, CSR.with_widths(*widths), {"A": a, "x": x}, tmp_path, True, skewed=True)
+    np.testing.assert_array_equal(got, a @ x)
+
+
+def test_merge_path_splits_match_a_cpu_model_of_the_partition():
+    """The partition math alone, in Python: each share starts where the diagonal crosses the merge path, and the
+    shares tile the path (every row end and nonzero in exactly one share)."""
+    from sparse_mlir.dialects.native.gpu_merge import MAX_THREADS, merge_threads
+
+    rng = np.random.default_rng(2)
+    lengths = rng.zipf(1.5, 500).clip(0, 10_000)
+    lengths[:3] = 0
+    pos = np.concatenate([[0], np.cumsum(lengths)])
+    rows, nnz = len(lengths), int(pos[-1])
+
+    def split(diagonal: int) -> int:  # as gpu_merge._path_split
+        lo, hi = max(0, diagonal - nnz), min(diagonal, rows)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pos[mid + 1] <= diagonal - mid - 1:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    threads = merge_threads(rows)
+    assert threads == 512 and merge_threads(10**9) == MAX_THREADS and merge_threads(1) == 128
+    share = -(-(rows + nnz) // threads)
+    ends, seen = [], []
+    for t in range(threads):
+        first, last = min(t * share, rows + nnz), min(t * share + share, rows + nnz)
+        row = split(first)
+        nz = first - row
+        assert pos[row] <= nz <= pos[min(row + 1, rows)] if row < rows else nz == nnz
+        for _ in range(first, last):
+            if nz < pos[row + 1]:
+                seen.append(nz)
+                nz += 1
+            else:
+                ends.append(row)
+                row += 1
+    assert ends == list(range(rows)) and seen == list(range(nnz))
+
+
+def test_the_merge_path_runs_for_skewed_rows_only_when_enabled(monkeypatch):
+    from support import fake_cupy
+
+    from sparse_mlir.abi.gpu_program import SKEWED_ROW
+
+    record = fake_cupy.install(monkeypatch)
+    rows, cols = 1000, 2 * SKEWED_ROW
+    dense = np.zeros((rows, cols), np.float32)
+    dense[np.arange(rows), np.arange(rows)] = 1
+    dense[3, :] = 1
+    skewed = sm.SparseTensor.from_dense(dense, "csr").to("cuda")
+    x = fake_cupy.device(np.ones(cols, np.float32))
+    kernel = sm.compile(SPMV, formats={"A": "csr"}, dtype="float32", target="cuda", deterministic=True)
+    monkeypatch.delenv("SPARSE_MLIR_MERGE_SPMV", raising=False)
+    kernel(A=skewed, x=x)
+    assert [name for name, *_ in record.launches] == ["spmv"]  # the default until a GPU run confirms the merge path
+    monkeypatch.setenv("SPARSE_MLIR_MERGE_SPMV", "1")
+    stale = fake_cupy.device(np.full(rows, np.nan, np.float32))
+    kernel(A=skewed, x=x, out=stale)
+    assert [name for name, *_ in record.launches[1:]] == ["spmv_merge", "spmv_merge_fixup"]
+    assert np.isnan(stale.host).all()  # every row stored by the merge path: not zeroed first
+    balanced = sm.SparseTensor.from_dense(np.eye(rows, cols, dtype=np.float32), "csr").to("cuda")
+    kernel(A=balanced, x=x)
+    assert record.launches[-1][0] == "spmv"

@@ -173,13 +173,24 @@ def bench_spmv_skewed() -> None:
     expect = ref @ x
     errors = [float(cp.max(cp.abs(k(A=a, x=x) - expect)) / cp.max(cp.abs(expect))) for k in (auto_k, exact_k)]
     split, exact = (gpu_time(lambda k=k: k(A=a, x=x)) for k in (auto_k, exact_k))
+    # the deterministic program's merge path (knobs.merge_spmv), read at each call: on for these calls only
+    os.environ["SPARSE_MLIR_MERGE_SPMV"] = "1"
+    try:
+        merged = exact_k(A=a, x=x)
+        errors.append(float(cp.max(cp.abs(merged - expect)) / cp.max(cp.abs(expect))))
+        repeat = bool(cp.all(exact_k(A=a, x=x) == merged))  # deterministic: bit-identical on a second run
+        merge = gpu_time(lambda: exact_k(A=a, x=x))
+    finally:
+        del os.environ["SPARSE_MLIR_MERGE_SPMV"]
     lib = gpu_time(lambda: ref @ x)
     RESULTS["bench"]["spmv_skewed"] = {"nnz": int(lengths.sum()), "longest_row": int(lengths.max()),
-                                       "split_s": split, "deterministic_s": exact, "cupyx_s": lib,
-                                       "rel_err": errors}
+                                       "split_s": split, "deterministic_s": exact, "merge_path_s": merge,
+                                       "merge_path_repeatable": repeat, "cupyx_s": lib, "rel_err": errors,
+                                       "merge_vs_cupyx": lib / merge}
     print(f"SpMV skewed {rows} rows, longest {int(lengths.max())}, nnz {int(lengths.sum()) / 1e6:.1f}M: "
-          f"split {split * 1e3:.3f} ms, deterministic {exact * 1e3:.3f} ms, cupyx {lib * 1e3:.3f} ms "
-          f"({lib / split:.2f}x), rel err {errors[0]:.1e}/{errors[1]:.1e}")
+          f"split {split * 1e3:.3f} ms, deterministic {exact * 1e3:.3f} ms, merge path {merge * 1e3:.3f} ms "
+          f"({lib / merge:.2f}x cupyx, repeatable {repeat}), cupyx {lib * 1e3:.3f} ms "
+          f"({lib / split:.2f}x), rel err {'/'.join(f'{e:.1e}' for e in errors)}")
 
 
 def as_format(tensor: DeviceSparseTensor, fmt: str) -> DeviceSparseTensor:

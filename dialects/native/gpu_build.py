@@ -82,8 +82,10 @@ def buffer_refs(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, int]:
 class KernelModule:
     """A ``module { gpu.module @kernels { ... } }`` that ``gpu.func``s are added to."""
 
-    def __init__(self) -> None:
-        self.module = ir.Module.parse("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n  }\n}")
+    def __init__(self, module: ir.Module | None = None) -> None:
+        """A new module, or ``module`` (one ``gpu.module`` first, as the other GPU emitters make) to add to."""
+        self.module = module or ir.Module.parse(
+            "module attributes {gpu.container_module} {\n  gpu.module @kernels {\n  }\n}")
         self._body = self.module.body.operations[0].regions[0].blocks[0]
 
     def kernel(self, name: str, params: Sequence[ir.Type], build: Callable[..., None]) -> None:

@@ -92,6 +92,8 @@ class GpuFunction:
         self._implicit: dict[int, Any] = {}  # N:M positions per device
         self._local = threading.local()  # parameter blocks of this Python thread
         self._zeroed = {s: program.needs_zeroed_output(s) for s in (False, True)}  # by skew
+        # the deterministic SpMV's merge path for skewed rows runs only where enabled (``knobs.merge_spmv``)
+        self._merge = any(launch.kernel == "spmv_merge" for launch in program.launches)
         # TMA reads need 16-byte aligned buffers too
         self._aligned = sorted({ref for launch in program.launches for ref in launch.aligned} |
                                {arg.ref for launch in program.launches for arg in launch.args
@@ -128,6 +130,7 @@ class GpuFunction:
         if self._skew_operand is not None:
             tensor = args[self._skew_operand.name]
             skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, self._skew_operand.shape[0])
+            skewed = skewed and (not self._merge or knobs.merge_spmv())
         zero, given = self._zeroed[skewed], out is not None
         if not given:
             out = (cp.zeros if zero else cp.empty)(self.signature.output.shape, dtype=self.signature.output.dtype)

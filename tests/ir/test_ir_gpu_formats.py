@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import pytest
 from ir_helpers import functions, op_counts, planned, static_shapes, verified
-from sparse_mlir.abi.gpu_program import GridRule
 from sparse_mlir.dialects.native.gpu_formats import CHUNK, gpu_format_products
-from sparse_mlir.dialects.native.gpu_reduce import COMBINE, PARTIALS, gpu_total_reduction
+from sparse_mlir.dialects.native.gpu_reduce import (
+    COMBINE,
+    PARTIALS,
+    gpu_total_reduction,
+)
+
+from sparse_mlir.abi.gpu_program import GridRule
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
