@@ -105,3 +105,24 @@ def test_csf_contractions_take_a_thread_per_fiber():
     assert build("Z[i,k] = A[i,j,k] * x[j]") is None  # the sum is not over the last level
     assert build("Z[i,j] = A[i,j,k] * B[k,j]", "coo3") is None
     assert build("Z[i,j] = A[i,j,k] * B[k,j]", dtype="float16") is None
+
+
+def test_the_deterministic_spmv_gets_the_merge_path_for_skewed_rows():
+    from sparse_mlir.dialects.native.gpu_merge import gpu_spmv_merge, merge_threads
+
+    spec = planned(SPMV, {"A": "csr"}, "float64")
+    shapes = static_shapes(spec, EXTENTS)
+    assert gpu_spmv_merge(spec, spec.formats, shapes, deterministic=False) is None  # the atomic split kernel's job
+    found = gpu_spmv_merge(spec, spec.formats, shapes, deterministic=True)
+    verified(found.module)
+    ops = op_counts(found.module)
+    assert not ops["memref.atomic_rmw"] and ops["scf.while"] == 2  # the diagonal search and the carry run
+    assert ops["gpu.shuffle"] == 5  # the lanes-per-row kernel is kept for balanced rows
+    assert [(launch.kernel, launch.when) for launch in found.launches] == [
+        ("spmv", "balanced"), ("spmv_merge", "skewed"), ("spmv_merge_fixup", "skewed")]
+    assert all(launch.fills_output for launch in found.launches)  # every row end is stored once: no zeroing
+    threads = merge_threads(64)
+    assert found.scratch == (((threads,), "int64"), ((threads,), "float64"))
+    assert found.launches[1].grid == (threads // 128, 1, 1)
+    half = planned(SPMV, {"A": "csr"}, "float16")
+    assert gpu_spmv_merge(half, half.formats, static_shapes(half, EXTENTS), deterministic=True) is None
