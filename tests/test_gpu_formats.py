@@ -176,6 +176,10 @@ def test_no_launch_walks_the_operand_on_one_thread_and_ptxas_assembles_it(expr, 
         assert done.returncode == 0, done.stderr
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", done.stderr)]
         assert spills and not any(spills), done.stderr
+        entries = {m.group(1): len(re.findall(r"\.param\s", m.group(2)))
+                   for m in re.finditer(r"\.entry\s+(\w+)\s*\((.*?)\)", ptx, re.DOTALL)}
+        for launch in program.launches:  # the manifest describes exactly each entry point's parameters
+            assert entries[launch.kernel] == launch.param_count(), launch.kernel
 
 
 def test_deterministic_csc_products_stay_on_the_sparsifier_and_other_inputs_are_turned_down():
@@ -308,3 +312,23 @@ def test_the_merge_path_runs_for_skewed_rows_only_when_enabled(monkeypatch):
     balanced = sm.SparseTensor.from_dense(np.eye(rows, cols, dtype=np.float32), "csr").to("cuda")
     kernel(A=balanced, x=x)
     assert record.launches[-1][0] == "spmv"
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_runtime_runs_a_total_reduction_into_a_scalar(monkeypatch, deterministic):
+    from sparse_mlir.dialects.native.gpu_reduce import COMBINE, PARTIALS
+    from support import fake_cupy
+
+    record = fake_cupy.install(monkeypatch)
+    a = sp.random(50, 40, density=0.2, format="coo", dtype=np.float64, random_state=2)
+    kernel = sm.compile(DOT, formats={"A": "coo"}, dtype="float64", target="cuda", deterministic=deterministic)
+    out = kernel(A=sm.SparseTensor.from_scipy(a).to("cuda"), x=fake_cupy.device(np.ones(40)))
+    assert out.shape == () and out.dtype == np.float64
+    names = [name for name, *_ in record.launches]
+    assert names == ["reduce_partials", "reduce_combine"] + (["reduce_final"] if deterministic else [])
+    (_, grid, block, words, _) = record.launches[0]
+    assert grid[0] * block[0] == PARTIALS and words[-3:-1] == [0, PARTIALS]  # the partials: a scratch buffer
+    combine = record.launches[1]
+    assert combine[1][0] * combine[2][0] == COMBINE
+    final = record.launches[-1]
+    assert final[3][-3:] == [out.data.ptr, out.data.ptr, 0]  # s: a rank-0 descriptor, written by the last pass
