@@ -38,6 +38,7 @@ from sparse_mlir.dialects.native.gpu_merge import gpu_spmv_merge
 from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
+from sparse_mlir.dialects.native.spgemm import native_spgemm
 from sparse_mlir.dialects.native.spmm import native_spmm
 from sparse_mlir.dialects.native.spmv import native_spmv
 
@@ -79,6 +80,7 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("linear", lambda spec, shapes, bits: native_linear(spec, spec.formats, shapes, bits)),
     Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes)),
     Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
+    Emitter("spgemm", lambda spec, shapes, bits: native_spgemm(spec, spec.formats, shapes, bits)),
 )
 
 # CUDA: build(spec, shapes, deterministic) -> NativeKernels | None, in the current context

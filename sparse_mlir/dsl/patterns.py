@@ -15,7 +15,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, CSR, Format
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
-           "spmm_epilogue", "linear_epilogue", "sddmm_operands", "threads_sparse_output"]
+           "spmm_epilogue", "linear_epilogue", "sddmm_operands", "spgemm_operands", "threads_sparse_output"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -278,7 +278,26 @@ def _product_factors(node) -> list[Access] | None:
     return None
 
 
+def spgemm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+    """``(A, B)`` when the kernel is ``C[i,j] = A[i,k] * B[k,j]`` (factors in either order) with CSR ``A``, ``B``
+    and ``C``, each with any index widths; ``A`` and ``B`` may be one tensor (``A[i,k] * A[k,j]``)."""
+    if not spec.sparse_output or len(spec.stages) != 1 or spec.output_dtype != spec.dtype:
+        return None
+    stage = spec.stages[0]
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices:
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    factors = _product_factors(stage.body)
+    if factors is None or len(factors) != 2 or not is_csr(formats.get(spec.output)):
+        return None
+    for a, b in (factors, factors[::-1]):
+        if a.index == (i, k) and b.index == (k, j) and is_csr(formats.get(a.tensor)) and is_csr(formats.get(b.tensor)):
+            return a.tensor, b.tensor
+    return None
+
+
 def threads_sparse_output(spec: KernelSpec, formats: dict[str, Format]) -> bool:
-    """Whether a hand-scheduled kernel writes this sparse result with rows in parallel (the SDDMM); the
+    """Whether a hand-scheduled kernel writes this sparse result with rows in parallel (SDDMM, SpGEMM); the
     sparsifier never threads insertion into a sparse output."""
-    return spec.sparse_output and sddmm_operands(spec, formats) is not None
+    return spec.sparse_output and (sddmm_operands(spec, formats) is not None
+                                   or spgemm_operands(spec, formats) is not None)

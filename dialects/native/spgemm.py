@@ -1,0 +1,437 @@
+"""SpGEMM, ``C[i,j] = A[i,k] * B[k,j]`` with CSR ``A``, ``B`` and ``C`` (any index widths), emitted instead of
+sparsified.
+
+The sparsifier lowers this product to one scalar loop nest over rows that
+inserts into ``C`` through its expanded access pattern, serially (it never
+threads insertion into a sparse output).  Here it is Gustavson's algorithm,
+row by row, in two passes over the rows, both threaded:
+
+1. the work of each row (the entries of ``B`` it reads) and its prefix sum
+   split the rows into contiguous *chunks* of about equal work
+   (``MAX_CHUNKS`` at most, fewer when the work is small for the width);
+2. symbolic pass (chunks in parallel): each chunk allocates a bitmap over
+   ``B``'s columns, and each row counts the columns it touches;
+3. a prefix sum of the counts gives ``C``'s positions and its exact size;
+4. numeric pass (chunks in parallel): the same chunks, with a dense
+   accumulator beside the bitmap; a row's entries come out in column
+   order, so ``C``'s columns are sorted and unique within each row (the
+   SparseTensor invariant).
+
+A row with many columns for the width (``WIDE_ROW``) sets bits without a
+branch and is read back from the bitmap 64 columns at a time (``cttz``);
+any other lists its columns as it first touches them and sorts the list
+(``sparse_tensor.sort``).  Entries are structural: a sum that cancels to
+zero stays stored (as in the sparsifier's kernel).  The function has the
+sparse assembler's signature (level buffers in, ``C``'s level buffers out,
+allocated with ``malloc`` so the C entry point hands them to the caller).
+``None`` sizes (a shape-generic build) are read from the buffers: the rows
+from ``A``'s positions, ``B``'s columns as its largest coordinate plus one.
+Built with the MLIR bindings' op builders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mlir import ir
+from mlir.dialects import arith, func, math, memref, scf
+from mlir.dialects import sparse_tensor as st
+from sparse_mlir.dialects.encoding import TYPE_NAMES
+from sparse_mlir.dialects.linalg import KERNEL_NAME
+
+from sparse_mlir.dsl.patterns import spgemm_operands
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import Format
+
+__all__ = ["MAX_CHUNKS", "WIDE_ROW", "native_spgemm"]
+
+MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
+WIDE_ROW = 1024  # a row with at least cols / WIDE_ROW columns is collected from a bitmap, not sorted
+
+Shapes = dict[str, tuple[int | None, ...]]
+
+
+def native_spgemm(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes,
+                  vector_bits: int = 256) -> ir.Module | None:
+    """The SpGEMM module for ``spec`` in the current context, or ``None`` when it does not apply.
+
+    ``vector_bits`` is unused (the kernel is scalar gathers and scatters); it keeps the table's signature.
+    """
+    found = spgemm_operands(spec, formats)
+    if found is None:
+        return None
+    with ir.Location.unknown():
+        return _module(spec, formats, shapes, *found)
+
+
+def _levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
+    """The memref types of a CSR tensor's positions, coordinates and values."""
+    dynamic = ir.ShapedType.get_dynamic_size()
+    widths = (fmt.pos_width or 64, fmt.crd_width or 64)
+    return [ir.MemRefType.get([dynamic], t) for t in (*(ir.IntegerType.get_signless(w) for w in widths), element)]
+
+
+def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, a_name: str, b_name: str) -> ir.Module:
+    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
+    types = {name: _levels(formats[name], element) for name in spec.inputs}
+    out_types = _levels(formats[spec.output], element)
+    module = ir.Module.create()
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]], out_types))
+        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        block = fn.add_entry_block()
+        args = iter(block.arguments)
+        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
+        with ir.InsertionPoint(block):
+            kernel = _Gustavson(*buffers[a_name], *buffers[b_name], element, out_types)
+            func.ReturnOp(kernel.emit(shapes[spec.output][0], shapes[b_name][1]))
+    module.operation.verify()
+    return module
+
+
+def _index(value: int) -> ir.Value:
+    return arith.constant(ir.IndexType.get(), value)
+
+
+def _as_index(value: ir.Value) -> ir.Value:
+    return arith.index_castui(ir.IndexType.get(), value)
+
+
+def _load_index(buffer: ir.Value, at: ir.Value) -> ir.Value:
+    return _as_index(memref.load(buffer, [at]))
+
+
+def _store_as(value: ir.Value, buffer: ir.Value, at: ir.Value) -> None:
+    """Store an index into an integer buffer of its own width (positions and coordinates)."""
+    memref.store(arith.index_castui(ir.MemRefType(buffer.type).element_type, value), buffer, [at])
+
+
+def _for(lower: ir.Value, upper: ir.Value, body: Callable[[ir.Value], None], step: ir.Value | None = None) -> None:
+    loop = scf.ForOp(lower, upper, step if step is not None else _index(1))
+    with ir.InsertionPoint(loop.body):
+        body(loop.induction_variable)
+        scf.YieldOp([])
+
+
+def _reduce(lower: ir.Value, upper: ir.Value, init: ir.Value,
+            body: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
+    """``scf.for`` carrying one value: ``body(index, value)`` returns the next value."""
+    loop = scf.ForOp(lower, upper, _index(1), [init])
+    with ir.InsertionPoint(loop.body):
+        scf.YieldOp([body(loop.induction_variable, loop.inner_iter_args[0])])
+    return loop.results[0]
+
+
+def _parallel(upper: ir.Value, body: Callable[[ir.Value], None]) -> None:
+    """A one-dimensional ``scf.parallel`` from 0 (the CPU pipeline threads it, guided schedule)."""
+    op = scf.ParallelOp([], [_index(0)], [upper], [_index(1)], [])
+    block = op.regions[0].blocks.append(ir.IndexType.get())
+    with ir.InsertionPoint(block):
+        body(block.arguments[0])
+        scf.ReduceOp([], 0)
+
+
+def _if(condition: ir.Value, then: Callable[[], list[ir.Value]], otherwise: Callable[[], list[ir.Value]],
+        types: list[ir.Type]) -> list[ir.Value]:
+    op = scf.IfOp(condition, types, has_else=True)
+    with ir.InsertionPoint(op.then_block):
+        scf.YieldOp(then())
+    with ir.InsertionPoint(op.else_block):
+        scf.YieldOp(otherwise())
+    return list(op.results)
+
+
+def _vector(element: ir.Type) -> ir.MemRefType:
+    return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], element)
+
+
+_I64 = 64  # bits per bitmap word
+
+
+class _Scratch:
+    """One chunk's column bitmap, column list and (numeric pass) accumulator over ``B``'s columns, allocated by
+    the chunk inside its parallel iteration, so each thread reuses its own heap memory from chunk to chunk.
+
+    Between rows the bitmap (one bit per column: it stays in L1 or L2) is
+    clear and the accumulator zero, so a wide row sets bits and adds into
+    the accumulator without a branch, and each row restores both for the
+    next while it writes its entries out.
+    """
+
+    def __init__(self, n_cols: ir.Value, element: ir.Type | None) -> None:
+        c0, c1 = _index(0), _index(1)
+        self.n_cols = n_cols
+        span = arith.maxui(n_cols, c1)
+        self.words = arith.maxui(arith.divui(arith.addi(n_cols, _index(_I64 - 1)), _index(_I64)), c1)
+        self.i64 = ir.IntegerType.get_signless(_I64)
+        self.zero = arith.constant(self.i64, 0)
+        self.bits = memref.alloc(_vector(self.i64), [self.words], [])
+        _for(c0, self.words, lambda w: memref.store(self.zero, self.bits, [w]))
+        self.columns = memref.alloc(_vector(ir.IndexType.get()), [span], [])
+        self.values = None
+        if element is not None:
+            self.values = memref.alloc(_vector(element), [span], [])
+            self.value_zero = arith.constant(element, 0.0 if isinstance(element, ir.FloatType) else 0)
+            _for(c0, span, lambda j: memref.store(self.value_zero, self.values, [j]))
+
+    def free(self) -> None:
+        for buffer in (self.bits, self.columns, self.values):
+            if buffer is not None:
+                memref.dealloc(buffer)
+
+    def _word_and_bit(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
+        at = arith.shrui(j, _index(6))
+        return at, arith.shli(arith.constant(self.i64, 1), arith.index_castui(self.i64, arith.andi(j, _index(63))))
+
+    def mark(self, j: ir.Value, count: ir.Value) -> ir.Value:
+        """Set column ``j``'s bit, branch-free; ``count`` (the walk's carried value) passes through."""
+        at, bit = self._word_and_bit(j)
+        memref.store(arith.ori(memref.load(self.bits, [at]), bit), self.bits, [at])
+        return count
+
+    def mark_first(self, j: ir.Value, count: ir.Value) -> ir.Value:
+        """Set column ``j``'s bit; the first time, list ``j`` at ``count`` and count it."""
+        at, bit = self._word_and_bit(j)
+        word = memref.load(self.bits, [at])
+        clear = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(word, bit), self.zero)
+
+        def fresh() -> list[ir.Value]:
+            memref.store(arith.ori(word, bit), self.bits, [at])
+            memref.store(j, self.columns, [count])
+            return [arith.addi(count, _index(1))]
+
+        return _if(clear, fresh, lambda: [count], [ir.IndexType.get()])[0]
+
+    def unset(self, j: ir.Value) -> None:
+        at, bit = self._word_and_bit(j)
+        keep = arith.xori(bit, arith.constant(self.i64, -1))
+        memref.store(arith.andi(memref.load(self.bits, [at]), keep), self.bits, [at])
+
+    def count_and_clear(self) -> ir.Value:
+        """How many bits are set; clears them."""
+        def word(w: ir.Value, total: ir.Value) -> ir.Value:
+            value = memref.load(self.bits, [w])
+            memref.store(self.zero, self.bits, [w])
+            return arith.addi(total, arith.index_castui(ir.IndexType.get(), math.ctpop(value)))
+
+        return _reduce(_index(0), self.words, _index(0), word)
+
+    def drain(self, visit: Callable[[ir.Value, ir.Value], None]) -> None:
+        """``visit(column, e)`` for every set bit in column order (``e`` counts from 0), clearing the bitmap:
+        a 64-column word at a time, ``cttz`` finding each bit."""
+        index, one = ir.IndexType.get(), arith.constant(self.i64, 1)
+
+        def word(w: ir.Value, e: ir.Value) -> ir.Value:
+            value = memref.load(self.bits, [w])
+
+            def some() -> list[ir.Value]:
+                memref.store(self.zero, self.bits, [w])
+                loop = scf.ForOp(_index(0), arith.index_castui(index, math.ctpop(value)), _index(1), [value, e])
+                with ir.InsertionPoint(loop.body):
+                    rest, k = loop.inner_iter_args
+                    offset = arith.index_castui(index, math.cttz(rest))
+                    visit(arith.addi(arith.muli(w, _index(_I64)), offset), k)
+                    scf.YieldOp([arith.andi(rest, arith.subi(rest, one)), arith.addi(k, _index(1))])
+                return [loop.results[1]]
+
+            return _if(arith.cmpi(arith.CmpIPredicate.ne, value, self.zero), some, lambda: [e], [index])[0]
+
+        _reduce(_index(0), self.words, _index(0), word)
+
+
+class _Gustavson:
+    """The body of the kernel over ``A``'s and ``B``'s level buffers; ``emit`` returns ``C``'s."""
+
+    def __init__(self, a_pos: ir.Value, a_crd: ir.Value, a_val: ir.Value, b_pos: ir.Value, b_crd: ir.Value,
+                 b_val: ir.Value, element: ir.Type, out_types: list[ir.Type]) -> None:
+        self.a_pos, self.a_crd, self.a_val = a_pos, a_crd, a_val
+        self.b_pos, self.b_crd, self.b_val = b_pos, b_crd, b_val
+        self.element, self.out_types = element, out_types
+        self.is_float = isinstance(element, ir.FloatType)
+        self.index = ir.IndexType.get()
+        self.c0, self.c1 = _index(0), _index(1)
+
+    def _row(self, pos: ir.Value, row: ir.Value) -> tuple[ir.Value, ir.Value]:
+        return _load_index(pos, row), _load_index(pos, arith.addi(row, self.c1))
+
+    def _products(self, row: ir.Value, visit: Callable[[ir.Value, ir.Value, ir.Value], ir.Value]) -> ir.Value:
+        """Walk ``A[row, k] * B[k, j]`` for every stored pair, counting from 0: ``visit(p, q, count)`` with ``p``
+        the position in ``A`` and ``q`` in ``B`` returns the next count."""
+        start, stop = self._row(self.a_pos, row)
+
+        def entry(p: ir.Value, carried: ir.Value) -> ir.Value:
+            b_start, b_stop = self._row(self.b_pos, _load_index(self.a_crd, p))
+            return _reduce(b_start, b_stop, carried, lambda q, value: visit(p, q, value))
+
+        return _reduce(start, stop, self.c0, entry)
+
+    def _work(self, row: ir.Value) -> ir.Value:
+        """How many entries of ``B`` row ``row`` of the product reads (its multiply-adds)."""
+        start, stop = self._row(self.a_pos, row)
+
+        def entry(p: ir.Value, work: ir.Value) -> ir.Value:
+            b_start, b_stop = self._row(self.b_pos, _load_index(self.a_crd, p))
+            return arith.addi(work, arith.subi(b_stop, b_start))
+
+        return _reduce(start, stop, self.c0, entry)
+
+    def emit(self, rows: int | None, cols: int | None) -> list[ir.Value]:
+        c0, c1 = self.c0, self.c1
+        n_rows = _index(rows) if rows is not None else arith.subi(memref.dim(self.a_pos, c0), c1)
+        n_cols = _index(cols) if cols is not None else self._column_count()
+        rows1 = arith.addi(n_rows, c1)
+        # 1. the work of each row, prefix-summed in place: offsets[i] = entries of B rows before row i read
+        offsets = memref.alloc(_vector(self.index), [rows1], [])
+        _parallel(n_rows, lambda i: memref.store(self._work(i), offsets, [arith.addi(i, c1)]))
+        work = self._prefix_sum(offsets, n_rows)
+        chunks, starts = self._chunks(offsets, n_rows, n_cols, work)
+        # 2. symbolic: each row's column count, into offsets[i + 1]
+        _parallel(chunks, lambda c: self._symbolic(c, starts, n_cols, offsets))
+        # 3. positions
+        nnz = self._prefix_sum(offsets, n_rows)
+        out_pos = memref.alloc(self.out_types[0], [rows1], [])
+        _for(c0, rows1, lambda i: _store_as(memref.load(offsets, [i]), out_pos, i))
+        out = (memref.alloc(self.out_types[1], [nnz], []), memref.alloc(self.out_types[2], [nnz], []))
+        # 4. numeric
+        _parallel(chunks, lambda c: self._numeric(c, starts, n_cols, offsets, out))
+        memref.dealloc(offsets)
+        memref.dealloc(starts)
+        return [out_pos, *out]
+
+    def _column_count(self) -> ir.Value:
+        """``B``'s columns in a shape-generic build: its largest coordinate plus one (0 when empty)."""
+        return _reduce(self.c0, memref.dim(self.b_crd, self.c0), self.c0,
+                       lambda q, most: arith.maxui(most, arith.addi(_load_index(self.b_crd, q), self.c1)))
+
+    def _prefix_sum(self, offsets: ir.Value, n_rows: ir.Value) -> ir.Value:
+        """``offsets[0] = 0`` and ``offsets[i + 1] += offsets[i]``; returns the total."""
+        memref.store(self.c0, offsets, [self.c0])
+
+        def step(i: ir.Value, total: ir.Value) -> ir.Value:
+            after = arith.addi(i, self.c1)
+            total = arith.addi(total, memref.load(offsets, [after]))
+            memref.store(total, offsets, [after])
+            return total
+
+        return _reduce(self.c0, n_rows, self.c0, step)
+
+    def _chunks(self, offsets: ir.Value, n_rows: ir.Value, n_cols: ir.Value,
+                work: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """How many chunks, and ``starts`` (``chunks + 1`` rows): chunk ``c`` is rows ``starts[c]..starts[c+1]``.
+
+        At most ``MAX_CHUNKS``, the rows, and one per eighth of the columns'
+        worth of work (a chunk zeroes its accumulator, a pass over the
+        columns, once); at least one.  Row ``i`` goes to chunk
+        ``offsets[i] * chunks / work``, so chunks carry about equal work.
+        """
+        c0, c1 = self.c0, self.c1
+        eighth = arith.maxui(arith.divui(n_cols, _index(8)), c1)
+        chunks = arith.minui(arith.minui(_index(MAX_CHUNKS), n_rows), arith.divui(work, eighth))
+        chunks = arith.maxui(chunks, c1)
+        starts = memref.alloc(_vector(self.index), [arith.addi(chunks, c1)], [])
+        _for(c0, arith.addi(chunks, c1), lambda c: memref.store(n_rows, starts, [c]))
+        total = arith.maxui(work, c1)
+        last = arith.subi(chunks, c1)
+
+        def owner(r: ir.Value) -> None:  # rows from the last: each chunk ends up with its first row
+            i = arith.subi(arith.subi(n_rows, c1), r)
+            chunk = arith.minui(arith.divui(arith.muli(memref.load(offsets, [i]), chunks), total), last)
+            memref.store(i, starts, [chunk])
+
+        _for(c0, n_rows, owner)
+
+        def close_gap(r: ir.Value) -> None:  # a chunk no row fell into starts where the next one does
+            c = arith.subi(last, r)
+            following = memref.load(starts, [arith.addi(c, c1)])
+            memref.store(arith.minui(memref.load(starts, [c]), following), starts, [c])
+
+        _for(c0, chunks, close_gap)
+        return chunks, starts
+
+    def _rows_of(self, chunk: ir.Value, starts: ir.Value, body: Callable[[ir.Value], None]) -> None:
+        _for(memref.load(starts, [chunk]), memref.load(starts, [arith.addi(chunk, self.c1)]), body)
+
+    def _wide(self, size: ir.Value, n_cols: ir.Value) -> ir.Value:
+        """Whether a row of ``size`` entries (or products) is read back from the bitmap rather than sorted."""
+        return arith.cmpi(arith.CmpIPredicate.uge, arith.muli(size, _index(WIDE_ROW)), n_cols)
+
+    def _symbolic(self, chunk: ir.Value, starts: ir.Value, n_cols: ir.Value, offsets: ir.Value) -> None:
+        """Count each row's distinct columns into ``offsets[i + 1]``: a row with many products for the width
+        sets bits and counts them; any other lists each column the first time and clears its bits after."""
+        scratch = _Scratch(n_cols, None)
+
+        def row(i: ir.Value) -> None:
+            def wide() -> list[ir.Value]:
+                self._products(i, lambda p, q, count: scratch.mark(_load_index(self.b_crd, q), count))
+                return [scratch.count_and_clear()]
+
+            def narrow() -> list[ir.Value]:
+                count = self._products(i, lambda p, q, count: scratch.mark_first(_load_index(self.b_crd, q), count))
+                _for(self.c0, count, lambda e: scratch.unset(memref.load(scratch.columns, [e])))
+                return [count]
+
+            count = _if(self._wide(self._work(i), n_cols), wide, narrow, [self.index])[0]
+            memref.store(count, offsets, [arith.addi(i, self.c1)])
+
+        self._rows_of(chunk, starts, row)
+        scratch.free()
+
+    def _numeric(self, chunk: ir.Value, starts: ir.Value, n_cols: ir.Value, offsets: ir.Value,
+                 out: tuple[ir.Value, ir.Value]) -> None:
+        """Sum each row into the chunk's accumulator, then write it out in column order, zeroing it behind.
+
+        A row with many columns for the width (``WIDE_ROW``) is read back
+        from the bitmap, 64 columns a word; any other row lists its columns,
+        sorts them and clears their bits one by one.
+        """
+        c0 = self.c0
+        scratch = _Scratch(n_cols, self.element)
+        values = scratch.values
+
+        def row(i: ir.Value) -> None:
+            start = memref.load(offsets, [i])
+            size = arith.subi(memref.load(offsets, [arith.addi(i, self.c1)]), start)
+
+            def accumulate(mark: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+                def visit(p: ir.Value, q: ir.Value, count: ir.Value) -> ir.Value:
+                    j = _load_index(self.b_crd, q)
+                    product = self._mul(memref.load(self.a_val, [p]), memref.load(self.b_val, [q]))
+                    memref.store(self._add(memref.load(values, [j]), product), values, [j])
+                    return mark(j, count)
+
+                self._products(i, visit)
+
+            def write(j: ir.Value, e: ir.Value) -> None:
+                p = arith.addi(start, e)
+                _store_as(j, out[0], p)
+                memref.store(memref.load(values, [j]), out[1], [p])
+                memref.store(scratch.value_zero, values, [j])
+
+            def wide() -> list[ir.Value]:
+                accumulate(scratch.mark)
+                scratch.drain(write)
+                return []
+
+            def narrow() -> list[ir.Value]:
+                accumulate(scratch.mark_first)
+                st.sort(size, scratch.columns, [], ir.AffineMapAttr.get(ir.AffineMap.get_identity(1)),
+                        ir.Attribute.parse("#sparse_tensor<SparseTensorSortAlgorithm hybrid_quick_sort>"), ny=0)
+
+                def entry(e: ir.Value) -> None:
+                    j = memref.load(scratch.columns, [e])
+                    write(j, e)
+                    scratch.unset(j)
+
+                _for(c0, size, entry)
+                return []
+
+            _if(self._wide(size, n_cols), wide, narrow, [])
+
+        self._rows_of(chunk, starts, row)
+        scratch.free()
+
+    def _add(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return arith.addf(x, y) if self.is_float else arith.addi(x, y)
+
+    def _mul(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return arith.mulf(x, y) if self.is_float else arith.muli(x, y)

@@ -1,0 +1,179 @@
+"""The hand-scheduled CPU SpGEMM (``dialects/native/spgemm.py``): CSR x CSR -> CSR against scipy.
+
+What every result must be: the structural product (every column some
+``A[i,k] * B[k,j]`` pair reaches, a product that sums to zero included, as
+the sparsifier's kernel stores it), columns sorted and unique within each
+row, values equal to scipy's (exactly for integers), whatever the dtype,
+index widths, thread count, row lengths and column count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from support.data import DTYPES, random_sparse
+
+import sparse_mlir as sm
+import sparse_mlir.data
+from sparse_mlir.dsl.patterns import spgemm_operands, threads_sparse_output
+from sparse_mlir.formats import CSR
+from sparse_mlir.io import read_matrix
+from sparse_mlir.runtime.threads import fixed, openmp_library
+
+EXPRESSION = "C[i,j] = A[i,k] * B[k,j]"
+SUITESPARSE = Path("/work/shared/data/suitesparse")
+
+
+def _kernel(dtype: str = "float64", a="csr", b="csr", c="csr", expression: str = EXPRESSION):
+    return sm.compile(expression, formats={"A": a, "B": b, "C": c}, dtype=dtype)
+
+
+def _pattern(m: sp.csr_array) -> sp.csr_array:
+    """The stored entries of ``m`` as ones (explicit zeros included)."""
+    return sp.csr_array((np.ones(m.nnz), m.indices, m.indptr), shape=m.shape)
+
+
+def _check(got: sm.SparseTensor, a: sp.csr_array, b: sp.csr_array) -> None:
+    """``got`` is the structural product of ``a`` and ``b`` with scipy's values, rows sorted and unique."""
+    c = got.to_scipy()
+    structure = _pattern(a) @ _pattern(b)
+    structure.sort_indices()
+    np.testing.assert_array_equal(c.indptr, structure.indptr)
+    np.testing.assert_array_equal(c.indices, structure.indices)  # sorted and unique: scipy's sort_indices order
+    if np.issubdtype(c.dtype, np.integer):  # exact, in the kernel's own wrapping arithmetic
+        difference = c - (a.astype(c.dtype) @ b.astype(c.dtype))
+        assert difference.count_nonzero() == 0
+    else:
+        difference = abs(c.astype(np.float64) - a.astype(np.float64) @ b.astype(np.float64))
+        scale = abs(a).astype(np.float64) @ abs(b).astype(np.float64)  # no cancellation in the bound
+        tol = 1e-5 if c.dtype == np.float32 else 1e-12
+        assert np.max((difference - tol * scale).data, initial=0.0) <= 1e-30
+
+
+def _random(rng: np.random.Generator, shape: tuple[int, int], density: float, dtype: str) -> sp.csr_array:
+    return sp.csr_array(random_sparse(rng, shape, density, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_random_products_match_scipy(dtype, rng):
+    a, b = _random(rng, (70, 50), 0.08, dtype), _random(rng, (50, 90), 0.1, dtype)
+    kernel = _kernel(dtype)
+    before = [x.copy() for x in (a.data, a.indices, a.indptr, b.data, b.indices, b.indptr)]
+    _check(kernel(A=sm.SparseTensor.from_scipy(a), B=sm.SparseTensor.from_scipy(b)), a, b)
+    for was, now in zip(before, (a.data, a.indices, a.indptr, b.data, b.indices, b.indptr)):
+        np.testing.assert_array_equal(was, now)  # the operands are only read
+    assert "linalg.generic" not in kernel.ir["input"] and "scf.parallel" in kernel.ir["input"]
+    if openmp_library() is not None:  # threaded: both passes become OpenMP loops
+        assert kernel.ir["mapped"].count("omp.wsloop") >= 3
+
+
+# rows of C short for the width (listed and sorted: about 245 of 300 here) beside long ones (read back from the
+# bitmap), and only long ones
+ROWS = {"mixed": ((300, 200), 0.01, (200, 40000), 0.0003), "bitmap": ((300, 200), 0.3, (200, 700), 0.3)}
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_lengths_and_threads(rows, threads, rng):
+    a_shape, a_density, b_shape, b_density = ROWS[rows]
+    a, b = _random(rng, a_shape, a_density, "float32"), _random(rng, b_shape, b_density, "float32")
+    kernel = _kernel("float32")
+    with fixed(threads):
+        got = kernel(A=a, B=b)
+    _check(got, a, b)
+
+
+def test_empty_rows_columns_and_cancellation(rng):
+    a = _random(rng, (40, 30), 0.2, "float64").tolil()
+    a[5, :] = 0  # an empty row of A: an empty row of C
+    a[:, 7] = 0  # a column of A no entry reaches
+    a[0, :] = 0
+    a[0, 0], a[0, 1] = 1.0, 1.0
+    b = _random(rng, (30, 25), 0.2, "float64").tolil()
+    b[3, :] = 0  # rows of B that A's entries reach but that hold nothing
+    b[11, :] = 0
+    b[0, :], b[1, :] = 0, 0
+    b[0, 2], b[1, 2] = 2.0, -2.0  # C[0, 2] sums to zero: stored all the same
+    a, b = sp.csr_array(a), sp.csr_array(b)
+    got = _kernel()(A=a, B=b)
+    _check(got, a, b)
+    c = got.to_scipy()
+    assert c.indptr[6] == c.indptr[5]
+    assert list(c.indices[:c.indptr[1]]) == [2] and c.data[0] == 0.0
+
+
+@pytest.mark.parametrize("a, b", [
+    (sp.csr_array((6, 4)), sp.csr_array(np.ones((4, 5)))),  # A empty
+    (sp.csr_array(np.eye(6, 4)), sp.csr_array((4, 5))),  # B empty
+    (sp.csr_array(np.array([[1.0, 2.0, 0, 0]] * 3)),
+     sp.csr_array(np.array([[0, 0, 0], [0, 0, 0], [3.0, 0, 1.0], [0, 4.0, 0]]))),  # disjoint: no pair meets
+])
+def test_empty_results(a, b):
+    got = _kernel()(A=a, B=b)
+    assert got.nnz == 0 and got.shape == (a.shape[0], b.shape[1])
+    _check(got, a, b)
+
+
+@pytest.mark.parametrize("widths", [((64, 64), (32, 32), (32, 32)), ((32, 32), (64, 64), (64, 32)),
+                                    ((64, 32), (32, 64), (64, 64))])
+def test_index_widths(widths, rng):
+    (ap, ac), (bp, bc), (cp, cc) = widths
+    a, b = _random(rng, (60, 45), 0.1, "int64"), _random(rng, (45, 80), 0.1, "int64")
+    kernel = _kernel("int64", CSR.with_widths(ap, ac), CSR.with_widths(bp, bc), CSR.with_widths(cp, cc))
+    assert spgemm_operands(kernel.spec, kernel.spec.formats) == ("A", "B")
+    got = kernel(A=sm.SparseTensor.from_scipy(a, CSR.with_widths(ap, ac)),
+                 B=sm.SparseTensor.from_scipy(b, CSR.with_widths(bp, bc)))
+    assert got.format == CSR.with_widths(cp, cc)
+    assert [buffer.dtype.itemsize * 8 for buffer in got.buffers[:2]] == [cp, cc]
+    _check(got, a, b)
+
+
+def test_factor_order_and_one_tensor_twice(rng):
+    a, b = _random(rng, (30, 30), 0.15, "int32"), _random(rng, (30, 30), 0.15, "int32")
+    swapped = _kernel("int32", expression="C[i,j] = B[k,j] * A[i,k]")
+    _check(swapped(A=a, B=b), a, b)
+    square = sm.compile("C[i,j] = A[i,k] * A[k,j]", formats={"A": "csr", "C": "csr"}, dtype="int32")
+    assert spgemm_operands(square.spec, square.spec.formats) == ("A", "A")
+    _check(square(A=a), a, a)
+
+
+def _real_matrices() -> list[Path]:
+    bundled = Path(sparse_mlir.data.__file__).parent
+    found = [bundled / "west0479.mtx.gz", bundled / "karate.mtx.gz"]
+    # the shared SuiteSparse files whose square fits a test (arrow's is dense: 46500^2)
+    return found + [SUITESPARSE / f"{name}.mtx.gz" for name in ("bcsstk13", "cryg2500", "rajat01", "zenios")
+                    if (SUITESPARSE / f"{name}.mtx.gz").is_file()]
+
+
+@pytest.mark.parametrize("path", _real_matrices(), ids=lambda p: p.name)
+def test_real_matrices_squared(path):
+    a = sp.csr_array(read_matrix(path))
+    a.sum_duplicates()
+    a.sort_indices()
+    if a.shape[0] != a.shape[1]:
+        pytest.skip("not square")
+    with fixed(2):
+        _check(_kernel()(A=a, B=a), a, a)
+
+
+def test_what_is_not_an_spgemm_is_left_to_the_sparsifier():
+    def matched(expression: str, formats: dict) -> bool:
+        spec = sm.compile(expression, formats=formats, dtype="float32").spec
+        return spgemm_operands(spec, spec.formats) is not None
+
+    assert matched(EXPRESSION, {"A": "csr", "B": "csr", "C": "csr"})
+    assert not matched(EXPRESSION, {"A": "csr", "B": "csc", "C": "csr"})
+    assert not matched(EXPRESSION, {"A": "csr", "B": "csr", "C": "coo"})
+    assert not matched(EXPRESSION, {"A": "csr", "B": "csr"})  # a dense result
+    assert not matched(EXPRESSION, {"A": "csr", "C": "csr"})  # a dense B
+    assert not matched("C[i,j] = A[i,k] * B[k,j] * 2.0", {"A": "csr", "B": "csr", "C": "csr"})
+    assert not matched("C[i,j] = A[i,k] * B[j,k]", {"A": "csr", "B": "csr", "C": "csr"})
+    assert not matched("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "B": "csr", "C": "csr"})
+
+
+def test_the_openmp_runtime_is_linked_for_it():
+    spec = _kernel().spec
+    assert threads_sparse_output(spec, spec.formats)
