@@ -55,7 +55,8 @@ def _emulate(expr: str, fmt: Format, dense: dict[str, np.ndarray], tmp_path, det
         llvm = cpu.loops_to_llvm(module, sig)
     path = tmp_path / f"emulated_{abs(hash((expr, str(fmt), deterministic, skewed)))}.so"
     toolchain.compile_shared_library(llvm, path, cpu="native", opt_level=1)
-    out = np.full(shapes[spec.output], np.nan, dtype=spec.output_dtype)
+    stale = np.nan if spec.output_dtype.kind == "f" else -12345  # kernels that skip zeroing store it all
+    out = np.full(shapes[spec.output], stale, dtype=spec.output_dtype)
     return NativeFunction(path, sig)(args, out, out.shape)
 
 
@@ -70,7 +71,7 @@ def _matrix(rng: np.random.Generator, rows: int, cols: int, dtype: str) -> np.nd
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 @pytest.mark.parametrize(("name", "widths"), [("coo", (32, 32)), ("coo", (64, 16)), ("csc", (16, 8)),
                                               ("csc", (64, 64)), ("dcsr", (32, 32)), ("dcsr", (0, 8))])
 def test_spmv_and_spmm_of_other_formats_when_emulated(name, widths, dtype, deterministic, tmp_path):
@@ -86,7 +87,7 @@ def test_spmv_and_spmm_of_other_formats_when_emulated(name, widths, dtype, deter
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
 @pytest.mark.parametrize("name", ["csr", "coo", "csc", "dcsr"])
 def test_total_reductions_when_emulated(name, dtype, deterministic, tmp_path):
     rng = np.random.default_rng(12)
@@ -107,7 +108,7 @@ def test_total_reduction_of_a_three_dimensional_csf_tensor_when_emulated(tmp_pat
     np.testing.assert_allclose(got, a.sum(), rtol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
 @pytest.mark.parametrize(("expr", "dense_index"), [("Z[i,j] = A[i,j,k]*B[k,j]", "kj"), ("Z[i,j] = x[k]*A[i,j,k]", "k"),
                                                    ("Z[i,j] = A[i,j,k]*D[i,k]", "ik")])
 @pytest.mark.parametrize("widths", [(32, 32), (64, 8)])
@@ -165,6 +166,11 @@ def test_no_launch_walks_the_operand_on_one_thread_and_ptxas_assembles_it(expr, 
     atomic = any(k.kernel in ("coo_spmv_chunks", "csc_spmv", "csc_spmm") or
                  (k.kernel == "reduce_combine" and not k.fills_output) for k in program.launches)
     assert atomic == (not deterministic and (name == "csc" or expr in (SUM, DOT) or expr == SPMV and name == "coo"))
+    _assemble(program, tmp_path)
+
+
+def _assemble(program, tmp_path) -> None:
+    """ptxas assembles every chip's PTX without spills, and the manifest matches each entry's parameters."""
     tool = cuda_toolkit.ptxas()
     if tool is None:
         pytest.skip("ptxas not found")
@@ -180,6 +186,17 @@ def test_no_launch_walks_the_operand_on_one_thread_and_ptxas_assembles_it(expr, 
                    for m in re.finditer(r"\.entry\s+(\w+)\s*\((.*?)\)", ptx, re.DOTALL)}
         for launch in program.launches:  # the manifest describes exactly each entry point's parameters
             assert entries[launch.kernel] == launch.param_count(), launch.kernel
+
+
+@pytest.mark.parametrize(("expr", "name", "dtype"), [(SPMV, "coo", "int32"), (SPMM, "csc", "int64"),
+                                                     (DOT, "dcsr", "int64"), ("Z[i,j] = A[i,j,k]*B[k,j]", "csf",
+                                                                              "int32")])
+def test_integer_kernels_are_parallel_too(expr, name, dtype, tmp_path):
+    shapes = {"A": (20, 30, 40), "B": (40, 30)} if name == "csf" else \
+        {"A": (300, 200), "x": (200,)} if "x[" in expr else {"A": (300, 200), "B": (200, 70)}
+    program = _program(expr, name, shapes, dtype=dtype)
+    assert program.notes == ("native",)
+    _assemble(program, tmp_path)
 
 
 def test_deterministic_csc_products_stay_on_the_sparsifier_and_other_inputs_are_turned_down():

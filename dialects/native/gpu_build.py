@@ -19,8 +19,28 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["BLOCK", "WARP", "KernelModule", "buffer_refs", "const", "dense_type", "element_type", "float_type",
-           "global_thread", "index_type", "level_buffer_types", "load_index", "search", "sum_range", "when"]
+__all__ = [
+    "BLOCK",
+    "WARP",
+    "KernelModule",
+    "add",
+    "atomic_add",
+    "buffer_refs",
+    "const",
+    "dense_type",
+    "element_type",
+    "float_type",
+    "fma",
+    "global_thread",
+    "index_type",
+    "level_buffer_types",
+    "load_index",
+    "mul",
+    "search",
+    "sum_range",
+    "when",
+    "zero",
+]
 
 BLOCK = 128  # threads per block, as the other GPU kernels
 WARP = 32
@@ -41,15 +61,45 @@ def float_type(name: str) -> ir.Type:
 
 
 def element_type(spec: KernelSpec) -> ir.Type | None:
-    """The data's MLIR float type, or ``None`` (no kernel here) unless float32 or float64 with no ``out_dtype``.
+    """The data's MLIR type, or ``None`` (no kernel here) unless float32, float64, int32 or int64 with no
+    ``out_dtype``.
 
     float16 needs float32 sums (the CSR kernels do that); these kernels sum
-    in the data's own type.
+    in the data's own type (integers wrap, as on the CPU).
     """
     name = TYPE_NAMES.get(spec.dtype.name)
-    if name not in ("f32", "f64") or spec.output_dtype != spec.dtype:
+    if name not in ("f32", "f64", "i32", "i64") or spec.output_dtype != spec.dtype:
         return None
-    return float_type(name)
+    return float_type(name) if name.startswith("f") else ir.IntegerType.get_signless(int(name[1:]))
+
+
+def _is_float(value_or_type: ir.Value | ir.Type) -> bool:
+    kind = value_or_type.type if isinstance(value_or_type, ir.Value) else value_or_type
+    return not isinstance(kind, ir.IntegerType)
+
+
+def zero(elt: ir.Type) -> ir.Value:
+    """0 of the data's type."""
+    return arith.constant(elt, 0.0 if _is_float(elt) else 0)
+
+
+def add(a: ir.Value, b: ir.Value) -> ir.Value:
+    return arith.addf(a, b) if _is_float(a) else arith.addi(a, b)
+
+
+def mul(a: ir.Value, b: ir.Value) -> ir.Value:
+    return arith.mulf(a, b) if _is_float(a) else arith.muli(a, b)
+
+
+def fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """``a * b + c``: one fused ``math.fma`` for floats (as the CSR kernels), multiply and add for integers."""
+    return math.fma(a, b, c) if _is_float(a) else arith.addi(arith.muli(a, b), c)
+
+
+def atomic_add(value: ir.Value, target: ir.Value, indices: Sequence[ir.Value]) -> None:
+    """``target[indices] += value`` atomically (``addf`` or ``addi``)."""
+    kind = arith.AtomicRMWKind.addf if _is_float(value) else arith.AtomicRMWKind.addi
+    memref.atomic_rmw(kind, value, target, list(indices))
 
 
 def level_buffer_types(fmt: Format, elt: ir.Type) -> list[ir.Type]:
@@ -142,11 +192,11 @@ def search(buffer: ir.Value, lo: ir.Value, hi: ir.Value, key: ir.Value, above: b
 
 def sum_range(lo: ir.Value, hi: ir.Value, step: ir.Value, zero: ir.Value,
               term: Callable[[ir.Value], ir.Value | tuple[ir.Value, ir.Value]]) -> ir.Value:
-    """``sum over k in range(lo, hi, step)`` of ``term(k)``: a value, or a pair ``(a, b)`` added as ``fma(a, b)``."""
+    """``sum over k in range(lo, hi, step)`` of ``term(k)``: a value, or a pair ``(a, b)`` added as ``fma(a, b, acc)``."""
     loop = scf.ForOp(lo, hi, step, [zero])
     with ir.InsertionPoint(loop.body):
         k, acc = loop.induction_variable, loop.inner_iter_args[0]
         value = term(k)
-        total = math.fma(value[0], value[1], acc) if isinstance(value, tuple) else arith.addf(acc, value)
+        total = fma(value[0], value[1], acc) if isinstance(value, tuple) else add(acc, value)
         scf.YieldOp([total])
     return loop.results[0]

@@ -30,6 +30,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     search,
     sum_range,
     when,
+    zero,
 )
 
 from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch
@@ -93,8 +94,7 @@ def gpu_csf_fibers(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes)
                 return memref.load(val, [k]), memref.load(dense, [coords[n] for n in d_index])
 
             start, end = load_index(pos2, fiber), load_index(pos2, arith.addi(fiber, const(1)))
-            zero = arith.constant(elt, 0.0)
-            memref.store(sum_range(start, end, const(1), zero, term), z, [i, j])
+            memref.store(sum_range(start, end, const(1), zero(elt), term), z, [i, j])
 
     kernels.kernel("csf_fibers", [*level_buffer_types(fmt, elt), dense_type(shapes[d], elt),
                                   dense_type(out_shape, elt)], build)

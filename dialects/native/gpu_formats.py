@@ -31,22 +31,26 @@ import math as pymath
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, gpu, math, memref, scf
+from mlir.dialects import arith, gpu, memref, scf
 from sparse_mlir.dialects.native.gpu import NativeKernels
 from sparse_mlir.dialects.native.gpu_build import (
     BLOCK,
     WARP,
     KernelModule,
+    atomic_add,
     buffer_refs,
     const,
     dense_type,
     element_type,
+    fma,
     global_thread,
     level_buffer_types,
     load_index,
+    mul,
     search,
     sum_range,
     when,
+    zero,
 )
 
 from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch
@@ -142,8 +146,7 @@ def _product(val: ir.Value, crd: ir.Value, x: ir.Value) -> Callable[[ir.Value], 
 
 
 def _zero(memref_value: ir.Value) -> ir.Value:
-    elt = ir.MemRefType(memref_value.type).element_type
-    return arith.constant(elt, 0.0)
+    return zero(ir.MemRefType(memref_value.type).element_type)
 
 
 def _below(value: ir.Value, bound: ir.Value) -> ir.Value:
@@ -180,11 +183,11 @@ def _coo_spmv_chunks(pos0, crd0, crd1, val, x, y) -> None:
             row = load_index(crd0, k)
             changed = arith.cmpi(arith.CmpIPredicate.ne, row, current)
             with when(changed):  # the previous row's run ended: add it
-                memref.atomic_rmw(arith.AtomicRMWKind.addf, acc, y, [current])
+                atomic_add(acc, y, [current])
             start = arith.select(changed, _zero(y), acc)
             a, xj = _product(val, crd1, x)(k)
-            scf.YieldOp([math.fma(a, xj, start), row])
-        memref.atomic_rmw(arith.AtomicRMWKind.addf, loop.results[0], y, [loop.results[1]])
+            scf.YieldOp([fma(a, xj, start), row])
+        atomic_add(loop.results[0], y, [loop.results[1]])
 
 
 def _dcsr_spmv(pos0, crd0, pos1, crd1, val, x, y) -> None:
@@ -205,8 +208,7 @@ def _csc_spmv(columns: int) -> Callable[..., None]:
             loop = scf.ForOp(load_index(pos1, column), load_index(pos1, arith.addi(column, const(1))), const(1))
             with ir.InsertionPoint(loop.body):
                 k = loop.induction_variable
-                product = arith.mulf(memref.load(val, [k]), xj)
-                memref.atomic_rmw(arith.AtomicRMWKind.addf, product, y, [load_index(crd1, k)])
+                atomic_add(mul(memref.load(val, [k]), xj), y, [load_index(crd1, k)])
                 scf.YieldOp([])
     return build
 
@@ -266,8 +268,7 @@ def _csc_spmm(inner: int, cols: int) -> Callable[..., None]:
                 a, row = memref.load(val, [k]), load_index(crd1, k)
 
                 def scatter(j: ir.Value) -> None:
-                    product = arith.mulf(a, memref.load(b, [column, j]))
-                    memref.atomic_rmw(arith.AtomicRMWKind.addf, product, c, [row, j])
+                    atomic_add(mul(a, memref.load(b, [column, j])), c, [row, j])
 
                 _warp_columns(cols, scatter)
                 scf.YieldOp([])

@@ -28,6 +28,7 @@ from sparse_mlir.dialects.native.gpu import NativeKernels
 from sparse_mlir.dialects.native.gpu_build import (
     BLOCK,
     KernelModule,
+    atomic_add,
     buffer_refs,
     const,
     dense_type,
@@ -37,6 +38,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     load_index,
     sum_range,
     when,
+    zero,
 )
 
 from sparse_mlir.abi.gpu_program import KernelArg, Launch
@@ -117,7 +119,7 @@ def gpu_total_reduction(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
 
 
 def _zero(buffer: ir.Value) -> ir.Value:
-    return arith.constant(ir.MemRefType(buffer.type).element_type, 0.0)
+    return zero(ir.MemRefType(buffer.type).element_type)
 
 
 def _partials(x: str | None):
@@ -149,7 +151,7 @@ def _combine(deterministic: bool):
             if deterministic:
                 memref.store(total, target, [thread])
             else:
-                memref.atomic_rmw(arith.AtomicRMWKind.addf, total, target, [])
+                atomic_add(total, target, [])
     return build
 
 

@@ -60,7 +60,9 @@ def test_kernels_are_turned_down_where_they_do_not_apply():
     assert _products(SPMV, "csc", deterministic=True) is None  # atomics only: the sparsifier keeps it
     assert _products(SPMV, "csr", deterministic=False) is None  # the CSR kernels' job
     assert _products(SPMV, "coo", deterministic=False, dtype="float16") is None  # float16 sums in float32 elsewhere
-    assert _products(SPMV, "coo", deterministic=False, dtype="int32") is None
+    ints = _products(SPMV, "coo", deterministic=False, dtype="int32")  # integers: addi atomics, muli + addi
+    assert ints is not None and op_counts(ints.module)["memref.atomic_rmw"] == 2
+    assert "addi" in str(ints.module) and "math.fma" not in str(ints.module)
     assert _products("C[i,j] = A[i,k] * B[k,j] + b[j]", "coo", deterministic=False) is None
 
 
