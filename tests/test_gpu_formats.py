@@ -75,7 +75,7 @@ def _matrix(rng: np.random.Generator, rows: int, cols: int, dtype: str) -> np.nd
 @pytest.mark.parametrize(("name", "widths"), [("coo", (32, 32)), ("coo", (64, 16)), ("csc", (16, 8)),
                                               ("csc", (64, 64)), ("dcsr", (32, 32)), ("dcsr", (0, 8))])
 def test_spmv_and_spmm_of_other_formats_when_emulated(name, widths, dtype, deterministic, tmp_path):
-    if name == "csc" and deterministic:
+    if name == "csc" and deterministic and dtype.startswith("float"):
         pytest.skip("a deterministic CSC product is left to the sparsifier (test_deterministic_csc_...)")
     rng = np.random.default_rng(11)
     fmt = FORMATS[name].with_widths(*widths)

@@ -98,7 +98,8 @@ def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
     """The parallel SpMV or SpMM for a COO, CSC or DCSR ``A`` (module docstring), or ``None`` when it does not apply.
 
     ``None`` too for float16 (summed in float16 otherwise), for dynamic
-    sizes, and for CSC when ``deterministic`` (its kernels add atomically).
+    sizes, and for float CSC when ``deterministic`` (its kernels add
+    atomically; integer sums do not depend on the order).
     """
     elt, found = element_type(spec), product_operands(spec, formats)
     if elt is None or found is None:
@@ -106,7 +107,9 @@ def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
     a, b = found
     fmt, kind = formats[a], _kind(formats[a])
     out_shape = shapes[spec.output]
-    if any(s is None for s in (*shapes[a], *shapes[b], *out_shape)) or (kind == "csc" and deterministic):
+    # integer atomic sums are the same in any order: deterministic whatever the order of the additions
+    if any(s is None for s in (*shapes[a], *shapes[b], *out_shape)) or \
+            (kind == "csc" and deterministic and spec.dtype.kind == "f"):
         return None
     refs = buffer_refs(spec, formats)
     buffers = tuple(KernelArg("buffer", refs[a] + n, (None,)) for n in range(len(fmt.buffer_names)))
