@@ -131,8 +131,9 @@ def test_csf_contractions_run_a_thread_per_fiber_when_emulated(expr, dense_index
 def test_an_empty_operand_gives_zeros_when_emulated(tmp_path):
     a = np.zeros((20, 10))
     x = np.ones(10)
-    for name in ("coo", "dcsr", "csc"):
-        np.testing.assert_array_equal(_emulate(SPMV, FORMATS[name], {"A": a, "x": x}, tmp_path, False), 0.0)
+    for name, deterministic in (("coo", False), ("coo", True), ("dcsr", False), ("csc", False)):
+        got = _emulate(SPMV, FORMATS[name], {"A": a, "x": x}, tmp_path, deterministic)
+        np.testing.assert_array_equal(got, 0.0)
     assert _emulate(SUM, COO, {"A": a}, tmp_path, True) == 0.0
 
 
@@ -241,7 +242,7 @@ def test_runtime_launches_the_format_kernels_and_zeroes_only_what_they_accumulat
     nnz = a.nnz
     stored_rows = int((np.diff(a.indptr) > 0).sum())
     assert calls[("coo", False)] == (("coo_spmv_chunks", (-(-nnz // (128 * 16)), 1, 1)), False)  # zeroed: atomics
-    assert calls[("coo", True)] == (("coo_spmv", (4, 1, 1)), True)  # stores every row: not zeroed first
+    assert calls[("coo", True)] == (("coo_spmv_fixup", (4, 1, 1)), False)  # 512 carries; zeroed: empty rows
     assert calls[("dcsr", True)] == (("dcsr_spmv", (-(-stored_rows // 128), 1, 1)), False)  # rows not stored: 0
     assert calls[("csc", False)] == (("csc_spmv", (3, 1, 1)), False)
 
@@ -349,3 +350,19 @@ def test_the_runtime_runs_a_total_reduction_into_a_scalar(monkeypatch, determini
     assert combine[1][0] * combine[2][0] == COMBINE
     final = record.launches[-1]
     assert final[3][-3:] == [out.data.ptr, out.data.ptr, 0]  # s: a rank-0 descriptor, written by the last pass
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_segmented_coo_spmv_splits_a_long_row_across_threads_when_emulated(dtype, tmp_path):
+    """A 3000-entry row carried through hundreds of shares, runs of empty rows, rows of one entry."""
+    rng = np.random.default_rng(21)
+    lengths = rng.integers(0, 3, 300)
+    lengths[[0, 299, 150, 151, 152]] = 0
+    lengths[77] = 3000
+    cols = 4000
+    a = np.zeros((300, cols))
+    for row, n in enumerate(lengths):
+        a[row, rng.choice(cols, n, replace=False)] = rng.integers(1, 4, n)
+    x = rng.integers(-2, 3, cols).astype(dtype)
+    a = a.astype(dtype)
+    np.testing.assert_array_equal(_emulate(SPMV, COO, {"A": a, "x": x}, tmp_path, True), a @ x)

@@ -6,12 +6,13 @@ a COO, CSC or DCSR SpMV is such a nest (its outer level is compressed, or
 the reduction is the outer loop).  These kernels map the same products onto
 many threads instead, built with the bindings' op builders:
 
-* **COO** (row-sorted coordinates ``crd0``, ``crd1``): deterministic, a
-  thread (SpMV) or a warp (SpMM) per row finds the row's entries by binary
-  search over ``crd0``, sums them in order and stores the row; with
-  ``deterministic=False`` the SpMV instead gives every thread ``CHUNK``
-  consecutive nonzeros whatever their rows (balanced for skewed rows) and
-  adds each run of one row's partial sum into ``y`` atomically.
+* **COO** (row-sorted coordinates ``crd0``, ``crd1``): the SpMV gives every
+  thread ``CHUNK`` consecutive nonzeros whatever their rows (balanced for
+  skewed rows) and adds each run of one row's partial sum into ``y``
+  atomically; deterministic, it is a segmented reduction with carries fixed
+  up in order instead (``gpu_segments``).  The SpMM gives a warp per row,
+  which finds the row's entries by binary search over ``crd0``, sums them
+  in order and stores the row.
 * **DCSR** (stored rows ``crd0`` with positions ``pos1``): a thread (SpMV)
   or a warp (SpMM) per stored row, the grid sized from the stored rows at
   launch (``GridRule``); rows not stored stay zero (the runtime zeroes ``y``).
@@ -52,6 +53,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     when,
     zero,
 )
+from sparse_mlir.dialects.native.gpu_segments import segmented_spmv
 
 from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch
 from sparse_mlir.dsl.ast import Access, Binary
@@ -122,10 +124,12 @@ def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
     if kind == "coo" and not cols and not deterministic:
         kernels.kernel("coo_spmv_chunks", params, _coo_spmv_chunks)
         launch = Launch("coo_spmv_chunks", GridRule(buffers[1].ref, BLOCK * CHUNK), (BLOCK, 1, 1), args)
+    elif kind == "coo" and not cols:
+        launches, scratch = segmented_spmv(kernels, params, args, rows)
+        return NativeKernels(kernels.module, launches, scratch)
     elif kind == "coo":
-        name = "coo_spmm" if cols else "coo_spmv"
-        kernels.kernel(name, params, _coo_spmm(rows, cols) if cols else _coo_spmv(rows))
-        launch = Launch(name, _threads(rows * (WARP if cols else 1)), (BLOCK, 1, 1), args, fills_output=True)
+        kernels.kernel("coo_spmm", params, _coo_spmm(rows, cols))
+        launch = Launch("coo_spmm", _threads(rows * WARP), (BLOCK, 1, 1), args, fills_output=True)
     elif kind == "dcsr":
         name = "dcsr_spmm" if cols else "dcsr_spmv"
         kernels.kernel(name, params, _dcsr_spmm(cols) if cols else _dcsr_spmv)
@@ -161,16 +165,6 @@ def _coo_row(crd0: ir.Value, row: ir.Value) -> tuple[ir.Value, ir.Value]:
     nnz = memref.dim(crd0, const(0))
     start = search(crd0, const(0), nnz, row, above=False)
     return start, search(crd0, start, nnz, row, above=True)
-
-
-def _coo_spmv(rows: int) -> Callable[..., None]:
-    """A thread per row: its entries found by binary search, summed in order; every ``y[i]`` stored."""
-    def build(pos0, crd0, crd1, val, x, y) -> None:
-        row = global_thread()
-        with when(_below(row, const(rows))):
-            start, end = _coo_row(crd0, row)
-            memref.store(sum_range(start, end, const(1), _zero(y), _product(val, crd1, x)), y, [row])
-    return build
 
 
 def _coo_spmv_chunks(pos0, crd0, crd1, val, x, y) -> None:

@@ -38,6 +38,7 @@ from sparse_mlir.dialects.native.gpu import NativeKernels, gpu_spmv
 from sparse_mlir.dialects.native.gpu_build import (
     BLOCK,
     KernelModule,
+    add,
     const,
     dense_type,
     element_type,
@@ -46,6 +47,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     level_buffer_types,
     load_index,
     when,
+    zero,
 )
 
 from sparse_mlir.abi.gpu_program import KernelArg, Launch
@@ -53,7 +55,7 @@ from sparse_mlir.dsl.patterns import spmv_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["MAX_THREADS", "gpu_spmv_merge", "merge_threads"]
+__all__ = ["MAX_THREADS", "carry_fixup", "gpu_spmv_merge", "merge_threads"]
 
 MAX_THREADS = 1 << 18  # about one resident thread per H200 core slot: a share of ~200 items at 50M nonzeros
 Shapes = dict[str, tuple[int | None, ...]]
@@ -94,7 +96,7 @@ def gpu_spmv_merge(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes,
     y_t = dense_type((rows,), elt)
     kernels.kernel("spmv_merge", [pos_t, crd_t, val_t, dense_type((cols,), elt), y_t, rows_t, sums_t],
                    _merge(rows, threads))
-    kernels.kernel("spmv_merge_fixup", [rows_t, sums_t, y_t], _fixup(rows, threads))
+    kernels.kernel("spmv_merge_fixup", [rows_t, sums_t, y_t], carry_fixup(rows, threads))
     grid = (threads // BLOCK, 1, 1)
     launches = (replace(base.launches[0], when="balanced"),
                 Launch("spmv_merge", grid, (BLOCK, 1, 1), (pos, crd, val, x_arg, y_arg, carry_rows, carry_sums),
@@ -156,8 +158,12 @@ def _merge(rows: int, threads: int):
     return build
 
 
-def _fixup(rows: int, threads: int):
-    """Pass 2: the first thread carrying a row adds every carry of that row, in order, to ``y[row]``."""
+def carry_fixup(rows: int, threads: int):
+    """Pass 2: the first thread carrying a row adds every carry of that row, in order, to ``y[row]``.
+
+    Shared with the segmented COO SpMV (``gpu_segments``): ``threads``
+    carries ``(row, sum)``, a row's in consecutive threads, row ``rows`` for none.
+    """
     def build(carry_rows, carry_sums, y) -> None:
         idx = index_type()
         elt = ir.MemRefType(carry_sums.type).element_type
@@ -173,7 +179,7 @@ def _fixup(rows: int, threads: int):
                           arith.cmpi(arith.CmpIPredicate.ne, previous, row))
         real = arith.cmpi(arith.CmpIPredicate.ult, row, const(rows))
         with when(arith.andi(leads, real)):
-            loop = scf.WhileOp([idx, elt], [thread, arith.constant(elt, 0.0)])
+            loop = scf.WhileOp([idx, elt], [thread, zero(elt)])
             before = loop.before.blocks.append(idx, elt)
             with ir.InsertionPoint(before):
                 at, acc = before.arguments
@@ -187,6 +193,6 @@ def _fixup(rows: int, threads: int):
             after = loop.after.blocks.append(idx, elt)
             with ir.InsertionPoint(after):
                 at, acc = after.arguments
-                scf.YieldOp([arith.addi(at, const(1)), arith.addf(acc, memref.load(carry_sums, [at]))])
-            memref.store(arith.addf(memref.load(y, [row]), loop.results[1]), y, [row])
+                scf.YieldOp([arith.addi(at, const(1)), add(acc, memref.load(carry_sums, [at]))])
+            memref.store(add(memref.load(y, [row]), loop.results[1]), y, [row])
     return build

@@ -35,7 +35,6 @@ def _checked(found) -> dict:
 
 
 @pytest.mark.parametrize(("expression", "fmt", "deterministic", "kernel", "atomics", "searches"), [
-    (SPMV, "coo", True, "coo_spmv", 0, 2),
     (SPMV, "coo", False, "coo_spmv_chunks", 2, 0),
     (SPMM, "coo", False, "coo_spmm", 0, 2),
     (SPMV, "dcsr", False, "dcsr_spmv", 0, 0),
@@ -54,6 +53,15 @@ def test_each_format_gets_its_parallel_kernel(expression, fmt, deterministic, ke
         assert launch.grid == GridRule(ref=1, per_block=128 * CHUNK)  # from the stored entries, at launch
     if fmt == "dcsr":
         assert launch.grid == GridRule(ref=1, per_block=4 if expression == SPMM else 128)  # from the stored rows
+
+
+def test_the_deterministic_coo_spmv_is_a_segmented_reduction():
+    found = _products(SPMV, "coo", True)
+    ops = _checked(found)
+    assert [launch.kernel for launch in found.launches] == ["coo_spmv_segments", "coo_spmv_fixup"]
+    assert not ops["memref.atomic_rmw"] and ops["scf.while"] == 1  # only the fix-up's run over one row's carries
+    assert not any(launch.fills_output for launch in found.launches)  # rows without nonzeros: zeroed by the runtime
+    assert found.scratch == (((128,), "int64"), ((128,), "float32"))  # one carry per thread of merge_threads(64)
 
 
 def test_kernels_are_turned_down_where_they_do_not_apply():
