@@ -14,7 +14,9 @@ reloads were loaded moments before (L1).  Column tiles come in
 tiers (``T`` vectors, then one, then scalars for the last columns); block
 rows run as an ``scf.parallel`` loop that the CPU pipeline threads.  Same
 function signature as the sparse assembler's, so the C entry point is
-shared; every element of C is stored (``FILLS_OUTPUT``).
+shared; every element of C is stored (``FILLS_OUTPUT``).  A ``None`` row
+count (a shape-generic build) is read from ``C``; the C entry point has
+checked that it is a multiple of ``bm``.
 """
 
 from __future__ import annotations

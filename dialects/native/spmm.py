@@ -15,7 +15,9 @@ threads like any other.  The kernel stores every element of C
 (``FILLS_OUTPUT``: the C entry point skips zeroing it).  The function has exactly the signature
 the sparse assembler would have given (level buffers, then dense memrefs,
 returning C), so the C entry point and everything after it are shared with
-sparsified kernels.  ``native_spmm`` matches a planned spec; ``spmm_module``
+sparsified kernels; sizes left ``None`` (a shape-generic build) are read
+from ``C`` (rows) and ``B`` (columns of A, groups of N:M rows).
+``native_spmm`` matches a planned spec; ``spmm_module``
 builds the module from a ``SpmmProblem`` (format, sizes, inputs, bias or
 epilogue: no spec), which ``native_linear`` also uses for its middle stage.
 """
