@@ -12,17 +12,22 @@ the input, weight and bias gradients.  Compared, in this one process:
   differentiates);
 * ``SparseLinear`` at 90% unstructured (CSR) and at 2:4.
 
-``python benchmarks/sparse_linear_training.py [--rows 128 512] [--repeats 15]``.
-Times are medians of ``--repeats`` steps after a warm-up step; the ratio is
-the baseline's time over ours (above 1: ours is faster).  On a shared
-machine run it a few times and compare medians.
+``python benchmarks/sparse_linear_training.py [--rows 128 512] [--rounds 7] [--repeats 5] [--threads N]``.
+The variants take turns, round after round (``interleaved``); times are
+medians over rounds, ratios the median of per-round ratios of the
+baseline's time over ours (above 1: ours is faster).  On a shared
+machine run it a few times and compare medians; ``--threads 1`` is the
+figure to trust there (torch's 2-thread pool stalls for milliseconds per
+parallel region when other processes hold the cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from sparse_mlir.timing import median_seconds
@@ -39,6 +44,14 @@ def step(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, upstrea
     return run
 
 
+def forward_only(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
+    """The layer's inference call (no graph kept), for the share of a step the forward takes."""
+    def run() -> None:
+        with torch.no_grad():
+            layer(x)
+    return run
+
+
 def torch_sparse_layer(sparse: SparseLinear) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[torch.Tensor]]:
     """The same pruned weight as a ``torch.sparse`` COO tensor that requires grad."""
     coords, values = sparse.weight.to_coo()
@@ -48,33 +61,58 @@ def torch_sparse_layer(sparse: SparseLinear) -> tuple[Callable[[torch.Tensor], t
     return (lambda x: torch.sparse.mm(weight, x.t()).t() + bias), [weight, bias]
 
 
+def interleaved(variants: dict[str, Callable[[], None]], rounds: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per step of each variant, ``rounds`` times, the variants taking turns within each round.
+
+    Taking turns puts every variant under the same background load (a shared
+    machine's load drifts over seconds), so per-round ratios are fairer than
+    ratios of separately taken medians.
+    """
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, run in variants.items():
+            times[name].append(median_seconds(run, repeats=repeats))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[128, 512])
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=5, help="steps per round (their median is the round's time)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch and for our kernels (default: each library's own default)")
     args = parser.parse_args()
+    if args.threads is not None:  # both sides get the same number (ours reads it at each kernel call)
+        torch.set_num_threads(args.threads)
+        os.environ["SPARSE_MLIR_NUM_THREADS"] = str(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of {args.repeats} steps, float32; "
-          f"ratio = baseline / ours (above 1: ours faster)")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32; {args.rounds} rounds of "
+          f"{args.repeats} steps, variants taking turns; medians over rounds; ratio = baseline / ours, the median of "
+          f"the per-round ratios (above 1: ours faster)")
     for in_features, out_features in ((384, 1536), (1536, 384)):
         dense = torch.nn.Linear(in_features, out_features)
         layers = {"90% csr": SparseLinear.from_linear(dense, sparsity=0.9),
                   "2:4": SparseLinear.from_linear(dense, pattern="2:4")}
+        coo, coo_params = torch_sparse_layer(layers["90% csr"])
         for rows in args.rows:
             x = torch.randn(rows, in_features, requires_grad=True)
             upstream = torch.randn(rows, out_features)
-            base = median_seconds(step(dense, x, upstream, list(dense.parameters())), repeats=args.repeats)
-            print(f"Linear({in_features}, {out_features}), {rows} rows: dense torch {base * 1e3:.3f} ms")
+            variants = {"dense torch.nn.Linear": step(dense, x, upstream, list(dense.parameters())),
+                        "torch.sparse COO 90%": step(coo, x, upstream, coo_params)}
             for name, sparse in layers.items():
-                ours = median_seconds(step(sparse, x, upstream, list(sparse.parameters())), repeats=args.repeats)
-                with torch.no_grad():
-                    forward = median_seconds(lambda s=sparse, x=x: s(x), repeats=args.repeats)
-                line = (f"  SparseLinear {name}: {ours * 1e3:.3f} ms (forward alone {forward * 1e3:.3f} ms), "
-                        f"dense/ours {base / ours:.2f}x")
-                if name == "90% csr":
-                    layer, params = torch_sparse_layer(sparse)
-                    theirs = median_seconds(step(layer, x, upstream, params), repeats=args.repeats)
-                    line += f"; torch.sparse COO {theirs * 1e3:.3f} ms, torch.sparse/ours {theirs / ours:.2f}x"
+                variants[f"SparseLinear {name}"] = step(sparse, x, upstream, list(sparse.parameters()))
+                variants[f"SparseLinear {name}, forward only"] = forward_only(sparse, x)
+            times = interleaved(variants, args.rounds, args.repeats)
+            base = times["dense torch.nn.Linear"]
+            print(f"Linear({in_features}, {out_features}), {rows} rows, forward + backward:")
+            for name, samples in times.items():
+                line = f"  {name}: {np.median(samples) * 1e3:.3f} ms"
+                if name.startswith("SparseLinear") and "forward" not in name:
+                    line += f", dense/ours {np.median(np.divide(base, samples)):.2f}x"
+                    if "90%" in name:
+                        coo_times = times["torch.sparse COO 90%"]
+                        line += f", torch.sparse/ours {np.median(np.divide(coo_times, samples)):.2f}x"
                 print(line)
 
 

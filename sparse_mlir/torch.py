@@ -129,7 +129,7 @@ class Pruning:
 
     def __str__(self) -> str:
         what = f"{self.pattern[0]}:{self.pattern[1]}" if self.pattern else f"sparsity={self.sparsity:.3g}"
-        return f"{what}, {self.format}"
+        return f"{what} stored as {self.format}"
 
 
 class SparseLinear(nn.Module):

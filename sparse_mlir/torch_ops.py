@@ -138,24 +138,24 @@ def _(x, values, bias, levels, pattern, fmt, shape):
 
 
 @torch.library.custom_op("sparse_mlir::linear_grad_input", mutates_args=())
-def _grad_input(grad: torch.Tensor, values: torch.Tensor, t_pos: torch.Tensor, t_crd: torch.Tensor,
+def _grad_input(grad_t: torch.Tensor, values: torch.Tensor, t_pos: torch.Tensor, t_crd: torch.Tensor,
                 t_order: torch.Tensor, shape: list[int]) -> torch.Tensor:
-    """``dX = dY W`` as the Linear kernel on ``W^T`` (CSR): ``dXt[i,b] = WT[i,o] * dYt[o,b]``."""
+    """``dX = dY W`` as the Linear kernel on ``W^T`` (CSR): ``dXt[i,b] = WT[i,o] * dYt[o,b]``, given ``dYt``."""
     out_features, in_features = shape
     fmt = _csr_width(values.numel(), max(shape))
-    w_t = SparseTensor(fmt, (in_features, out_features), (_numpy(t_pos), _numpy(t_crd), _numpy(values[t_order])),
-                       validate=False)
+    gathered = np.take(_numpy(values), _numpy(t_order))  # numpy: torch's thread pool stalls on a busy machine
+    w_t = SparseTensor(fmt, (in_features, out_features), (_numpy(t_pos), _numpy(t_crd), gathered), validate=False)
     kernel = _kernel(_LINEAR, (("W", CSR),), str(w_t.dtype))
-    return torch.from_numpy(kernel(W=w_t, Xt=np.ascontiguousarray(_numpy(grad).T))).t()
+    return torch.from_numpy(kernel(W=w_t, Xt=_numpy(grad_t))).t()
 
 
 @_grad_input.register_fake
-def _(grad, values, t_pos, t_crd, t_order, shape):
-    return grad.new_empty((shape[1], grad.shape[0])).t()
+def _(grad_t, values, t_pos, t_crd, t_order, shape):
+    return grad_t.new_empty((shape[1], grad_t.shape[1])).t()
 
 
 @torch.library.custom_op("sparse_mlir::linear_grad_values", mutates_args=())
-def _grad_values(grad: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, crd: torch.Tensor, stored: torch.Tensor,
+def _grad_values(grad_t: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, crd: torch.Tensor, stored: torch.Tensor,
                  shape: list[int]) -> torch.Tensor:
     """The gradient of each stored value: the SDDMM ``S * (dY^T X)`` over ``W``'s pattern, in ``W``'s order."""
     nnz = crd.numel()
@@ -163,13 +163,12 @@ def _grad_values(grad: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, crd: to
     dtype = _numpy(x).dtype
     ones = SparseTensor(fmt, tuple(shape), (_numpy(pos), _numpy(crd), np.ones(nnz, dtype)), validate=False)
     kernel = _kernel(_SDDMM, (("S", CSR), ("D", CSR)), str(dtype))
-    values = torch.from_numpy(kernel(S=ones, Gt=np.ascontiguousarray(_numpy(grad).T),
-                                     X=np.ascontiguousarray(_numpy(x))).values.copy())
-    return values[stored] if stored.numel() else values
+    values = kernel(S=ones, Gt=_numpy(grad_t), X=np.ascontiguousarray(_numpy(x))).values
+    return torch.from_numpy(np.take(values, _numpy(stored)) if stored.numel() else values.copy())
 
 
 @_grad_values.register_fake
-def _(grad, x, pos, crd, stored, shape):
+def _(grad_t, x, pos, crd, stored, shape):
     return x.new_empty((crd.numel(),))
 
 
@@ -196,8 +195,10 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad: torch.Tensor):
     x, values, pos, crd, stored, t_pos, t_crd, t_order = ctx.saved_tensors
     need_x, need_values, need_bias = ctx.needs_input_grad[:3]
-    grad_x = _grad_input(grad, values, t_pos, t_crd, t_order, ctx.shape) if need_x else None
-    grad_values = _grad_values(grad, x, pos, crd, stored, ctx.shape) if need_values else None
+    # dY^T, read by both products: free when dY is itself a transposed view (a SparseLinear's input gradient)
+    grad_t = grad.t().contiguous() if need_x or need_values else grad
+    grad_x = _grad_input(grad_t, values, t_pos, t_crd, t_order, ctx.shape) if need_x else None
+    grad_values = _grad_values(grad_t, x, pos, crd, stored, ctx.shape) if need_values else None
     grad_bias = _grad_bias(grad) if need_bias and ctx.has_bias else None
     levels, pattern = ctx.lists
     return grad_x, grad_values, grad_bias, [None] * levels, [None] * pattern, None, None

@@ -4,6 +4,7 @@ torch.compile traces through the custom operators, dense checkpoints are re-prun
 from __future__ import annotations
 
 import copy
+import io
 
 import numpy as np
 import pytest
@@ -146,8 +147,8 @@ def test_a_dense_checkpoint_is_pruned_again_with_a_warning():
     with torch.no_grad():
         for layer_ in dense:
             if isinstance(layer_, torch.nn.Linear):
-                layer_.weight.mul_(-3.0)  # other weights than the ones the model was pruned from
-    with pytest.warns(UserWarning, match=r"0.weight: a dense weight \(8, 16\) .* pruning it again \(2:4, 2:4\): "
+                layer_.weight.copy_(torch.randn_like(layer_.weight))  # not the weights the model was pruned from
+    with pytest.warns(UserWarning, match=r"0.weight: a dense weight \(8, 16\) .* pruning it again \(2:4 stored as 2:4\): "
                                          r"64 of 128 entries stored, 50.0% sparse"):
         result = model.load_state_dict(dense.state_dict())
     assert not result.missing_keys and not result.unexpected_keys
@@ -191,9 +192,16 @@ def test_torch_jit_script_is_refused_and_trace_works():
         torch.testing.assert_close(traced(x), model(x))
 
 
-def test_a_deep_copy_trains_on_its_own():
+@pytest.mark.parametrize("duplicate", ["deepcopy", "torch.save"])
+def test_a_copy_of_the_model_is_a_model_of_its_own(duplicate):
     model = sparsify(torch.nn.Sequential(torch.nn.Linear(8, 4)), sparsity=0.5)
-    twin = copy.deepcopy(model)
+    if duplicate == "deepcopy":
+        twin = copy.deepcopy(model)
+    else:
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        twin = torch.load(buffer, weights_only=False)
     with torch.no_grad():
         twin[0].weight_values.zero_()
         twin[0].bias.zero_()
