@@ -129,9 +129,10 @@ def main() -> None:
                                        {"A": spmv_big, "x": (spmv_big[1],)}, emitter))
         plan["spmm_big"].append(export(out, f"spmm_big_{emitter}", "spmm", "csr", "float32",
                                        {"A": (spmm_big, spmm_big), "B": (spmm_big, spmm_big)}, emitter))
-    for fmt in SPMV_FORMATS:
-        plan["spmv_formats"].append(export(out, f"spmv_big_{fmt}", "spmv", fmt, "float32",
-                                           {"A": spmv_big, "x": (spmv_big[1],)}))
+    for fmt, deterministic in [*((f, False) for f in SPMV_FORMATS), ("coo", True)]:
+        name = f"spmv_big_{fmt}" + ("_deterministic" if deterministic else "")
+        plan["spmv_formats"].append(export(out, name, "spmv", fmt, "float32", {"A": spmv_big, "x": (spmv_big[1],)},
+                                           deterministic=deterministic))
     (out / "dlmc").mkdir()
     shapes_done: dict[tuple[int, int], str] = {}
     matrices = sorted((knobs.data_dir() / DLMC).glob("*.smtx.gz")) or sorted(BUILT_IN.glob("dlmc_*.smtx.gz"))
