@@ -125,7 +125,7 @@ def _linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, le
     """``x W^T + b`` for ``x`` of shape ``(rows, in)``: the result is ``(out, rows)`` in memory, seen transposed."""
     del pattern  # the backward's (an input so that setup_context can save it)
     weight = SparseTensor(_format(fmt), tuple(shape), (*map(_numpy, levels), _numpy(values)), validate=False)
-    operands = {"W": weight, "Xt": np.ascontiguousarray(_numpy(x).T)}
+    operands = {"W": weight, "Xt": _numpy(x.t().contiguous())}  # torch's blocked transpose: 3x numpy's
     if bias is not None:
         operands["bias"] = _numpy(bias)
     kernel = _kernel(_LINEAR if bias is None else _LINEAR_BIAS, (("W", weight.format),), str(weight.dtype))
@@ -163,7 +163,7 @@ def _grad_values(grad_t: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, crd: 
     dtype = _numpy(x).dtype
     ones = SparseTensor(fmt, tuple(shape), (_numpy(pos), _numpy(crd), np.ones(nnz, dtype)), validate=False)
     kernel = _kernel(_SDDMM, (("S", CSR), ("D", CSR)), str(dtype))
-    values = kernel(S=ones, Gt=_numpy(grad_t), X=np.ascontiguousarray(_numpy(x))).values
+    values = kernel(S=ones, Gt=_numpy(grad_t), X=_numpy(x.contiguous())).values
     return torch.from_numpy(np.take(values, _numpy(stored)) if stored.numel() else values.copy())
 
 
