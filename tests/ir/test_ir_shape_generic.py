@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 from ir_helpers import op_counts, planned, verified
 from mlir import ir
+from sparse_mlir.dialects import select
+from sparse_mlir.lowering import cpu as cpu_pipeline
+from test_ir_select import DISPATCH, IDS
+
 from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.compiler.driver import generic_shapes
 from sparse_mlir.compiler.emitters import SHAPE_GENERIC_CPU, shape_generic_emitter
-from sparse_mlir.dialects import select
 from sparse_mlir.errors import LoweringError
-from sparse_mlir.lowering import cpu as cpu_pipeline
-from test_ir_select import DISPATCH, IDS
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
