@@ -366,3 +366,16 @@ def test_segmented_coo_spmv_splits_a_long_row_across_threads_when_emulated(dtype
     x = rng.integers(-2, 3, cols).astype(dtype)
     a = a.astype(dtype)
     np.testing.assert_array_equal(_emulate(SPMV, COO, {"A": a, "x": x}, tmp_path, True), a @ x)
+
+
+@pytest.mark.parametrize("name", ["bsr2x2", "2:4"])
+def test_total_sums_of_blocked_and_n_m_operands_when_emulated(name, tmp_path):
+    """Stored zeros (inside blocks, padding N:M groups) add nothing; N:M's implicit positions are passed along."""
+    from support.data import prune_nm
+
+    from sparse_mlir.formats import parse_format
+
+    rng = np.random.default_rng(22)
+    a = rng.integers(-3, 4, (40, 24)).astype(np.float64)
+    a = prune_nm(a, 2, 4) if name == "2:4" else a * np.repeat(np.repeat(rng.random((20, 12)) < 0.3, 2, 0), 2, 1)
+    assert _emulate(SUM, parse_format(name), {"A": a}, tmp_path, True) == a.sum()
