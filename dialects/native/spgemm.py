@@ -43,10 +43,11 @@ from sparse_mlir.dsl.patterns import spgemm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["MAX_CHUNKS", "WIDE_ROW", "native_spgemm"]
+__all__ = ["MAX_CHUNKS", "SHORT_LIST", "WIDE_ROW", "native_spgemm"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
 WIDE_ROW = 1024  # a row with at least cols / WIDE_ROW columns is collected from a bitmap, not sorted
+SHORT_LIST = 32  # a sorted row this short is insertion-sorted inline; longer ones call sparse_tensor.sort
 
 Shapes = dict[str, tuple[int | None, ...]]
 
@@ -153,9 +154,9 @@ class _Scratch:
     the chunk inside its parallel iteration, so each thread reuses its own heap memory from chunk to chunk.
 
     Between rows the bitmap (one bit per column: it stays in L1 or L2) is
-    clear and the accumulator zero, so a wide row sets bits and adds into
-    the accumulator without a branch, and each row restores both for the
-    next while it writes its entries out.
+    clear: each row clears what it set while it writes its entries out (or
+    counts them).  The accumulator and the column list need no setting up:
+    a column's first product in a row overwrites its slot.
     """
 
     def __init__(self, n_cols: ir.Value, element: ir.Type | None) -> None:
@@ -168,11 +169,7 @@ class _Scratch:
         self.bits = memref.alloc(_vector(self.i64), [self.words], [])
         _for(c0, self.words, lambda w: memref.store(self.zero, self.bits, [w]))
         self.columns = memref.alloc(_vector(ir.IndexType.get()), [span], [])
-        self.values = None
-        if element is not None:
-            self.values = memref.alloc(_vector(element), [span], [])
-            self.value_zero = arith.constant(element, 0.0 if isinstance(element, ir.FloatType) else 0)
-            _for(c0, span, lambda j: memref.store(self.value_zero, self.values, [j]))
+        self.values = memref.alloc(_vector(element), [span], []) if element is not None else None
 
     def free(self) -> None:
         for buffer in (self.bits, self.columns, self.values):
@@ -189,18 +186,27 @@ class _Scratch:
         memref.store(arith.ori(memref.load(self.bits, [at]), bit), self.bits, [at])
         return count
 
-    def mark_first(self, j: ir.Value, count: ir.Value) -> ir.Value:
-        """Set column ``j``'s bit; the first time, list ``j`` at ``count`` and count it."""
+    def mark_first(self, j: ir.Value, count: ir.Value, first: Callable[[], None] = lambda: None,
+                   again: Callable[[], None] = lambda: None, listed: bool = True) -> ir.Value:
+        """Set column ``j``'s bit.  The first time in this row, ``first()`` and (``listed``) list ``j`` at
+        ``count`` and count it; else ``again()``.  Returns the count."""
         at, bit = self._word_and_bit(j)
         word = memref.load(self.bits, [at])
         clear = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(word, bit), self.zero)
 
         def fresh() -> list[ir.Value]:
             memref.store(arith.ori(word, bit), self.bits, [at])
+            first()
+            if not listed:
+                return [count]
             memref.store(j, self.columns, [count])
             return [arith.addi(count, _index(1))]
 
-        return _if(clear, fresh, lambda: [count], [ir.IndexType.get()])[0]
+        def seen() -> list[ir.Value]:
+            again()
+            return [count]
+
+        return _if(clear, fresh, seen, [ir.IndexType.get()])[0]
 
     def unset(self, j: ir.Value) -> None:
         at, bit = self._word_and_bit(j)
@@ -223,20 +229,50 @@ class _Scratch:
 
         def word(w: ir.Value, e: ir.Value) -> ir.Value:
             value = memref.load(self.bits, [w])
-
-            def some() -> list[ir.Value]:
-                memref.store(self.zero, self.bits, [w])
-                loop = scf.ForOp(_index(0), arith.index_castui(index, math.ctpop(value)), _index(1), [value, e])
-                with ir.InsertionPoint(loop.body):
-                    rest, k = loop.inner_iter_args
-                    offset = arith.index_castui(index, math.cttz(rest))
-                    visit(arith.addi(arith.muli(w, _index(_I64)), offset), k)
-                    scf.YieldOp([arith.andi(rest, arith.subi(rest, one)), arith.addi(k, _index(1))])
-                return [loop.results[1]]
-
-            return _if(arith.cmpi(arith.CmpIPredicate.ne, value, self.zero), some, lambda: [e], [index])[0]
+            memref.store(self.zero, self.bits, [w])
+            loop = scf.ForOp(_index(0), arith.index_castui(index, math.ctpop(value)), _index(1), [value, e])
+            with ir.InsertionPoint(loop.body):
+                rest, k = loop.inner_iter_args
+                offset = arith.index_castui(index, math.cttz(rest))
+                visit(arith.addi(arith.muli(w, _index(_I64)), offset), k)
+                scf.YieldOp([arith.andi(rest, arith.subi(rest, one)), arith.addi(k, _index(1))])
+            return loop.results[1]
 
         _reduce(_index(0), self.words, _index(0), word)
+
+
+def _sort(buffer: ir.Value, count: ir.Value) -> None:
+    """Sort ``buffer[0:count]`` ascending: short lists by an inline insertion sort (the library sort's calls
+    cost more than the sorting for a row's few columns), longer ones by ``sparse_tensor.sort``."""
+    def insertion() -> list[ir.Value]:
+        index, c0, c1 = ir.IndexType.get(), _index(0), _index(1)
+
+        def place(e: ir.Value) -> None:
+            value = memref.load(buffer, [e])
+            shift = scf.WhileOp([index], [e])
+            before = shift.before.blocks.append(index)
+            with ir.InsertionPoint(before):
+                p = before.arguments[0]
+                inside = arith.cmpi(arith.CmpIPredicate.ugt, p, c0)
+                previous = memref.load(buffer, [arith.select(inside, arith.subi(p, c1), c0)])
+                scf.ConditionOp(arith.andi(inside, arith.cmpi(arith.CmpIPredicate.ugt, previous, value)), [p])
+            after = shift.after.blocks.append(index)
+            with ir.InsertionPoint(after):
+                p = after.arguments[0]
+                below = arith.subi(p, c1)
+                memref.store(memref.load(buffer, [below]), buffer, [p])
+                scf.YieldOp([below])
+            memref.store(value, buffer, [shift.results[0]])
+
+        _for(c1, count, place)
+        return []
+
+    def library() -> list[ir.Value]:
+        st.sort(count, buffer, [], ir.AffineMapAttr.get(ir.AffineMap.get_identity(1)),
+                ir.Attribute.parse("#sparse_tensor<SparseTensorSortAlgorithm hybrid_quick_sort>"), ny=0)
+        return []
+
+    _if(arith.cmpi(arith.CmpIPredicate.ule, count, _index(SHORT_LIST)), insertion, library, [])
 
 
 class _Gustavson:
@@ -319,14 +355,14 @@ class _Gustavson:
                 work: ir.Value) -> tuple[ir.Value, ir.Value]:
         """How many chunks, and ``starts`` (``chunks + 1`` rows): chunk ``c`` is rows ``starts[c]..starts[c+1]``.
 
-        At most ``MAX_CHUNKS``, the rows, and one per eighth of the columns'
-        worth of work (a chunk zeroes its accumulator, a pass over the
-        columns, once); at least one.  Row ``i`` goes to chunk
+        At most ``MAX_CHUNKS``, the rows, and one per 64 columns' worth of
+        work (a chunk clears its bitmap, a word per 64 columns, once); at
+        least one.  Row ``i`` goes to chunk
         ``offsets[i] * chunks / work``, so chunks carry about equal work.
         """
         c0, c1 = self.c0, self.c1
-        eighth = arith.maxui(arith.divui(n_cols, _index(8)), c1)
-        chunks = arith.minui(arith.minui(_index(MAX_CHUNKS), n_rows), arith.divui(work, eighth))
+        words = arith.maxui(arith.divui(n_cols, _index(_I64)), c1)
+        chunks = arith.minui(arith.minui(_index(MAX_CHUNKS), n_rows), arith.divui(work, words))
         chunks = arith.maxui(chunks, c1)
         starts = memref.alloc(_vector(self.index), [arith.addi(chunks, c1)], [])
         _for(c0, arith.addi(chunks, c1), lambda c: memref.store(n_rows, starts, [c]))
@@ -378,7 +414,8 @@ class _Gustavson:
 
     def _numeric(self, chunk: ir.Value, starts: ir.Value, n_cols: ir.Value, offsets: ir.Value,
                  out: tuple[ir.Value, ir.Value]) -> None:
-        """Sum each row into the chunk's accumulator, then write it out in column order, zeroing it behind.
+        """Sum each row into the chunk's accumulator (a column's first product overwrites its slot), then write
+        it out in column order.
 
         A row with many columns for the width (``WIDE_ROW``) is read back
         from the bitmap, 64 columns a word; any other row lists its columns,
@@ -392,12 +429,13 @@ class _Gustavson:
             start = memref.load(offsets, [i])
             size = arith.subi(memref.load(offsets, [arith.addi(i, self.c1)]), start)
 
-            def accumulate(mark: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+            def accumulate(listed: bool) -> None:
                 def visit(p: ir.Value, q: ir.Value, count: ir.Value) -> ir.Value:
                     j = _load_index(self.b_crd, q)
                     product = self._mul(memref.load(self.a_val, [p]), memref.load(self.b_val, [q]))
-                    memref.store(self._add(memref.load(values, [j]), product), values, [j])
-                    return mark(j, count)
+                    return scratch.mark_first(
+                        j, count, lambda: memref.store(product, values, [j]),
+                        lambda: memref.store(self._add(memref.load(values, [j]), product), values, [j]), listed)
 
                 self._products(i, visit)
 
@@ -405,17 +443,15 @@ class _Gustavson:
                 p = arith.addi(start, e)
                 _store_as(j, out[0], p)
                 memref.store(memref.load(values, [j]), out[1], [p])
-                memref.store(scratch.value_zero, values, [j])
 
             def wide() -> list[ir.Value]:
-                accumulate(scratch.mark)
+                accumulate(listed=False)
                 scratch.drain(write)
                 return []
 
             def narrow() -> list[ir.Value]:
-                accumulate(scratch.mark_first)
-                st.sort(size, scratch.columns, [], ir.AffineMapAttr.get(ir.AffineMap.get_identity(1)),
-                        ir.Attribute.parse("#sparse_tensor<SparseTensorSortAlgorithm hybrid_quick_sort>"), ny=0)
+                accumulate(listed=True)
+                _sort(scratch.columns, size)
 
                 def entry(e: ir.Value) -> None:
                     j = memref.load(scratch.columns, [e])
