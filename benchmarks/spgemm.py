@@ -165,8 +165,9 @@ def main() -> None:
     for name, a in matrices.items():
         row = table[name]
         times = "  ".join(f"{col} {row[col] * 1e3:.2f}" for col in columns if col in row)
-        ratios = "  ".join(f"{col}/ours {row[col] / row['ours']:.2f}" for col in columns[2:] if col in row)
-        print(f"{name} ({a.shape[0]}^2, {a.nnz} entries): {times}\n    {ratios}")
+        print(f"{name} ({a.shape[0]}^2, {a.nnz} entries): {times}")
+        for base in ("ours", "ours 1 thread"):
+            print("    " + "  ".join(f"{col}/{base} {row[col] / row[base]:.2f}" for col in columns[2:] if col in row))
 
 
 if __name__ == "__main__":
