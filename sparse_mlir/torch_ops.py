@@ -145,7 +145,7 @@ def _grad_input(grad_t: torch.Tensor, values: torch.Tensor, t_pos: torch.Tensor,
     fmt = _csr_width(values.numel(), max(shape))
     gathered = np.take(_numpy(values), _numpy(t_order))  # numpy: torch's thread pool stalls on a busy machine
     w_t = SparseTensor(fmt, (in_features, out_features), (_numpy(t_pos), _numpy(t_crd), gathered), validate=False)
-    kernel = _kernel(_LINEAR, (("W", CSR),), str(w_t.dtype))
+    kernel = _kernel(_LINEAR, (("W", fmt),), str(w_t.dtype))
     return torch.from_numpy(kernel(W=w_t, Xt=_numpy(grad_t))).t()
 
 
@@ -162,7 +162,7 @@ def _grad_values(grad_t: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, crd: 
     fmt = _csr_width(nnz, max(shape))
     dtype = _numpy(x).dtype
     ones = SparseTensor(fmt, tuple(shape), (_numpy(pos), _numpy(crd), np.ones(nnz, dtype)), validate=False)
-    kernel = _kernel(_SDDMM, (("S", CSR), ("D", CSR)), str(dtype))
+    kernel = _kernel(_SDDMM, (("S", fmt), ("D", fmt)), str(dtype))
     values = kernel(S=ones, Gt=_numpy(grad_t), X=_numpy(x.contiguous())).values
     return torch.from_numpy(np.take(values, _numpy(stored)) if stored.numel() else values.copy())
 
@@ -175,7 +175,7 @@ def _(grad_t, x, pos, crd, stored, shape):
 @torch.library.custom_op("sparse_mlir::linear_grad_bias", mutates_args=())
 def _grad_bias(grad: torch.Tensor) -> torch.Tensor:
     """The bias gradient: the column sums of ``dY``."""
-    array = np.ascontiguousarray(_numpy(grad))
+    array = _numpy(grad.contiguous())  # rows of dY contiguous: the sums over rows vectorize across columns
     return torch.from_numpy(_kernel(_COLUMN_SUMS, (), str(array.dtype))(G=array))
 
 

@@ -12,6 +12,7 @@ from support.data import require
 
 torch = require("torch")
 
+from sparse_mlir import prune
 from sparse_mlir.errors import OptionError, ShapeError
 from sparse_mlir.torch import SparseLinear, sparsify
 
@@ -47,8 +48,6 @@ def test_gradcheck_input_values_and_bias(options, features, batch):
 
 def test_gradcheck_with_block_storage_and_without_bias():
     """BSR keeps its entries block by block: the values gradient is put back in that order."""
-    from sparse_mlir import prune
-
     torch.manual_seed(1)
     dense = torch.randn(8, 12, dtype=torch.float64)
     weight, _ = prune.block(dense.numpy(), 0.5, (2, 2))
