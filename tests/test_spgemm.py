@@ -19,6 +19,7 @@ from support.data import DTYPES, random_sparse
 import sparse_mlir as sm
 import sparse_mlir.data
 from sparse_mlir.dsl.patterns import spgemm_operands, threads_sparse_output
+from sparse_mlir.errors import DTypeError, InvalidIndicesError, ShapeError
 from sparse_mlir.formats import CSR
 from sparse_mlir.io import read_matrix
 from sparse_mlir.runtime.threads import fixed, openmp_library
@@ -177,3 +178,15 @@ def test_what_is_not_an_spgemm_is_left_to_the_sparsifier():
 def test_the_openmp_runtime_is_linked_for_it():
     spec = _kernel().spec
     assert threads_sparse_output(spec, spec.formats)
+
+
+def test_bad_operands_are_named_errors():
+    kernel = _kernel()
+    with pytest.raises(ShapeError, match="index 'k'"):
+        kernel(A=sp.csr_array(np.ones((5, 4))), B=sp.csr_array(np.ones((3, 6))))
+    wild = sp.csr_array(np.ones((5, 4)))
+    wild.indices[3] = 9  # a column past A's width: it would index B's positions out of bounds
+    with pytest.raises(InvalidIndicesError):
+        kernel(A=wild, B=sp.csr_array(np.ones((4, 6))))
+    with pytest.raises(DTypeError):
+        kernel(A=sp.csr_array(np.ones((5, 4))), B=sp.csr_array(np.ones((4, 6), dtype=np.float32)))
