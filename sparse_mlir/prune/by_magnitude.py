@@ -29,10 +29,10 @@ from sparse_mlir.prune.masks import (
 )
 from sparse_mlir.tensor.host import SparseTensor
 
-__all__ = ["magnitude", "n_m", "block", "prune_by_magnitude"]
+__all__ = ["magnitude", "n_m", "block", "by_magnitude"]
 
 
-def prune_by_magnitude(weights: Any, pattern: Pattern, format: Format | str | None = None
+def by_magnitude(weights: Any, pattern: Pattern, format: Format | str | None = None
                        ) -> tuple[SparseTensor, np.ndarray]:
     """Keep what ``pattern`` keeps of ``weights`` ranked by magnitude (blocks by their L2 norm)."""
     w = weights_array(weights)
@@ -44,16 +44,16 @@ def prune_by_magnitude(weights: Any, pattern: Pattern, format: Format | str | No
 def magnitude(weights: Any, sparsity: float, *, scope: str = "global",
               format: Format | str = CSR) -> tuple[SparseTensor, np.ndarray]:
     """Remove the ``sparsity`` fraction of smallest-magnitude weights, over the whole matrix or per row."""
-    return prune_by_magnitude(weights, pattern_of(sparsity=sparsity, scope=scope), format)
+    return by_magnitude(weights, pattern_of(sparsity=sparsity, scope=scope), format)
 
 
 def n_m(weights: Any, n: int = 2, m: int = 4, *, format: Format | str | None = None
         ) -> tuple[SparseTensor, np.ndarray]:
     """Keep the ``n`` largest-magnitude weights of every ``m`` consecutive ones in each row (2:4 by default)."""
-    return prune_by_magnitude(weights, pattern_of(pattern=(n, m)), format)
+    return by_magnitude(weights, pattern_of(pattern=(n, m)), format)
 
 
 def block(weights: Any, sparsity: float, shape: tuple[int, int] = (4, 4), *,
           format: Format | str | None = None) -> tuple[SparseTensor, np.ndarray]:
     """Remove whole ``shape`` blocks with the smallest L2 norm (for BSR kernels)."""
-    return prune_by_magnitude(weights, pattern_of(sparsity=sparsity, block=shape), format)
+    return by_magnitude(weights, pattern_of(sparsity=sparsity, block=shape), format)
