@@ -136,3 +136,19 @@ def test_other_layouts_are_converted(rng):
     x = random_values(rng, 5, "float64")
     for matrix in (sp.csr_array(dense), sp.lil_array(dense), sp.dia_array(dense)):
         np.testing.assert_array_equal(sm.compile(SPMV, formats={"A": "csc"})(A=matrix, x=x), dense @ x)
+
+
+def test_a_matrix_passed_again_is_checked_again(rng):
+    dense = random_sparse(rng, (30, 20), 0.4, "float64")
+    matrix = sp.csr_array(dense)
+    kernel = sm.compile(SPMV, formats={"A": "csr"})
+    x = random_values(rng, 20, "float64")
+    np.testing.assert_array_equal(kernel(A=matrix, x=x), dense @ x)
+    matrix.data *= 2  # values changed in place: the zero-copy operand sees them
+    np.testing.assert_array_equal(kernel(A=matrix, x=x), 2 * dense @ x)
+    matrix.indices[0] = 25  # an index changed in place after a call: refused on the next one
+    with pytest.raises(InvalidIndicesError, match="index 25 is out of range"):
+        kernel(A=matrix, x=x)
+    other = sp.csr_array(dense[:, ::-1])
+    matrix.indptr, matrix.indices, matrix.data = other.indptr, other.indices, other.data  # new arrays: new wrapper
+    np.testing.assert_array_equal(kernel(A=matrix, x=x), dense[:, ::-1] @ x)

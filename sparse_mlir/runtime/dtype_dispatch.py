@@ -34,6 +34,7 @@ from sparse_mlir.runtime.kernel import Kernel
 
 __all__ = ["DtypeKernel", "operand_dtype"]
 
+_MIXED = object()  # operands of more than one dtype object: resolved (and refused) by ``operand_dtype``
 _numpy_dtypes: dict[Any, np.dtype] = {}  # an operand's ``.dtype`` (numpy, CuPy or torch) -> numpy dtype
 
 
@@ -81,6 +82,7 @@ class DtypeKernel(Kernel):
         self._build = build
         self._default = default
         self._kernels: dict[np.dtype, Kernel] = {default.spec.dtype: default}
+        self._by_raw: dict[Any, Kernel] = {}  # the operands' own ``.dtype`` object (numpy, torch...) -> kernel
         self._current = default
         self.target = default.target
 
@@ -95,19 +97,35 @@ class DtypeKernel(Kernel):
     def __call__(self, *positional: Any, out: Any = None, **operands: Any) -> Any:
         if positional:
             raise refuse_positional(self)
-        dtype = operand_dtype(operands, self._default.spec.dtype)
-        kernel = self._kernels.get(dtype)
+        # on every call's fixed cost: operands of one dtype carry the very same dtype object, so the common case is
+        # an identity test per operand and one dict lookup; anything else goes through ``operand_dtype``
+        found = None
+        for value in operands.values():
+            raw = getattr(value, "dtype", None)
+            if raw is not None and raw is not found:
+                if found is not None:
+                    found = _MIXED
+                    break
+                found = raw
+        kernel = self._by_raw.get(found)
         if kernel is None:
-            kernel = self._new_kernel(dtype, operands)
+            kernel = self._resolve(operands, found)
         self._current = kernel
         return kernel(out=out, **operands)
 
-    def _new_kernel(self, dtype: np.dtype, operands: Mapping[str, Any]) -> Kernel:
-        names = ", ".join(n for n, v in operands.items() if getattr(v, "dtype", None) is not None)
-        try:
-            return self.kernel_for(dtype)
-        except DTypeError as exc:  # say which operands chose the dtype
-            raise DTypeError(f"operands {names} are {dtype}: {exc}") from None
+    def _resolve(self, operands: Mapping[str, Any], raw: Any) -> Kernel:
+        """The kernel for these operands' dtype (``DTypeError`` if they disagree), remembered by ``raw``."""
+        dtype = operand_dtype(operands, self._default.spec.dtype)
+        kernel = self._kernels.get(dtype)
+        if kernel is None:
+            names = ", ".join(n for n, v in operands.items() if getattr(v, "dtype", None) is not None)
+            try:
+                kernel = self.kernel_for(dtype)
+            except DTypeError as exc:  # say which operands chose the dtype
+                raise DTypeError(f"operands {names} are {dtype}: {exc}") from None
+        if raw is not _MIXED:  # equal dtypes given as different objects are looked up again each time
+            self._by_raw[raw] = kernel
+        return kernel
 
     @property
     def signature(self) -> Signature:
@@ -142,7 +160,7 @@ class DtypeKernel(Kernel):
     def __getattr__(self, name: str) -> Any:
         """Everything else a kernel of one dtype offers (``spec``, ``mlir``, ``schedule``, ``function``...),
         from the kernel of the dtype most recently used (the default before any call)."""
-        if name.startswith("__") or name in ("_current", "_default", "_kernels", "_build"):
+        if name.startswith("__") or name in ("_current", "_default", "_kernels", "_build", "_by_raw"):
             raise AttributeError(name)
         return getattr(self._current, name)
 

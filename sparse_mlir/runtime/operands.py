@@ -9,7 +9,7 @@ import numpy as np
 
 from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
 from sparse_mlir.formats import Format
-from sparse_mlir.tensor.host import SparseTensor, share_scipy
+from sparse_mlir.tensor.host import SparseTensor, at_widths, share_scipy
 
 __all__ = ["prepare", "check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
 
@@ -40,8 +40,11 @@ def check_names(expression: str, inputs: tuple[str, ...], operands: dict[str, An
 def prepare(expression: str, inputs: tuple[tuple[str, Format | None, int], ...], operands: dict[str, Any],
             dtype: np.dtype, target: str) -> dict[str, SparseTensor | np.ndarray]:
     """Check names, then convert each ``(name, format or None, rank)`` input; inputs are never modified."""
-    if len(operands) != len(inputs) or not all(n in operands for n, _, _ in inputs):
+    if len(operands) != len(inputs):
         check_names(expression, tuple(n for n, _, _ in inputs), operands)
+    for n, _, _ in inputs:  # a plain loop, not a set per call: this is on every call's fixed cost
+        if n not in operands:
+            check_names(expression, tuple(n for n, _, _ in inputs), operands)
     return {n: sparse_operand(n, operands[n], fmt, dtype, target) if fmt is not None
             else dense_operand(n, operands[n], rank, dtype, target) for n, fmt, rank in inputs}
 
@@ -66,7 +69,7 @@ def sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype, tar
     if not isinstance(value, SparseTensor):
         raise OperandError(f"operand {name} is declared {declared}; pass a SparseTensor or a scipy.sparse "
                            f"matrix, got {type(value).__name__}")
-    if value.format.with_widths(declared.pos_width, declared.crd_width) != declared:
+    if value.format is not declared and at_widths(value.format, declared.pos_width, declared.crd_width) != declared:
         raise FormatError(f"operand {name} is declared {declared}, but the SparseTensor is {value.format}; "
                           f"convert it (e.g. SparseTensor.from_scipy(t.to_scipy(), '{declared}'))")
     if value.dtype != dtype:

@@ -10,6 +10,7 @@ format's layout (documented zero-copy), and otherwise build new ones.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from sparse_mlir.tensor import storage
 
 # ``SUPPORTED_DTYPES`` and ``check_dtype`` live in ``sparse_mlir.dtypes``; they stay importable from here
 __all__ = ["SparseTensor", "LevelBuffers", "SUPPORTED_DTYPES", "check_dtype", "DEVICES", "register_device",
-           "register_compile", "share_scipy"]
+           "register_compile", "share_scipy", "at_widths"]
 
 DEVICES = ("cpu", "cuda")
 
@@ -352,7 +353,7 @@ def _scipy_layout(matrix: Any) -> tuple[Format, tuple[np.ndarray, ...], int, int
         rows, cols = matrix.shape
         if kind == "bsr":
             bm, bn = matrix.blocksize
-            return BSR(bm, bn), (matrix.indptr, matrix.indices), rows // bm, cols // bn
+            return _bsr(bm, bn), (matrix.indptr, matrix.indices), rows // bm, cols // bn
         return ((CSR, (matrix.indptr, matrix.indices), rows, cols) if kind == "csr" else
                 (CSC, (matrix.indptr, matrix.indices), cols, rows))
     if kind == "coo" and len(matrix.shape) == 2:
@@ -360,15 +361,25 @@ def _scipy_layout(matrix: Any) -> tuple[Format, tuple[np.ndarray, ...], int, int
     return None
 
 
-def _check_scipy_structure(matrix: Any) -> None:
+@functools.lru_cache(maxsize=64)
+def _bsr(bm: int, bn: int) -> Format:
+    return BSR(bm, bn)  # building a Format costs microseconds; a scipy operand's call asks for the same one
+
+
+_UNSIGNED = {np.dtype(t): np.dtype(u) for t, u in (("int8", "uint8"), ("int16", "uint16"), ("int32", "uint32"),
+                                                    ("int64", "uint64"))}
+
+
+def _check_scipy_structure(matrix: Any, layout: tuple | None = None) -> None:
     """Raise ``InvalidIndicesError`` for index buffers a kernel (or scipy itself) would read out of bounds.
 
     Vectorized and copy-free, so it runs on every call with a scipy operand:
     buffer lengths, ``indptr`` from 0 to nnz without decreasing, and every
     index in range, in one pass over the indices (viewed as unsigned, a
     negative index is a huge one).  Order and duplicates are not checked here.
+    ``layout`` is ``_scipy_layout(matrix)`` when the caller has it.
     """
-    layout = _scipy_layout(matrix)
+    layout = layout or _scipy_layout(matrix)
     if layout is None:
         return
     _, index, outer, inner = layout
@@ -382,7 +393,7 @@ def _check_scipy_structure(matrix: Any) -> None:
         _check_index_range(kind, "row index", row, matrix.shape[0])
         _check_index_range(kind, "column index", col, matrix.shape[1])
         return
-    indptr, indices = (np.asarray(b) for b in index)
+    indptr, indices = index
     if indptr.ndim != 1 or indices.ndim != 1 or indptr.size != outer + 1:
         raise InvalidIndicesError(f"{kind} indptr must have {outer + 1} entries, got shape {indptr.shape}")
     if indptr[0] != 0 or (indptr[1:] < indptr[:-1]).any():
@@ -396,8 +407,9 @@ def _check_scipy_structure(matrix: Any) -> None:
 def _check_index_range(kind: str, what: str, indices: np.ndarray, extent: int) -> None:
     if not indices.size:
         return
-    if indices.dtype.kind == "i":  # one pass: a negative index viewed as unsigned is past any extent
-        too_big = int(indices.view(indices.dtype.str.replace("i", "u")).max()) >= extent
+    unsigned = _UNSIGNED.get(indices.dtype)
+    if unsigned is not None:  # one pass: a negative index viewed as unsigned is past any extent
+        too_big = int(indices.view(unsigned).max()) >= extent
     else:
         too_big = indices.min() < 0 or indices.max() >= extent
     if too_big:
@@ -424,30 +436,63 @@ def share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
     Raises ``InvalidIndicesError`` for a broken structure.
     """
     layout = _scipy_layout(matrix)
-    if layout is None or _at_widths(fmt, 32, 32) != layout[0]:
+    if layout is None or (fmt is not layout[0] and at_widths(fmt, 32, 32) != layout[0]):
         return None
     index = layout[1]
-    if not all(type(b) is np.ndarray and b.dtype.kind == "i" and b.itemsize in (4, 8) for b in index):
-        return None
-    _check_scipy_structure(matrix)
+    for b in index:
+        if type(b) is not np.ndarray or b.dtype.kind != "i" or b.itemsize not in (4, 8):
+            return None
+    _check_scipy_structure(matrix, layout)
     if not matrix.has_canonical_format:  # scipy's flag: computed once, after the bounds checks made that safe
         return None
+    known = _wrapped.get(id(matrix))
+    if known is not None:
+        ref, first, second, data, shape, asked, tensor = known
+        if ref() is matrix and first is index[0] and second is index[1] and data is matrix.data \
+                and shape == matrix.shape and asked is fmt:
+            return tensor  # over the very buffer objects just checked
+    tensor = _wrap_scipy(matrix, fmt, index)
+    if tensor is not None:
+        key = id(matrix)
+        _wrapped[key] = (weakref.ref(matrix, lambda _, key=key: _wrapped.pop(key, None)), index[0], index[1],
+                         matrix.data, matrix.shape, fmt, tensor)
+    return tensor
+
+
+# id(matrix) -> (weak reference to it, its two index buffers, data and shape, the format asked for, the tensor over
+# them): a scipy operand passed again comes back as the same tensor, whose native arguments the runtime has cached.
+# Buffers are compared by identity, so a matrix given new arrays gets a new tensor, and values or indices changed
+# in place are seen (and the indices checked again) on the next call; an entry leaves with its matrix.  (scipy
+# matrices are unhashable, so this cannot be a WeakKeyDictionary.)
+_wrapped: dict[int, tuple[Any, ...]] = {}
+
+
+def _wrap_scipy(matrix: Any, fmt: Format, index: tuple[np.ndarray, ...]) -> SparseTensor | None:
+    """The tensor over a checked, canonical matrix's buffers (``None`` for a coo whose row and col differ in
+    width)."""
     data = matrix.data.reshape(-1)
     if matrix.format == "coo":
         row, col = index
         if row.dtype != col.dtype:
             return None
         buffers: tuple[np.ndarray, ...] = (np.array([0, row.size], dtype=row.dtype), row, col, data)
-        shared = _at_widths(fmt, row.itemsize * 8, row.itemsize * 8)
+        shared = at_widths(fmt, row.itemsize * 8, row.itemsize * 8)
     else:
         buffers = (index[0], index[1], data)
-        shared = _at_widths(fmt, index[0].itemsize * 8, index[1].itemsize * 8)
+        shared = at_widths(fmt, index[0].itemsize * 8, index[1].itemsize * 8)
     check_dtype(data.dtype, "scipy matrix values")
     return SparseTensor._trusted(shared, tuple(matrix.shape), buffers)
 
 
-@functools.lru_cache(maxsize=256)
-def _at_widths(fmt: Format, pos_width: int, crd_width: int) -> Format:
+def at_widths(fmt: Format, pos_width: int, crd_width: int) -> Format:
     """``fmt.with_widths(...)``, remembered: building a ``Format`` costs microseconds, and each call with a
-    scipy operand asks for the same few."""
+    scipy operand asks for the same few.  ``fmt`` itself when the widths are its own, so a kernel's declared
+    format object comes back and its operand check is an identity test."""
+    if fmt.pos_width == pos_width and fmt.crd_width == crd_width:
+        return fmt
+    return _with_widths(fmt, pos_width, crd_width)
+
+
+@functools.lru_cache(maxsize=256)
+def _with_widths(fmt: Format, pos_width: int, crd_width: int) -> Format:
     return fmt.with_widths(pos_width, crd_width)
