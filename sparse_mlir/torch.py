@@ -6,7 +6,9 @@ dtype; ``.double()`` switches).  Forward and backward are kernels from the
 MLIR pipeline, called through the custom operators of
 ``sparse_mlir.torch_ops``, so autograd works (gradients for the input, the
 bias and the stored weights only: fine-tuning keeps the mask) and
-``torch.compile`` traces through the layer.  Leading batch dimensions are
+``torch.compile`` and ``torch.export`` trace through the layer (one custom
+operator in the graph); ``torch.jit.script`` is refused (``OptionError``),
+``torch.jit.trace`` records the operator.  Leading batch dimensions are
 flattened into rows.  The layer runs on the CPU; a CUDA weight or input is
 refused (``DeviceError``).
 

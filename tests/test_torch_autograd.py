@@ -207,3 +207,13 @@ def test_a_copy_of_the_model_is_a_model_of_its_own(duplicate):
     x = torch.randn(2, 8)
     with torch.no_grad():
         assert torch.equal(twin(x), torch.zeros(2, 4)) and not torch.equal(model(x), torch.zeros(2, 4))
+
+
+def test_torch_export_keeps_the_layer_as_one_custom_operator():
+    model = sparsify(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4)),
+                     pattern="2:4")
+    x = torch.randn(3, 16)
+    program = torch.export.export(model, (x,))
+    assert program.graph_module.code.count("torch.ops.sparse_mlir.linear.default") == 2
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x))
