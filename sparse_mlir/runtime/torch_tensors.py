@@ -89,7 +89,10 @@ def from_torch(name: str, tensor: Any, torch: Any, *, writable: bool = False) ->
         import scipy.sparse as module
     if tensor.layout == torch.sparse_csr:
         return module.csr_matrix((arrays[0], arrays[1], arrays[2]), shape=tuple(tensor.shape))
-    return module.coo_matrix((arrays[0], (arrays[1], arrays[2])), shape=tuple(tensor.shape))
+    matrix = module.coo_matrix((arrays[0], (arrays[1], arrays[2])), shape=tuple(tensor.shape))
+    if not cuda:
+        matrix.has_canonical_format = True  # coalesced: row-major sorted, no duplicates (bounds are checked anyway)
+    return matrix
 
 
 def to_torch(result: Any, torch: Any) -> Any:
