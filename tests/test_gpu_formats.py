@@ -87,6 +87,25 @@ def test_spmv_and_spmm_of_other_formats_when_emulated(name, widths, dtype, deter
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+@pytest.mark.parametrize("name", ["csr", "csc"])
+def test_transposed_products_scatter_or_gather_by_the_outer_level_when_emulated(name, dtype, deterministic,
+                                                                                tmp_path):
+    """``y[j] = A[i,j] * x[i]``: CSR scatters from each stored row (atomics), CSC gathers each stored column."""
+    if name == "csr" and deterministic and dtype.startswith("float"):
+        pytest.skip("a deterministic float scatter is left to the sparsifier")
+    rng = np.random.default_rng(15)
+    a = _matrix(rng, 90, 70, dtype)
+    x = rng.integers(-2, 3, 90).astype(dtype)
+    b = rng.integers(-2, 3, (90, 33)).astype(dtype)
+    fmt = FORMATS[name]
+    np.testing.assert_array_equal(_emulate("y[j] = A[i,j]*x[i]", fmt, {"A": a, "x": x}, tmp_path, deterministic),
+                                  a.T @ x)
+    np.testing.assert_array_equal(_emulate("C[j,n] = B[i,n]*A[i,j]", fmt, {"A": a, "B": b}, tmp_path,
+                                           deterministic), a.T @ b)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
 @pytest.mark.parametrize("name", ["csr", "coo", "csc", "dcsr"])
 def test_total_reductions_when_emulated(name, dtype, deterministic, tmp_path):
@@ -191,10 +210,14 @@ def _assemble(program, tmp_path) -> None:
 
 @pytest.mark.parametrize(("expr", "name", "dtype"), [(SPMV, "coo", "int32"), (SPMM, "csc", "int64"),
                                                      (DOT, "dcsr", "int64"), ("Z[i,j] = A[i,j,k]*B[k,j]", "csf",
-                                                                              "int32")])
-def test_integer_kernels_are_parallel_too(expr, name, dtype, tmp_path):
+                                                                              "int32"),
+                                                     ("y[j] = A[i,j]*x[i]", "csr", "float32"),
+                                                     ("C[j,n] = B[i,n]*A[i,j]", "csc", "float64")])
+def test_integer_and_transposed_kernels_are_parallel_too(expr, name, dtype, tmp_path):
     shapes = {"A": (20, 30, 40), "B": (40, 30)} if name == "csf" else \
         {"A": (300, 200), "x": (200,)} if "x[" in expr else {"A": (300, 200), "B": (200, 70)}
+    if "[j" in expr.split("=")[0]:  # transposed: the sum runs over A's rows
+        shapes = {"A": (300, 200), "x": (300,)} if "x[" in expr else {"A": (300, 200), "B": (300, 20)}
     program = _program(expr, name, shapes, dtype=dtype)
     assert program.notes == ("native",)
     _assemble(program, tmp_path)
@@ -214,8 +237,10 @@ def test_deterministic_csc_products_stay_on_the_sparsifier_and_other_inputs_are_
         return found, found.formats
 
     assert product_operands(*spec("C[i,j] = A[i,k]*B[k,j] + b[j]")) is None
-    assert product_operands(*spec("y[j] = A[i,j]*x[i]")) is None
+    assert product_operands(*spec("y[j] = A[i,j]*x[i]")) is None  # COO read transposed
     assert product_operands(*spec(SPMV, "csr")) is None  # the CSR kernels take these
+    assert product_operands(*spec("y[j] = A[i,j]*x[i]", "csr")) == ("A", "x")  # CSR read transposed: a scatter
+    assert product_operands(*spec("y[j] = A[i,j]*x[i]", "dcsr")) is None
     assert product_operands(*spec("y[i] = x[j]*A[i,j]")) == ("A", "x")
     assert total_reduction_operands(*spec("s[] = A[i,j]*x[i]")) is None  # x at A's first level: not supported
     assert total_reduction_operands(*spec("s[] = A[i,j]*x[i]", "csc")) == ("A", "x")

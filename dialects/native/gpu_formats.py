@@ -16,11 +16,13 @@ many threads instead, built with the bindings' op builders:
 * **DCSR** (stored rows ``crd0`` with positions ``pos1``): a thread (SpMV)
   or a warp (SpMM) per stored row, the grid sized from the stored rows at
   launch (``GridRule``); rows not stored stay zero (the runtime zeroes ``y``).
-* **CSC** (columns ``pos1``, rows ``crd1``): a thread (SpMV) or a warp (SpMM)
-  per column scatters ``A[i,j] * x[j]`` into ``y[i]`` atomically, so only
-  with ``deterministic=False``.  With ``deterministic=True`` a CSC product is
-  left to the sparsifier (one thread): a deterministic CSC kernel needs a
-  transposed copy kept with the tensor, which is not built yet.
+* **CSC** (columns ``pos1``, rows ``crd1``), and CSR read transposed
+  (``y[j] = A[i,j] * x[i]``): a thread (SpMV) or a warp (SpMM) per outer
+  entry scatters ``A[i,j] * x[j]`` into ``y[i]`` atomically, so for floats
+  only with ``deterministic=False``; CSC read transposed gathers instead, a
+  thread or warp per outer entry (no atomics).  With ``deterministic=True``
+  a float scatter is left to the sparsifier (one thread): a deterministic
+  kernel needs a transposed copy kept with the tensor, not built yet.
 
 The SpMM kernels give lanes consecutive columns of ``B`` and ``C``
 (coalesced), and each stored entry of ``A`` is read once per warp.
@@ -58,17 +60,17 @@ from sparse_mlir.dialects.native.gpu_segments import segmented_spmv
 from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch
 from sparse_mlir.dsl.ast import Access, Binary
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import COO, CSC, DCSR, Format
+from sparse_mlir.formats import COO, CSC, CSR, DCSR, Format
 
 __all__ = ["CHUNK", "gpu_format_products", "product_operands"]
 
 CHUNK = 16  # nonzeros per thread in the atomic COO SpMV (as the row-splitting CSR SpMV)
 Shapes = dict[str, tuple[int | None, ...]]
-_KINDS = {"coo": COO, "csc": CSC, "dcsr": DCSR}
+_KINDS = {"coo": COO, "csc": CSC, "dcsr": DCSR, "csr": CSR}
 
 
 def _kind(fmt: Format | None) -> str | None:
-    """``coo``, ``csc`` or ``dcsr`` for those formats at any index widths, else ``None``."""
+    """``coo``, ``csc``, ``dcsr`` or ``csr`` for those formats at any index widths, else ``None``."""
     if fmt is None:
         return None
     return next((name for name, preset in _KINDS.items() if fmt.with_widths(32, 32) == preset.with_widths(32, 32)),
@@ -77,7 +79,8 @@ def _kind(fmt: Format | None) -> str | None:
 
 def product_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
     """``(A, dense)`` when the kernel is ``y[i] = A[i,j] * x[j]`` or ``C[i,j] = A[i,k] * B[k,j]`` (factors in
-    either order) with a dense result, a dense second factor and a COO, CSC or DCSR ``A``; else ``None``."""
+    either order) with a dense result, a dense second factor and a COO, CSC or DCSR ``A``, or with ``A``
+    transposed (``y[j] = A[i,j] * x[i]``) when it is CSR or CSC; else ``None`` (CSR ``A[i,k]``: ``gpu.py``)."""
     if spec.sparse_output or len(spec.stages) != 1:
         return None
     stage = spec.stages[0]
@@ -89,8 +92,10 @@ def product_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str,
     i = stage.indices[0]
     dense_index = (k,) if len(stage.indices) == 1 else (k, stage.indices[1])
     for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
-        if isinstance(a, Access) and isinstance(b, Access) and _kind(formats.get(a.tensor)) is not None \
-                and b.tensor not in formats and a.tensor != b.tensor and a.index == (i, k) and b.index == dense_index:
+        kind = _kind(formats.get(a.tensor)) if isinstance(a, Access) else None
+        allowed = {"coo": ((i, k),), "dcsr": ((i, k),), "csc": ((i, k), (k, i)), "csr": ((k, i),)}
+        if kind is not None and isinstance(b, Access) and b.tensor not in formats and a.tensor != b.tensor \
+                and a.index in allowed[kind] and b.index == dense_index:
             return a.tensor, b.tensor
     return None
 
@@ -109,9 +114,10 @@ def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
     a, b = found
     fmt, kind = formats[a], _kind(formats[a])
     out_shape = shapes[spec.output]
-    # integer atomic sums are the same in any order: deterministic whatever the order of the additions
+    # the scatter kernels add atomically; integer sums are the same in any order, float sums are not
+    scatter = kind in ("csc", "csr") and spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]
     if any(s is None for s in (*shapes[a], *shapes[b], *out_shape)) or \
-            (kind == "csc" and deterministic and spec.dtype.kind == "f"):
+            (scatter and deterministic and spec.dtype.kind == "f"):
         return None
     refs = buffer_refs(spec, formats)
     buffers = tuple(KernelArg("buffer", refs[a] + n, (None,)) for n in range(len(fmt.buffer_names)))
@@ -134,11 +140,17 @@ def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
         name = "dcsr_spmm" if cols else "dcsr_spmv"
         kernels.kernel(name, params, _dcsr_spmm(cols) if cols else _dcsr_spmv)
         launch = Launch(name, GridRule(buffers[1].ref, BLOCK // WARP if cols else BLOCK), (BLOCK, 1, 1), args)
-    else:
+    elif spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]:
+        # CSC, or CSR transposed: the outer level is the sum's index, so each outer entry scatters into the result
         name = "csc_spmm" if cols else "csc_spmv"
-        columns = shapes[a][1]
-        kernels.kernel(name, params, _csc_spmm(columns, cols) if cols else _csc_spmv(columns))
-        launch = Launch(name, _threads(columns * (WARP if cols else 1)), (BLOCK, 1, 1), args)
+        outer = shapes[a][fmt.dim_to_lvl[0].dim]
+        kernels.kernel(name, params, _csc_spmm(outer, cols) if cols else _csc_spmv(outer))
+        launch = Launch(name, _threads(outer * (WARP if cols else 1)), (BLOCK, 1, 1), args)
+    else:  # CSC transposed: the outer level is the result's index, each outer entry gathers its sum
+        name = "gather_spmm" if cols else "gather_spmv"
+        outer = shapes[a][fmt.dim_to_lvl[0].dim]
+        kernels.kernel(name, params, _gather_spmm(outer, cols) if cols else _gather_spmv(outer))
+        launch = Launch(name, _threads(outer * (WARP if cols else 1)), (BLOCK, 1, 1), args, fills_output=True)
     return NativeKernels(kernels.module, (launch,))
 
 
@@ -194,6 +206,27 @@ def _dcsr_spmv(pos0, crd0, pos1, crd1, val, x, y) -> None:
         start, end = load_index(pos1, stored), load_index(pos1, arith.addi(stored, const(1)))
         memref.store(sum_range(start, end, const(1), _zero(y), _product(val, crd1, x)), y,
                      [load_index(crd0, stored)])
+
+
+def _gather_spmv(outer: int) -> Callable[..., None]:
+    """A thread per outer entry ``o`` (CSC read as ``A[j,i]``): ``y[o] = sum over its stored entries``."""
+    def build(pos1, crd1, val, x, y) -> None:
+        at = global_thread()
+        with when(_below(at, const(outer))):
+            start, end = load_index(pos1, at), load_index(pos1, arith.addi(at, const(1)))
+            memref.store(sum_range(start, end, const(1), _zero(y), _product(val, crd1, x)), y, [at])
+    return build
+
+
+def _gather_spmm(outer: int, cols: int) -> Callable[..., None]:
+    """A warp per outer entry ``o``, lanes over consecutive columns: ``C[o,j] = sum of A * B[crd, j]``."""
+    def build(pos1, crd1, val, b, c) -> None:
+        at = _warp()
+        with when(_below(at, const(outer))):
+            start, end = load_index(pos1, at), load_index(pos1, arith.addi(at, const(1)))
+            _warp_columns(cols, lambda j: memref.store(_row_times_b(val, crd1, b, start, end, j, _zero(c)), c,
+                                                       [at, j]))
+    return build
 
 
 def _csc_spmv(columns: int) -> Callable[..., None]:

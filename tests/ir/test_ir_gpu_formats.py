@@ -17,7 +17,7 @@ from sparse_mlir.abi.gpu_program import GridRule
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
-EXTENTS = {"i": 64, "j": 48, "k": 48}
+EXTENTS = {"i": 64, "j": 48, "k": 48, "n": 40}
 SPMV, SPMM = "y[i] = A[i,j] * x[j]", "C[i,j] = A[i,k] * B[k,j]"
 
 
@@ -41,6 +41,9 @@ def _checked(found) -> dict:
     (SPMM, "dcsr", True, "dcsr_spmm", 0, 0),
     (SPMV, "csc", False, "csc_spmv", 1, 0),
     (SPMM, "csc", False, "csc_spmm", 1, 0),
+    ("y[j] = A[i,j] * x[i]", "csr", False, "csc_spmv", 1, 0),  # CSR read transposed: its rows scatter
+    ("y[j] = A[i,j] * x[i]", "csc", True, "gather_spmv", 0, 0),  # CSC read transposed: its columns gather
+    ("C[j,n] = A[i,j] * B[i,n]", "csc", True, "gather_spmm", 0, 0),
 ])
 def test_each_format_gets_its_parallel_kernel(expression, fmt, deterministic, kernel, atomics, searches):
     found = _products(expression, fmt, deterministic)
@@ -48,7 +51,7 @@ def test_each_format_gets_its_parallel_kernel(expression, fmt, deterministic, ke
     (launch,) = found.launches
     assert launch.kernel == kernel
     assert ops["memref.atomic_rmw"] == atomics and ops["scf.while"] == searches
-    assert launch.fills_output == (fmt == "coo" and kernel != "coo_spmv_chunks")  # else the runtime zeroes
+    assert launch.fills_output == (kernel in ("coo_spmm", "gather_spmv", "gather_spmm"))  # else zeroed first
     if kernel == "coo_spmv_chunks":
         assert launch.grid == GridRule(ref=1, per_block=128 * CHUNK)  # from the stored entries, at launch
     if fmt == "dcsr":
