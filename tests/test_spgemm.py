@@ -87,6 +87,18 @@ def test_row_lengths_and_threads(rows, threads, rng):
     _check(got, a, b)
 
 
+@pytest.mark.parametrize("heavy", [[0], [199], [0, 1, 2], [399], list(range(0, 400, 37))])
+def test_skewed_work_splits_into_chunks_that_cover_every_row_once(heavy, rng):
+    """Rows go to chunks of equal work (prefix sums of each row's products): a few dense rows among sparse
+    ones put whole chunks on one row and leave others empty; every row must still be computed exactly once."""
+    a = random_sparse(rng, (400, 300), 0.01, "float64")
+    a[heavy, :] = random_sparse(rng, (len(heavy), 300), 0.9, "float64")
+    a = sp.csr_array(a)
+    b = _random(rng, (300, 500), 0.05, "float64")
+    with fixed(2):
+        _check(_kernel()(A=a, B=b), a, b)
+
+
 def test_empty_rows_columns_and_cancellation(rng):
     a = _random(rng, (40, 30), 0.2, "float64").tolil()
     a[5, :] = 0  # an empty row of A: an empty row of C

@@ -107,8 +107,8 @@ def _store_as(value: ir.Value, buffer: ir.Value, at: ir.Value) -> None:
     memref.store(arith.index_castui(ir.MemRefType(buffer.type).element_type, value), buffer, [at])
 
 
-def _for(lower: ir.Value, upper: ir.Value, body: Callable[[ir.Value], None], step: ir.Value | None = None) -> None:
-    loop = scf.ForOp(lower, upper, step if step is not None else _index(1))
+def _for(lower: ir.Value, upper: ir.Value, body: Callable[[ir.Value], None]) -> None:
+    loop = scf.ForOp(lower, upper, _index(1))
     with ir.InsertionPoint(loop.body):
         body(loop.induction_variable)
         scf.YieldOp([])
