@@ -63,3 +63,18 @@ def test_bad_requests_are_refused(model):
     minilm.prune_encoder(sparse, "magnitude", pattern="2:4")
     with pytest.raises(OperandError, match="dense nn.Linear"):
         minilm.prune_encoder(sparse, "magnitude", pattern="2:4")
+
+
+def test_finetuning_keeps_the_mask_and_lowers_the_distillation_loss(model):
+    sparse = copy.deepcopy(model)
+    report = minilm.prune_encoder(sparse, "magnitude", sparsity=0.9)
+    sentences = minilm.training_sentences(16)
+    losses = minilm.finetune(sparse, model, sentences, steps=4, batch=16, lr=1e-3)
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    changed = 0
+    for name, layer in minilm.encoder_linears(sparse).items():
+        before, after = report.weights[name], layer.weight
+        for old, new in zip(before.buffers[:-1], after.buffers[:-1]):  # positions and coordinates: the mask
+            np.testing.assert_array_equal(old, new)
+        changed += not np.array_equal(before.values, after.values)
+    assert changed == 36  # while every layer's stored values trained

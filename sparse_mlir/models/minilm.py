@@ -28,7 +28,7 @@ from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.torch import SparseLinear
 
 __all__ = ["METHODS", "PruneReport", "model_path", "load", "encoder_linears", "embed", "prune_encoder",
-           "pruned_dense", "cosine"]
+           "pruned_dense", "cosine", "training_sentences", "finetune"]
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
 # sentences for calibration when the caller gives none: varied everyday English, like the model's training data
@@ -151,3 +151,53 @@ def pruned_dense(dense_model: Any, report: PruneReport) -> Any:
         with torch.no_grad():
             dense.get_submodule(name).weight.copy_(torch.from_numpy(tensor.to_dense().astype(np.float32)))
     return dense.eval()
+
+
+def training_sentences(count: int = 512, seed: int = 0) -> list[str]:
+    """``count`` generated sentences (subject, verb, object from small vocabularies) for fine-tuning.
+
+    Distillation only needs inputs from the model's domain, not labels: the
+    dense model's embeddings are the targets.  Generated, so nothing is downloaded.
+    """
+    subjects = ("A man", "The woman", "Two children", "My neighbour", "The old teacher", "A small dog", "The team",
+                "Our company", "The doctor", "A young student", "The farmer", "Her brother", "The pilot", "A tourist")
+    verbs = ("is reading", "bought", "is painting", "found", "is watching", "cooked", "wrote about", "is looking for",
+             "sold", "is carrying", "forgot", "talked about", "is repairing", "photographed")
+    objects = ("a red car.", "the evening news.", "an old map of the city.", "fresh bread and cheese.",
+               "a difficult exam.", "the stars at night.", "a new phone.", "the history of Rome.", "a wooden boat.",
+               "the price of coffee.", "a broken window.", "the football match.", "a letter from home.",
+               "the mountains in winter.")
+    rng = np.random.default_rng(seed)
+    return [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}" for _ in range(count)]
+
+
+def finetune(student: Any, teacher: Any, sentences: Sequence[str], *, steps: int = 200, batch: int = 16,
+             lr: float = 2e-4, seed: int = 0) -> list[float]:
+    """Distill ``teacher``'s sentence embeddings into the pruned ``student`` for ``steps`` Adam steps.
+
+    The loss is ``1 - cosine`` between the two embeddings of each sentence.
+    Every parameter of the student trains, its ``SparseLinear`` layers through
+    their stored values only, so the pruning mask stays what it was.  Returns
+    the loss of each step.
+    """
+    if steps < 1 or batch < 1 or not sentences:
+        raise OperandError("finetune needs steps >= 1, batch >= 1 and some sentences")
+    targets = torch.from_numpy(embed(teacher, sentences))
+    tokenize = student.preprocess if hasattr(student, "preprocess") else student.tokenize
+    optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=lr)
+    generator = np.random.default_rng(seed)
+    losses = []
+    student.train()
+    try:
+        for _ in range(steps):
+            picked = generator.choice(len(sentences), size=min(batch, len(sentences)), replace=False)
+            features = tokenize([sentences[i] for i in picked])
+            got = student(features)["sentence_embedding"]
+            loss = 1.0 - torch.nn.functional.cosine_similarity(got, targets[picked]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:
+        student.eval()
+    return losses
