@@ -104,7 +104,7 @@ def test_demo_prints_a_result_table():
 @pytest.mark.parametrize("args,message", [
     (["show", "y[i] = A[i,j] * x[j", "--format", "A=csr"], "expected"),
     (["export", "y[i] = A[i,j] * x[j]", "--format", "A=nope"], "unknown format"),
-    (["export", "y[i] = A[i,j] * x[j]", "--format", "A=csr"], "give shapes for A"),
+    (["export", "y[i] = A[j,i] * x[j]", "--format", "A=csr"], "give shapes for A"),  # sparsified: per shape
     (["export", "y[i] = A[i,j] * x[j]", "--format", "Acsr", "--shape", "A=2x2"], "NAME=VALUE"),
 ])
 def test_errors_go_to_stderr_with_nonzero_status(args, message):
