@@ -18,7 +18,8 @@ that size (no compile), and the steady-state call time of the shape-generic
 build against the per-shape one on the same operands (ratio generic /
 per-shape: above 1 means the generic kernel is slower).  Call times are the
 median of alternating rounds (``ROUNDS``); the machine is shared, so expect
-a few percent of noise.
+a few percent of noise, more with threads on a loaded machine
+(``SPARSE_MLIR_NUM_THREADS=1`` compares the code alone).
 """
 
 from __future__ import annotations
@@ -125,8 +126,9 @@ def shape_generic(rng: np.random.Generator) -> None:
         expected = fixed(args, out.copy(), out_shape)
         np.testing.assert_allclose(generic(args, out, out_shape), expected, rtol=1e-5, atol=1e-5)
         times = {"generic": [], "per-shape": []}
-        for _ in range(ROUNDS):  # alternating, so drift on the shared machine hits both alike
-            for label, native in (("generic", generic), ("per-shape", fixed)):
+        pair = [("generic", generic), ("per-shape", fixed)]
+        for r in range(ROUNDS):  # alternating, each first in turn, so drift on the shared machine hits both alike
+            for label, native in pair if r % 2 else pair[::-1]:
                 call = functools.partial(native, args, out, out_shape)
                 times[label].append(median_seconds(call, repeats=5))
         g, f = np.median(times["generic"]), np.median(times["per-shape"])
