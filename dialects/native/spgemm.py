@@ -17,6 +17,8 @@ row by row, in two passes over the rows, both threaded:
    order, so ``C``'s columns are sorted and unique within each row (the
    SparseTensor invariant).
 
+Each walk over a row's products prefetches the rows of ``B`` that ``A``'s
+entries ``AHEAD`` positions on will read (a random row of ``B`` each).
 A row with many columns for the width (``WIDE_ROW``) sets bits without a
 branch and is read back from the bitmap 64 columns at a time (``cttz``);
 any other lists its columns as it first touches them and sorts the list
@@ -47,6 +49,7 @@ __all__ = ["MAX_CHUNKS", "SHORT_LIST", "WIDE_ROW", "native_spgemm"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
 WIDE_ROW = 1024  # a row with at least cols / WIDE_ROW columns is collected from a bitmap, not sorted
+AHEAD = 4  # entries of A ahead whose rows of B are prefetched
 SHORT_LIST = 32  # a sorted row this short is insertion-sorted inline; longer ones call sparse_tensor.sort
 
 Shapes = dict[str, tuple[int | None, ...]]
@@ -296,10 +299,24 @@ class _Gustavson:
         start, stop = self._row(self.a_pos, row)
 
         def entry(p: ir.Value, carried: ir.Value) -> ir.Value:
+            self._prefetch(p)
             b_start, b_stop = self._row(self.b_pos, _load_index(self.a_crd, p))
             return _reduce(b_start, b_stop, carried, lambda q, value: visit(p, q, value))
 
         return _reduce(start, stop, self.c0, entry)
+
+    def _prefetch(self, p: ir.Value) -> None:
+        """Start loading the rows of ``B`` that ``A``'s entries ``AHEAD`` positions on will read (their
+        positions ``2 * AHEAD`` on), across row ends: each is a random row of ``B``, a cache miss otherwise."""
+        last = arith.subi(arith.maxui(memref.dim(self.a_crd, self.c0), self.c1), self.c1)
+
+        def ahead(distance: int) -> ir.Value:
+            return _load_index(self.a_crd, arith.minui(arith.addi(p, _index(distance)), last))
+
+        memref.prefetch(self.b_pos, [ahead(2 * AHEAD)], False, 3, True)
+        row = _load_index(self.b_pos, ahead(AHEAD))
+        for buffer in (self.b_crd, self.b_val):
+            memref.prefetch(buffer, [row], False, 3, True)
 
     def _work(self, row: ir.Value) -> ir.Value:
         """How many entries of ``B`` row ``row`` of the product reads (its multiply-adds)."""

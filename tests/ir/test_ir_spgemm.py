@@ -37,6 +37,7 @@ def test_spgemm_takes_and_returns_level_buffers_with_two_parallel_passes():
     assert ops["sparse_tensor.sort"] == 1  # short rows' columns
     assert ops["math.cttz"] == 1 and ops["math.ctpop"] == 2  # wide rows: the bitmap counted, then read back
     assert ops["arith.mulf"] == 2 and ops["arith.addf"] == 2  # one multiply-add per product, in each kind of row
+    assert ops["memref.prefetch"] == 4 * 3  # B's rows AHEAD entries on, in each walk over a row's products
     # C's three buffers and the scratch: offsets, chunk starts, and per chunk (in each pass) bitmap and column
     # list, plus the accumulator in the numeric pass; every scratch buffer is freed
     assert ops["memref.alloc"] == 3 + 2 + 2 + 3
