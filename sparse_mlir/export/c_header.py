@@ -36,8 +36,9 @@ def c_header(sig: Signature, openmp: Path | None = None) -> str:
             lines.append(f" *     buffers: {', '.join(f'{b} ({C_TYPES[d.name]})' for b, d in op.buffers())}")
     sized = [op for op in sig.inputs if op.sparse and op.size_params]
     if sized:
-        lines += [f" * Shape-generic: every size is given at run time, {', '.join(op.name for op in sized)}'s as",
-                  " * NAME_d0, NAME_d1 after its buffers. Sizes must agree wherever an index repeats, none may be",
+        given = "; ".join(f"{op.name}'s as {', '.join(f'{op.name}_d{d}' for d in op.size_params)}" for op in sized)
+        lines += [f" * Shape-generic: every size is given at run time ({given}, after the",
+                  " * buffers). Sizes must agree wherever an index repeats, none may be",
                   " * negative, a dimension a format tiles must be a multiple of its block (status",
                   " * SPARSE_MLIR_SIZE_MISMATCH), and level buffer lengths must fit the sizes (positions",
                   " * rows + 1 long...: status SPARSE_MLIR_BAD_LEVELS)."]
