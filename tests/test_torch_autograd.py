@@ -217,3 +217,15 @@ def test_torch_export_keeps_the_layer_as_one_custom_operator():
     assert program.graph_module.code.count("torch.ops.sparse_mlir.linear.default") == 2
     with torch.no_grad():
         torch.testing.assert_close(program.module()(x), model(x))
+
+
+def test_a_layer_built_from_a_block_weight_re_prunes_a_dense_checkpoint_into_blocks():
+    torch.manual_seed(2)
+    dense = torch.nn.Linear(12, 8)
+    weight, _ = prune.block(dense.weight.detach().numpy(), 0.5, (2, 2))
+    sparse = SparseLinear(weight, dense.bias)
+    other = torch.nn.Linear(12, 8)
+    with pytest.warns(UserWarning, match=r"sparsity=0.5 stored as bsr2x2\): 48 of 96 entries stored"):
+        sparse.load_state_dict(other.state_dict())
+    want, _ = prune.block(other.weight.detach().numpy(), 0.5, (2, 2))
+    np.testing.assert_array_equal(sparse.weight.to_dense(), want.to_dense())
