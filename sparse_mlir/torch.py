@@ -5,7 +5,8 @@ weight pruned into a sparse format, in float32 or float64 (the weight's
 dtype; ``.double()`` switches).  Forward and backward are kernels from the
 MLIR pipeline, called through the custom operators of
 ``sparse_mlir.torch_ops``, so autograd works (gradients for the input, the
-bias and the stored weights only: fine-tuning keeps the mask) and
+bias and the stored weights only: fine-tuning keeps the mask; first
+derivatives only, a double backward raises torch's "no autograd formula") and
 ``torch.compile`` and ``torch.export`` trace through the layer (one custom
 operator in the graph); ``torch.jit.script`` is refused (``OptionError``),
 ``torch.jit.trace`` records the operator.  Leading batch dimensions are

@@ -229,3 +229,11 @@ def test_a_layer_built_from_a_block_weight_re_prunes_a_dense_checkpoint_into_blo
         sparse.load_state_dict(other.state_dict())
     want, _ = prune.block(other.weight.detach().numpy(), 0.5, (2, 2))
     np.testing.assert_array_equal(sparse.weight.to_dense(), want.to_dense())
+
+
+def test_a_second_derivative_is_refused_not_silently_wrong():
+    sparse = layer({"sparsity": 0.5})
+    x = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(sparse(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        grad.sum().backward()
