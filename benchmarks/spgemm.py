@@ -1,12 +1,14 @@
 """SpGEMM ``C[i,j] = A[i,k] * B[k,j]``, CSR x CSR -> CSR, float64: A @ A on SuiteSparse matrices and random ones.
 
-``python benchmarks/spgemm.py [--repeats 7]``: medians of ``--repeats`` calls each.  In this process: ours
+``python benchmarks/spgemm.py [--rounds 5 --repeats 3]``: per matrix, every system in alternating rounds
+(medians; the machine is shared, so drift hits all alike).  In this process: ours
 (the hand-scheduled kernel, ``dialects/native/spgemm.py``) at the configured thread count and at one thread,
 scipy's ``A @ A`` (serial; its rows come out unsorted, so also ``A @ A`` then ``sort_indices()``, which is what
 ours returns), ``torch.sparse`` CSR @ CSR and ``sparse_dot_mkl.dot_product_mkl`` (unsorted rows) when
 installed.  Our previous path, the sparsifier's kernel for the same expression and formats, is timed in a child
 process (``--sparsifier``) that drops the SpGEMM row from the CPU emitter table and compiles into a private
-cache.  Ratios are their time over ours: above 1, ours is faster.  Every result is checked against scipy's
+cache, alternating with scipy there; its ratio to ours goes through scipy's time in both processes.  Ratios
+are their time over ours: above 1, ours is faster.  Every result is checked against scipy's
 before it is timed.
 """
 
@@ -75,63 +77,60 @@ def _sorted_product(a: sp.csr_array) -> sp.csr_array:
     return c
 
 
-def _time(fn: Callable[[], object], repeats: int) -> float:
-    return median_seconds(fn, repeats=repeats)
+def round_robin(calls: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, float]:
+    """Median over ``rounds`` of each call's ``median_seconds``, the calls alternating (each first in turn), so
+    drift on the shared machine hits every system alike."""
+    times: dict[str, list[float]] = {label: [] for label in calls}
+    order = list(calls)
+    for r in range(rounds):
+        for label in order if r % 2 else order[::-1]:
+            times[label].append(median_seconds(calls[label], repeats=repeats))
+    return {label: float(np.median(samples)) for label, samples in times.items()}
 
 
-def ours(matrices: dict[str, sp.csr_array], repeats: int) -> dict[str, dict[str, float]]:
-    """Our kernel, default threads and one thread; checked first."""
+def calls(a: sp.csr_array, kernel) -> dict[str, Callable[[], object]]:
+    """Ours (threaded and one thread, checked first), scipy (plain and sorted), torch.sparse and MKL if there."""
     from sparse_mlir.runtime.threads import fixed
 
-    kernel = sm.compile(EXPRESSION, formats=FORMATS, dtype="float64")
-    out: dict[str, dict[str, float]] = {}
-    for name, a in matrices.items():
-        tensor = sm.SparseTensor.from_scipy(a)
-        _check(kernel(A=tensor, B=tensor).to_scipy(), a, name)
-        call = functools.partial(kernel, A=tensor, B=tensor)
-        threaded = _time(call, repeats)
+    tensor = sm.SparseTensor.from_scipy(a)
+    ours = functools.partial(kernel, A=tensor, B=tensor)
+    _check(ours().to_scipy(), a, "ours")
+
+    def serial() -> object:
         with fixed(1):
-            serial = _time(call, repeats)
-        out[name] = {"ours": threaded, "ours 1 thread": serial}
-    return out
+            return ours()
 
-
-def others(matrices: dict[str, sp.csr_array], repeats: int) -> dict[str, dict[str, float]]:
-    """scipy (plain and sorted), torch.sparse and MKL where installed."""
-    out: dict[str, dict[str, float]] = {}
+    found = {"ours": ours, "ours 1 thread": serial, "scipy": functools.partial(operator.matmul, a, a),
+             "scipy sorted": functools.partial(_sorted_product, a)}
     try:
         import torch
+
+        warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
+        t = torch.sparse_csr_tensor(torch.from_numpy(a.indptr.astype(np.int64)),
+                                    torch.from_numpy(a.indices.astype(np.int64)), torch.from_numpy(a.data), a.shape)
+        found["torch"] = functools.partial(operator.matmul, t, t)
     except ImportError:
-        torch = None
+        pass
     try:
         from sparse_dot_mkl import dot_product_mkl
+
+        m = sp.csr_matrix(a)
+        found["mkl"] = functools.partial(dot_product_mkl, m, m)
     except ImportError:
-        dot_product_mkl = None
-    for name, a in matrices.items():
-        row = out[name] = {"scipy": _time(functools.partial(operator.matmul, a, a), repeats),
-                           "scipy sorted": _time(functools.partial(_sorted_product, a), repeats)}
-        if torch is not None:
-            warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
-            t = torch.sparse_csr_tensor(torch.from_numpy(a.indptr.astype(np.int64)),
-                                        torch.from_numpy(a.indices.astype(np.int64)), torch.from_numpy(a.data),
-                                        a.shape)
-            row["torch"] = _time(functools.partial(operator.matmul, t, t), repeats)
-        if dot_product_mkl is not None:
-            m = sp.csr_matrix(a)
-            row["mkl"] = _time(functools.partial(dot_product_mkl, m, m), repeats)
-    return out
+        pass
+    return found
 
 
-def sparsifier(repeats: int) -> dict[str, dict[str, float]]:
-    """The sparsifier's kernel for the same product, timed in a child process (see the module docstring)."""
+def sparsifier(rounds: int, repeats: int) -> dict[str, dict[str, float]]:
+    """The sparsifier's kernel and scipy, alternating, timed in a child process (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="spgemm_sparsifier_cache_") as cache:
         env = {**os.environ, "SPARSE_MLIR_CACHE_DIR": cache, "SPARSE_MLIR_COMPILE_IN_PROCESS": "1"}
-        done = subprocess.run([sys.executable, __file__, "--sparsifier", "--repeats", str(repeats)], env=env,
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, __file__, "--sparsifier", "--rounds", str(rounds), "--repeats",
+                               str(repeats)], env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def _sparsifier_child(repeats: int) -> None:
+def _sparsifier_child(rounds: int, repeats: int) -> None:
     # MLIR in this child only: the table the compiler reads
     from sparse_mlir.dialects import select
 
@@ -142,32 +141,38 @@ def _sparsifier_child(repeats: int) -> None:
         tensor = sm.SparseTensor.from_scipy(a)
         _check(kernel(A=tensor, B=tensor).to_scipy(), a, name)
         assert "linalg.generic" in kernel.ir["input"]  # the sparsifier built it
-        out[name] = {"sparsifier": _time(functools.partial(kernel, A=tensor, B=tensor), repeats)}
+        out[name] = round_robin({"sparsifier": functools.partial(kernel, A=tensor, B=tensor),
+                                 "scipy": functools.partial(operator.matmul, a, a)}, rounds, repeats)
     print(json.dumps(out))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (median reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="calls per round (median)")
     parser.add_argument("--sparsifier", action="store_true", help="(internal) time the sparsifier's kernel")
     args = parser.parse_args()
     if args.sparsifier:
-        _sparsifier_child(args.repeats)
+        _sparsifier_child(args.rounds, args.repeats)
         return
+    kernel = sm.compile(EXPRESSION, formats=FORMATS, dtype="float64")
     matrices = cases()
-    table = {name: {} for name in matrices}
-    for part in (ours(matrices, args.repeats), others(matrices, args.repeats), sparsifier(args.repeats)):
-        for name, row in part.items():
-            table[name].update(row)
-    print(f"A @ A, CSR x CSR -> CSR, float64, medians of {args.repeats} calls (ms); ratio = theirs / ours "
-          f"(above 1: ours faster); ours at the configured threads ({os.cpu_count()} cores here)")
-    columns = ["ours", "ours 1 thread", "scipy", "scipy sorted", "torch", "mkl", "sparsifier"]
+    table = {name: round_robin(calls(a, kernel), args.rounds, args.repeats) for name, a in matrices.items()}
+    child = sparsifier(args.rounds, args.repeats)
+    print(f"A @ A, CSR x CSR -> CSR, float64: medians of {args.rounds} alternating rounds of {args.repeats} calls "
+          f"(ms); ratio = theirs / ours (above 1: ours faster); ours at the configured threads ({os.cpu_count()} "
+          f"cores here); the sparsifier's ratio goes through scipy (its time over scipy's in the child process, "
+          f"times scipy's over ours here)")
     for name, a in matrices.items():
-        row = table[name]
-        times = "  ".join(f"{col} {row[col] * 1e3:.2f}" for col in columns if col in row)
-        print(f"{name} ({a.shape[0]}^2, {a.nnz} entries): {times}")
+        row, base_row = table[name], child[name]
+        theirs = [col for col in ("scipy", "scipy sorted", "torch", "mkl") if col in row]
+        times = "  ".join(f"{col} {row[col] * 1e3:.2f}" for col in ("ours", "ours 1 thread", *theirs))
+        print(f"{name} ({a.shape[0]}^2, {a.nnz} entries): {times}  sparsifier {base_row['sparsifier'] * 1e3:.2f} "
+              f"(child; scipy there {base_row['scipy'] * 1e3:.2f})")
+        via_scipy = base_row["sparsifier"] / base_row["scipy"]
         for base in ("ours", "ours 1 thread"):
-            print("    " + "  ".join(f"{col}/{base} {row[col] / row[base]:.2f}" for col in columns[2:] if col in row))
+            print("    " + "  ".join([f"{col}/{base} {row[col] / row[base]:.2f}" for col in theirs]
+                                     + [f"sparsifier/{base} {via_scipy * row['scipy'] / row[base]:.2f}"]))
 
 
 if __name__ == "__main__":
