@@ -151,3 +151,10 @@ def test_non_unique_levels_followed_by_singletons_stay_accepted(fmt):
 
 def test_nm_with_a_group_past_32_bits_gets_64_bit_coordinates():
     assert NM(1, 2**40).crd_width == 64 and NM(2, 4).crd_width == 8
+
+
+@pytest.mark.parametrize("fmt", ["2:4", "1:4"])
+def test_an_n_m_output_is_refused_before_it_can_come_back_malformed(fmt):
+    """The sparsifier wrote an N:M output as if compressed: 9 coordinates for 16 values came back."""
+    with pytest.raises(sm.errors.FormatError, match="N:M result"):
+        sm.compile("C[i,j] = A[i,j] * s[i]", formats={"A": fmt, "C": fmt}, dtype="float64")

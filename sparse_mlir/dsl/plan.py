@@ -18,10 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from sparse_mlir.dsl.ast import Access, Assignment, Binary, Call, Expr, Literal, Reduce, Unary
+from sparse_mlir.dsl.ast import (
+    Access,
+    Assignment,
+    Binary,
+    Call,
+    Expr,
+    Literal,
+    Reduce,
+    Unary,
+)
 from sparse_mlir.dsl.parser import parse
 from sparse_mlir.dtypes import check_dtype
-from sparse_mlir.errors import DSLError, DTypeError
+from sparse_mlir.errors import DSLError, DTypeError, FormatError
 from sparse_mlir.formats import Dense, Format, as_format
 
 __all__ = ["Stage", "KernelSpec", "plan"]
@@ -210,6 +219,10 @@ def _plan(expression: str, formats: dict[str, Format | str] | None, dtype: str, 
     body = _place_reductions(tree.rhs, summed, uses)
     spec_formats = {n: f for n, f in fmts.items() if not f.is_dense}
     is_sparse = lambda name: name in spec_formats  # noqa: E731
+    if out.tensor in spec_formats and spec_formats[out.tensor].is_nm:
+        # the sparsifier writes an N:M output as if it were compressed and returned a malformed tensor
+        raise FormatError(f"the output {out.tensor} is declared {spec_formats[out.tensor]}; an N:M result is not "
+                          f"produced (nothing guarantees it keeps the pattern): give {out.tensor} the format csr")
     if out.tensor in spec_formats and not _zero_preserving(body, is_sparse):
         raise DSLError(f"the output {out.tensor} has sparse format {spec_formats[out.tensor]}, but the result is not "
                        f"zero where the sparse inputs are zero; give {out.tensor} a dense format",
