@@ -89,9 +89,18 @@ def from_torch(name: str, tensor: Any, torch: Any, *, writable: bool = False) ->
         import scipy.sparse as module
     if tensor.layout == torch.sparse_csr:
         return module.csr_matrix((arrays[0], arrays[1], arrays[2]), shape=tuple(tensor.shape))
-    matrix = module.coo_matrix((arrays[0], (arrays[1], arrays[2])), shape=tuple(tensor.shape))
-    if not cuda:
-        matrix.has_canonical_format = True  # coalesced: row-major sorted, no duplicates (bounds are checked anyway)
+    if cuda:
+        return module.coo_matrix((arrays[0], (arrays[1], arrays[2])), shape=tuple(tensor.shape))
+    return _coalesced_coo(arrays, tuple(tensor.shape))
+
+
+def _coalesced_coo(arrays: list[Any], shape: tuple[int, ...]) -> Any:
+    """A scipy COO matrix over a coalesced tensor's buffers, flagged canonical (row-major sorted, no duplicates:
+    what ``coalesce`` made it), so it is not sorted again; its bounds are checked like any scipy operand's."""
+    import scipy.sparse
+
+    matrix = scipy.sparse.coo_matrix((arrays[0], (arrays[1], arrays[2])), shape=shape)
+    matrix.has_canonical_format = True
     return matrix
 
 
