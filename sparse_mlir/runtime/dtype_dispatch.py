@@ -29,7 +29,7 @@ import numpy as np
 from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.dtypes import check_dtype
 from sparse_mlir.errors import DTypeError
-from sparse_mlir.runtime.calls import refuse_positional
+from sparse_mlir.runtime.calls import kernel_call
 from sparse_mlir.runtime.kernel import Kernel
 
 __all__ = ["DtypeKernel", "operand_dtype"]
@@ -82,7 +82,8 @@ class DtypeKernel(Kernel):
         self._build = build
         self._default = default
         self._kernels: dict[np.dtype, Kernel] = {default.spec.dtype: default}
-        self._by_raw: dict[Any, Kernel] = {}  # the operands' own ``.dtype`` object (numpy, torch...) -> kernel
+        # the operands' own ``.dtype`` object -> (kernel, its unwrapped ``__call__``)
+        self._by_raw: dict[Any, tuple[Kernel, Callable[..., Any]]] = {}
         self._current = default
         self.target = default.target
 
@@ -94,9 +95,8 @@ class DtypeKernel(Kernel):
             kernel = self._kernels[dt] = self._build(dt)
         return kernel
 
-    def __call__(self, *positional: Any, out: Any = None, **operands: Any) -> Any:
-        if positional:
-            raise refuse_positional(self)
+    @kernel_call  # torch tensors are converted here, once: the kernel of the dtype is entered past its own wrapper
+    def __call__(self, out: Any = None, **operands: Any) -> Any:
         # on every call's fixed cost: operands of one dtype carry the very same dtype object, so the common case is
         # an identity test per operand and one dict lookup; anything else goes through ``operand_dtype``
         found = None
@@ -107,14 +107,16 @@ class DtypeKernel(Kernel):
                     found = _MIXED
                     break
                 found = raw
-        kernel = self._by_raw.get(found)
-        if kernel is None:
-            kernel = self._resolve(operands, found)
+        entry = self._by_raw.get(found)
+        if entry is None:
+            entry = self._resolve(operands, found)
+        kernel, call = entry
         self._current = kernel
-        return kernel(out=out, **operands)
+        return call(kernel, out, **operands)
 
-    def _resolve(self, operands: Mapping[str, Any], raw: Any) -> Kernel:
-        """The kernel for these operands' dtype (``DTypeError`` if they disagree), remembered by ``raw``."""
+    def _resolve(self, operands: Mapping[str, Any], raw: Any) -> tuple[Kernel, Callable[..., Any]]:
+        """The kernel for these operands' dtype (``DTypeError`` if they disagree) and its ``__call__`` without the
+        ``kernel_call`` wrapper this call has been through already, remembered by ``raw``."""
         dtype = operand_dtype(operands, self._default.spec.dtype)
         kernel = self._kernels.get(dtype)
         if kernel is None:
@@ -123,9 +125,11 @@ class DtypeKernel(Kernel):
                 kernel = self.kernel_for(dtype)
             except DTypeError as exc:  # say which operands chose the dtype
                 raise DTypeError(f"operands {names} are {dtype}: {exc}") from None
+        call = type(kernel).__call__
+        entry = (kernel, getattr(call, "__wrapped__", call))
         if raw is not _MIXED:  # equal dtypes given as different objects are looked up again each time
-            self._by_raw[raw] = kernel
-        return kernel
+            self._by_raw[raw] = entry
+        return entry
 
     @property
     def signature(self) -> Signature:
