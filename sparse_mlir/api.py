@@ -83,12 +83,12 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
     if target == "cuda":
         if schedule != "default":
             raise OptionError("schedule='auto' chooses among CPU variants; target 'cuda' takes schedule='default'")
-        key: tuple = (spec.key(), "cuda", deterministic)
+        key: tuple = (_key_of(spec), "cuda", deterministic)
         make = functools.partial(CudaKernel, spec, deterministic=deterministic)
     else:
         threaded = spec.parallelizable or threads_sparse_output(spec, spec.formats)
         options = BuildOptions(target, cpu=knobs.cpu(), openmp=openmp_library() if threaded else None)
-        key = (spec.key(), options, schedule)
+        key = (_key_of(spec), options, schedule)
         make = functools.partial(AutoKernel if schedule == "auto" else CpuKernel, spec, options)
     return _cached(key, make)
 
@@ -122,6 +122,20 @@ def _planned(expression: str, formats: dict[str, Format | str] | None, dtype: An
 @functools.lru_cache(maxsize=1024)
 def _plan_once(expression: str, formats: tuple | None, dtype: Any, out_dtype: Any) -> KernelSpec:
     return plan(expression, None if formats is None else dict(formats), dtype, out_dtype)
+
+
+_spec_keys: dict[int, tuple[KernelSpec, tuple]] = {}  # id(spec) -> (spec, its key): held, so the id stays its own
+
+
+def _key_of(spec: KernelSpec) -> tuple:
+    """``spec.key()``, remembered per spec object (``_planned`` hands out the same one for the same arguments):
+    the key costs more than the rest of a repeated ``compile`` together."""
+    known = _spec_keys.get(id(spec))
+    if known is None or known[0] is not spec:
+        if len(_spec_keys) > 4096:
+            _spec_keys.clear()
+        known = _spec_keys[id(spec)] = (spec, spec.key())
+    return known[1]
 
 
 def _cached(key: tuple, make: Callable[[], Kernel]) -> Kernel:
