@@ -454,8 +454,11 @@ def share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
     tensor = _wrap_scipy(matrix, fmt, index)
     if tensor is not None:
         key = id(matrix)
-        _wrapped[key] = (weakref.ref(matrix, lambda _, key=key: _wrapped.pop(key, None)), index[0], index[1],
-                         matrix.data, matrix.shape, fmt, tensor)
+        try:
+            ref = weakref.ref(matrix, lambda _, key=key: _wrapped.pop(key, None))
+        except TypeError:  # a subclass without weak references: wrapped again on every call
+            return tensor
+        _wrapped[key] = (ref, index[0], index[1], matrix.data, matrix.shape, fmt, tensor)
     return tensor
 
 
