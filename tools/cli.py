@@ -52,10 +52,11 @@ def _compile(args: argparse.Namespace) -> Any:
 
 
 def _specialize(args: argparse.Namespace) -> Any:
-    """Compile the expression and, when shapes are given, specialize it for them (no operands are run)."""
+    """Compile the expression and specialize it (no operands are run): for the shapes given, or, for a
+    shape-generic kernel, the one build that takes every size."""
     kernel = _compile(args)
     shapes = _shapes(args.shape)
-    return kernel.specialize(shapes) if shapes else kernel
+    return kernel.specialize(shapes) if shapes or kernel.shape_generic else kernel
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -74,17 +75,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
     kernel = _specialize(args)
     shapes = _shapes(args.shape)
     took = (time.perf_counter() - start) * 1e3
-    if not shapes:
-        print(f"{kernel!r}: planned; pass --shape for every operand to compile a specialization")
+    if not shapes and not kernel.shape_generic:
+        print(f"{kernel!r}: planned; pass --shape for every sparse operand to compile a specialization (this "
+              f"kernel is built once per sparse shape)")
         return 0
-    print(f"{kernel!r}: compiled for {', '.join(f'{n}={x}' for n, x in _pairs(args.shape, '--shape').items())} "
-          f"in {took:.0f} ms, cached in {cache_dir()}; stages: {', '.join(kernel.ir)}")
+    sizes = ", ".join(f"{n}={x}" for n, x in _pairs(args.shape, "--shape").items()) or "every size (shape-generic)"
+    print(f"{kernel!r}: compiled for {sizes} in {took:.0f} ms, cached in {cache_dir()}; stages: {', '.join(kernel.ir)}")
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     kernel = _specialize(args)
-    if not args.shape:
+    if not args.shape and not kernel.shape_generic:
         if args.stage not in ("input", "all"):
             raise SparseMLIRError(f"stage {args.stage!r} needs sparse shapes: pass --shape for every operand")
         print(kernel.mlir)

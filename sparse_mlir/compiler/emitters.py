@@ -24,6 +24,7 @@ from sparse_mlir.dsl.patterns import (
     linear_epilogue,
     linear_operands,
     sddmm_operands,
+    spgemm_operands,
     spmm_epilogue,
     spmm_operands,
     spmv_operands,
@@ -59,6 +60,7 @@ SHAPE_GENERIC_CPU: tuple[tuple[str, Match], ...] = (
     ("linear", _linear),
     ("spmv", lambda spec, formats: spmv_operands(spec, formats) is not None),
     ("sddmm", lambda spec, formats: sddmm_operands(spec, formats) is not None),
+    ("spgemm", lambda spec, formats: spgemm_operands(spec, formats) is not None),
 )
 
 

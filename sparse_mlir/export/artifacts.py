@@ -30,6 +30,7 @@ from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.compiler import driver
 from sparse_mlir.compiler.driver import BuildOptions, tool_versions
 from sparse_mlir.compiler.linking import assemble_cubin, link_export_library
+from sparse_mlir.dsl.patterns import threads_sparse_output
 from sparse_mlir.errors import DeviceError, FormatError, LoweringError, ShapeError
 from sparse_mlir.export.c_header import c_header
 from sparse_mlir.export.cuda_header import cuda_header
@@ -79,7 +80,7 @@ def export(kernel: Kernel, out_dir: str | Path, name: str,
     obj, lib, header, manifest = (folder / f"{name}.o", folder / f"lib{name}.so", folder / f"{name}.h",
                                   folder / f"{name}.json")
     openmp = None
-    if threads and spec.parallelizable:
+    if threads and (spec.parallelizable or threads_sparse_output(spec, spec.formats)):
         openmp = openmp_library()
         if openmp is None:
             raise DeviceError("threads=True needs an OpenMP runtime: pip install intel-openmp")

@@ -9,7 +9,8 @@
   stage, ``input``, ``sparsified``, ``mapped``, ``llvm``, on every target);
 * compiles without running with ``.specialize(shapes)`` (an exported kernel is
   already specialized: it checks the shapes against its export);
-* counts what it did in ``.stats``.
+* counts what it did in ``.stats``;
+* says with ``.shape_generic`` whether one build serves every size.
 
 The CLI and the tests talk to this protocol, never to a class.
 """
@@ -48,6 +49,11 @@ class Kernel(abc.ABC):
     @abc.abstractmethod
     def specialize(self, shapes: Mapping[str, tuple[int, ...]]) -> Kernel:
         """Compile (or load) the specialization for these operand shapes without running it; returns ``self``."""
+
+    @property
+    def shape_generic(self) -> bool:
+        """Whether one build takes every operand size at run time (else one build per sparse shape)."""
+        return False
 
     @property
     def stats(self) -> dict[str, int]:
