@@ -158,3 +158,10 @@ def test_bench_quick_does_real_work(tmp_path):
     assert "STREAM add bandwidth" in out and "| random768/0.9 | SpMM N=128 |" in out
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["bandwidth"] > 0 and all(r["times"]["sparse_mlir"] > 0 for r in results["results"])
+
+
+def test_compile_builds_a_shape_generic_kernel_without_shapes():
+    out = cli("compile", "y[i] = A[i,j] * x[j]", "--format", "A=csr", "--dtype", "float32").stdout
+    assert "compiled for every size (shape-generic)" in out and "stages: input, sparsified, mapped, llvm" in out
+    out = cli("compile", "y[i] = A[j,i] * x[j]", "--format", "A=csr").stdout
+    assert "planned" in out and "once per sparse shape" in out

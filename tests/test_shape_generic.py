@@ -70,7 +70,13 @@ def _sddmm(k, rng, m, kk, n):
     return k(S=_csr(s), A=a, B=b).to_dense(), s * (a @ b)
 
 
+def _spgemm(k, rng, m, kk, n):
+    a, b = random_sparse(rng, (m, kk), 0.3, "float32"), random_sparse(rng, (kk, n), 0.3, "float32")
+    return k(A=_csr(a), B=_csr(b)).to_dense(), a @ b
+
+
 CASES = {
+    "spgemm": ("C[i,j] = A[i,k] * B[k,j]", {"A": "csr", "B": "csr", "C": "csr"}, _spgemm),
     "spmv": ("y[i] = A[i,j] * x[j]", {"A": "csr"}, _spmv),
     "spmm_csr": ("C[i,j] = A[i,k] * B[k,j]", {"A": "csr"}, _spmm("csr")),
     "spmm_24": ("C[i,j] = A[i,k] * B[k,j]", {"A": "2:4"}, _spmm("2:4")),
