@@ -404,3 +404,17 @@ def test_total_sums_of_blocked_and_n_m_operands_when_emulated(name, tmp_path):
     a = rng.integers(-3, 4, (40, 24)).astype(np.float64)
     a = prune_nm(a, 2, 4) if name == "2:4" else a * np.repeat(np.repeat(rng.random((20, 12)) < 0.3, 2, 0), 2, 1)
     assert _emulate(SUM, parse_format(name), {"A": a}, tmp_path, True) == a.sum()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(("name", "expr"), [("coo", "y[i] = A[i,j]"), ("dcsr", "y[i] = A[i,j]"),
+                                            ("csc", "y[i] = A[i,j]"), ("csc", "y[j] = A[i,j]"),
+                                            ("csr", "y[j] = A[i,j]")])
+def test_row_and_column_sums_when_emulated(name, expr, deterministic, tmp_path):
+    """``y[i] = A[i,j]``: the SpMV kernels without ``x`` (segmented, gathered or scattered by the outer level)."""
+    scatter = (name, expr) in (("csc", "y[i] = A[i,j]"), ("csr", "y[j] = A[i,j]"))
+    if scatter and deterministic:
+        pytest.skip("a deterministic float scatter is left to the sparsifier")
+    a = _matrix(np.random.default_rng(16), 90, 70, "float64")
+    got = _emulate(expr, FORMATS[name], {"A": a}, tmp_path, deterministic)
+    np.testing.assert_array_equal(got, a.sum(axis=1 if expr.startswith("y[i]") else 0))

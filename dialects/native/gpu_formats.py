@@ -24,6 +24,7 @@ many threads instead, built with the bindings' op builders:
   a float scatter is left to the sparsifier (one thread): a deterministic
   kernel needs a transposed copy kept with the tensor, not built yet.
 
+Row and column sums (``y[i] = A[i,j]``) run the SpMV kernels without ``x``.
 The SpMM kernels give lanes consecutive columns of ``B`` and ``C``
 (coalesced), and each stored entry of ``A`` is read once per warp.
 """
@@ -40,6 +41,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     BLOCK,
     WARP,
     KernelModule,
+    add,
     atomic_add,
     buffer_refs,
     const,
@@ -77,23 +79,28 @@ def _kind(fmt: Format | None) -> str | None:
                 None)
 
 
-def product_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+def product_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str | None] | None:
     """``(A, dense)`` when the kernel is ``y[i] = A[i,j] * x[j]`` or ``C[i,j] = A[i,k] * B[k,j]`` (factors in
     either order) with a dense result, a dense second factor and a COO, CSC or DCSR ``A``, or with ``A``
-    transposed (``y[j] = A[i,j] * x[i]``) when it is CSR or CSC; else ``None`` (CSR ``A[i,k]``: ``gpu.py``)."""
+    transposed (``y[j] = A[i,j] * x[i]``) when it is CSR or CSC; ``(A, None)`` for the sums ``y[i] = A[i,j]``
+    of the same operands; else ``None`` (CSR ``A[i,k]``: ``gpu.py``, the sparsifier's parallel rows)."""
     if spec.sparse_output or len(spec.stages) != 1:
         return None
     stage = spec.stages[0]
     body = stage.body
-    if len(stage.reduce) != 1 or not isinstance(body, Binary) or body.op != "*" \
-            or stage.indices != spec.output_indices or len(stage.indices) not in (1, 2):
+    if len(stage.reduce) != 1 or stage.indices != spec.output_indices or len(stage.indices) not in (1, 2):
         return None
     (k,) = stage.reduce
     i = stage.indices[0]
     dense_index = (k,) if len(stage.indices) == 1 else (k, stage.indices[1])
+    allowed = {"coo": ((i, k),), "dcsr": ((i, k),), "csc": ((i, k), (k, i)), "csr": ((k, i),)}
+    if isinstance(body, Access) and len(stage.indices) == 1:  # a row (or column) sum
+        kind = _kind(formats.get(body.tensor))
+        return (body.tensor, None) if kind is not None and body.index in allowed[kind] else None
+    if not isinstance(body, Binary) or body.op != "*":
+        return None
     for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
         kind = _kind(formats.get(a.tensor)) if isinstance(a, Access) else None
-        allowed = {"coo": ((i, k),), "dcsr": ((i, k),), "csc": ((i, k), (k, i)), "csr": ((k, i),)}
         if kind is not None and isinstance(b, Access) and b.tensor not in formats and a.tensor != b.tensor \
                 and a.index in allowed[kind] and b.index == dense_index:
             return a.tensor, b.tensor
@@ -116,40 +123,47 @@ def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
     out_shape = shapes[spec.output]
     # the scatter kernels add atomically; integer sums are the same in any order, float sums are not
     scatter = kind in ("csc", "csr") and spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]
-    if any(s is None for s in (*shapes[a], *shapes[b], *out_shape)) or \
+    dense_shape = shapes[b] if b is not None else ()
+    if any(s is None for s in (*shapes[a], *dense_shape, *out_shape)) or \
             (scatter and deterministic and spec.dtype.kind == "f"):
         return None
     refs = buffer_refs(spec, formats)
     buffers = tuple(KernelArg("buffer", refs[a] + n, (None,)) for n in range(len(fmt.buffer_names)))
-    dense = (KernelArg("buffer", refs[b], shapes[b]), KernelArg("buffer", refs[spec.output], out_shape))
-    params = [*level_buffer_types(fmt, elt), dense_type(shapes[b], elt), dense_type(out_shape, elt)]
+    dense = ((KernelArg("buffer", refs[b], shapes[b]),) if b is not None else ()) + \
+        (KernelArg("buffer", refs[spec.output], out_shape),)
+    params = [*level_buffer_types(fmt, elt), *((dense_type(shapes[b], elt),) if b is not None else ()),
+              dense_type(out_shape, elt)]
     rows = shapes[a][0]
     cols = out_shape[1] if len(out_shape) == 2 else 0
     kernels = KernelModule()
     args = (*buffers, *dense)
+
+    def spmv(build: Callable[..., None]) -> Callable[..., None]:
+        return build if b is not None else _without_x(build)
+
     if kind == "coo" and not cols and not deterministic:
-        kernels.kernel("coo_spmv_chunks", params, _coo_spmv_chunks)
+        kernels.kernel("coo_spmv_chunks", params, spmv(_coo_spmv_chunks))
         launch = Launch("coo_spmv_chunks", GridRule(buffers[1].ref, BLOCK * CHUNK), (BLOCK, 1, 1), args)
     elif kind == "coo" and not cols:
-        launches, scratch = segmented_spmv(kernels, params, args, rows)
+        launches, scratch = segmented_spmv(kernels, params, args, rows, has_x=b is not None)
         return NativeKernels(kernels.module, launches, scratch)
     elif kind == "coo":
         kernels.kernel("coo_spmm", params, _coo_spmm(rows, cols))
         launch = Launch("coo_spmm", _threads(rows * WARP), (BLOCK, 1, 1), args, fills_output=True)
     elif kind == "dcsr":
         name = "dcsr_spmm" if cols else "dcsr_spmv"
-        kernels.kernel(name, params, _dcsr_spmm(cols) if cols else _dcsr_spmv)
+        kernels.kernel(name, params, _dcsr_spmm(cols) if cols else spmv(_dcsr_spmv))
         launch = Launch(name, GridRule(buffers[1].ref, BLOCK // WARP if cols else BLOCK), (BLOCK, 1, 1), args)
     elif spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]:
         # CSC, or CSR transposed: the outer level is the sum's index, so each outer entry scatters into the result
         name = "csc_spmm" if cols else "csc_spmv"
         outer = shapes[a][fmt.dim_to_lvl[0].dim]
-        kernels.kernel(name, params, _csc_spmm(outer, cols) if cols else _csc_spmv(outer))
+        kernels.kernel(name, params, _csc_spmm(outer, cols) if cols else spmv(_csc_spmv(outer)))
         launch = Launch(name, _threads(outer * (WARP if cols else 1)), (BLOCK, 1, 1), args)
     else:  # CSC transposed: the outer level is the result's index, each outer entry gathers its sum
         name = "gather_spmm" if cols else "gather_spmv"
         outer = shapes[a][fmt.dim_to_lvl[0].dim]
-        kernels.kernel(name, params, _gather_spmm(outer, cols) if cols else _gather_spmv(outer))
+        kernels.kernel(name, params, _gather_spmm(outer, cols) if cols else spmv(_gather_spmv(outer)))
         launch = Launch(name, _threads(outer * (WARP if cols else 1)), (BLOCK, 1, 1), args, fills_output=True)
     return NativeKernels(kernels.module, (launch,))
 
@@ -159,9 +173,21 @@ def _threads(count: int) -> tuple[int, int, int]:
     return (max(1, pymath.ceil(count / BLOCK)), 1, 1)
 
 
-def _product(val: ir.Value, crd: ir.Value, x: ir.Value) -> Callable[[ir.Value], tuple[ir.Value, ir.Value]]:
-    """The term ``val[k] * x[crd[k]]`` of a sparse row times a dense vector."""
+def _product(val: ir.Value, crd: ir.Value, x: ir.Value | None
+             ) -> Callable[[ir.Value], ir.Value | tuple[ir.Value, ir.Value]]:
+    """The term ``val[k] * x[crd[k]]`` of a sparse row times a dense vector, or ``val[k]`` (a row sum: no ``x``)."""
+    if x is None:
+        return lambda k: memref.load(val, [k])
     return lambda k: (memref.load(val, [k]), memref.load(x, [load_index(crd, k)]))
+
+
+def _accumulate(term: ir.Value | tuple[ir.Value, ir.Value], acc: ir.Value) -> ir.Value:
+    return fma(*term, acc) if isinstance(term, tuple) else add(acc, term)
+
+
+def _without_x(build: Callable[..., None]) -> Callable[..., None]:
+    """A SpMV builder for a row sum: the same arguments without ``x`` (the output last), ``x`` given as ``None``."""
+    return lambda *args: build(*args[:-1], None, args[-1])
 
 
 def _zero(memref_value: ir.Value) -> ir.Value:
@@ -194,8 +220,7 @@ def _coo_spmv_chunks(pos0, crd0, crd1, val, x, y) -> None:
             with when(changed):  # the previous row's run ended: add it
                 atomic_add(acc, y, [current])
             start = arith.select(changed, _zero(y), acc)
-            a, xj = _product(val, crd1, x)(k)
-            scf.YieldOp([fma(a, xj, start), row])
+            scf.YieldOp([_accumulate(_product(val, crd1, x)(k), start), row])
         atomic_add(loop.results[0], y, [loop.results[1]])
 
 
@@ -234,11 +259,12 @@ def _csc_spmv(columns: int) -> Callable[..., None]:
     def build(pos1, crd1, val, x, y) -> None:
         column = global_thread()
         with when(_below(column, const(columns))):
-            xj = memref.load(x, [column])
+            xj = None if x is None else memref.load(x, [column])
             loop = scf.ForOp(load_index(pos1, column), load_index(pos1, arith.addi(column, const(1))), const(1))
             with ir.InsertionPoint(loop.body):
                 k = loop.induction_variable
-                atomic_add(mul(memref.load(val, [k]), xj), y, [load_index(crd1, k)])
+                value = memref.load(val, [k])
+                atomic_add(value if xj is None else mul(value, xj), y, [load_index(crd1, k)])
                 scf.YieldOp([])
     return build
 

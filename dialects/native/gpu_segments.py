@@ -27,6 +27,7 @@ from mlir.dialects import arith, memref, scf
 from sparse_mlir.dialects.native.gpu_build import (
     BLOCK,
     KernelModule,
+    add,
     const,
     fma,
     global_thread,
@@ -41,18 +42,19 @@ from sparse_mlir.abi.gpu_program import KernelArg, Launch
 __all__ = ["segmented_spmv"]
 
 
-def segmented_spmv(kernels: KernelModule, params: list[ir.Type], args: tuple[KernelArg, ...], rows: int
-                   ) -> tuple[tuple[Launch, ...], tuple[tuple[tuple[int, ...], str], ...]]:
+def segmented_spmv(kernels: KernelModule, params: list[ir.Type], args: tuple[KernelArg, ...], rows: int,
+                   has_x: bool = True) -> tuple[tuple[Launch, ...], tuple[tuple[tuple[int, ...], str], ...]]:
     """Add ``coo_spmv_segments`` and ``coo_spmv_fixup`` to ``kernels``; their launches and scratch.
 
     ``params`` and ``args`` are the COO SpMV's (``pos0``, ``crd0``, ``crd1``,
-    ``values``, ``x``, ``y``), as ``gpu_formats`` builds them.
+    ``values``, ``x``, ``y``), as ``gpu_formats`` builds them; without ``x``
+    (``has_x=False``) it is the row sum ``y[i] = A[i,j]``.
     """
     threads = merge_threads(rows)
     elt = ir.MemRefType(params[3]).element_type
     rows_t = ir.MemRefType.get([threads], ir.IntegerType.get_signless(64), loc=ir.Location.unknown())
     sums_t = ir.MemRefType.get([threads], elt, loc=ir.Location.unknown())
-    kernels.kernel("coo_spmv_segments", [*params, rows_t, sums_t], _segments(rows, threads))
+    kernels.kernel("coo_spmv_segments", [*params, rows_t, sums_t], _segments(rows, threads, has_x))
     kernels.kernel("coo_spmv_fixup", [rows_t, sums_t, params[-1]], carry_fixup(rows, threads))
     carries = (KernelArg("scratch", 0, (threads,)), KernelArg("scratch", 1, (threads,)))
     grid = (threads // BLOCK, 1, 1)
@@ -67,9 +69,11 @@ def _numpy_name(elt: ir.Type) -> str:
     return "float32" if isinstance(elt, ir.F32Type) else "float64"
 
 
-def _segments(rows: int, threads: int):
+def _segments(rows: int, threads: int, has_x: bool):
     """Pass 1: sum this thread's share run by run; store heads, keep the carry."""
-    def build(pos0, crd0, crd1, val, x, y, carry_rows, carry_sums) -> None:
+    def build(*args: ir.Value) -> None:
+        _, crd0, crd1, val, *x, y, carry_rows, carry_sums = args
+        x = x[0] if has_x else None
         elt = ir.MemRefType(val.type).element_type
         i64 = ir.IntegerType.get_signless(64)
         thread = global_thread()
@@ -107,7 +111,9 @@ def _segments(rows: int, threads: int):
                     flush(acc, row, head)
                 start = arith.select(changed, zero(elt), acc)
                 head_now = arith.ori(changed, head)
-                total = fma(memref.load(val, [k]), memref.load(x, [load_index(crd1, k)]), start)
+                value = memref.load(val, [k])
+                total = fma(value, memref.load(x, [load_index(crd1, k)]), start) if x is not None else \
+                    add(start, value)
                 scf.YieldOp([total, current, head_now])
             flush(*loop.results)
     return build
