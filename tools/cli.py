@@ -85,12 +85,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    kernel = _specialize(args)
-    if not args.shape and not kernel.shape_generic:
+    kernel = _compile(args)
+    if not args.shape:  # the module every specialization starts from, sizes still '?'
         if args.stage not in ("input", "all"):
             raise SparseMLIRError(f"stage {args.stage!r} needs sparse shapes: pass --shape for every operand")
         print(kernel.mlir)
         return 0
+    kernel.specialize(_shapes(args.shape))
     wanted = STAGE_ALIASES.get(args.stage, args.stage)
     for stage, text in kernel.ir.items():
         if wanted in (stage, "all"):

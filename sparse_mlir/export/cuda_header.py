@@ -81,7 +81,8 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
         params.append("int skewed")
     lines += ["/* Enqueues the kernel on `stream` (device pointers; shapes as exported, see NAME.json)."
               + (f" `skewed`: nonzero when the longest row has at least {SKEWED_ROW} entries and more than 32"
-                 " times the mean: rows are then split across threads (atomic additions). */" if conditional
+                 " times the mean: rows are then split across threads (atomic additions, or, in a deterministic"
+                 " export, the merge path's equal shares with an ordered fix-up pass). */" if conditional
                  else " */"),
               f"static inline CUresult {name}({name}_module* m, CUstream stream,\n    {', '.join(params)}) {{",
               "  CUresult r;"]
