@@ -243,15 +243,10 @@ def _tensors(node: Expr) -> set[str]:
 def sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str] | None:
     """``(S, A, B)`` when the kernel is ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (factors in any order) with CSR ``S``
     and a CSR ``C`` of the same index widths; ``None`` otherwise."""
-    if not spec.sparse_output or len(spec.stages) != 1:
+    found = _sparse_contraction(spec)
+    if found is None or len(found[3]) != 3:
         return None
-    stage = spec.stages[0]
-    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices:
-        return None
-    (k,), (i, j) = stage.reduce, stage.indices
-    factors = _product_factors(stage.body)
-    if factors is None or len(factors) != 3:
-        return None
+    i, j, k, factors = found
     roles: dict[str, str] = {}
     for f in factors:
         if f.index == (i, j) and f.tensor in formats:
@@ -269,6 +264,20 @@ def sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, s
     return roles["s"], roles["a"], roles["b"]
 
 
+def _sparse_contraction(spec: KernelSpec) -> tuple[str, str, str, list[Access]] | None:
+    """``(i, j, k, factors)`` when the kernel is one product summed over ``k`` into a sparse ``C[i,j]``."""
+    if not spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices:
+        return None
+    factors = _product_factors(stage.body)
+    if factors is None:
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    return i, j, k, factors
+
+
 def _product_factors(node) -> list[Access] | None:
     if isinstance(node, Access):
         return [node]
@@ -281,15 +290,10 @@ def _product_factors(node) -> list[Access] | None:
 def spgemm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
     """``(A, B)`` when the kernel is ``C[i,j] = A[i,k] * B[k,j]`` (factors in either order) with CSR ``A``, ``B``
     and ``C``, each with any index widths; ``A`` and ``B`` may be one tensor (``A[i,k] * A[k,j]``)."""
-    if not spec.sparse_output or len(spec.stages) != 1 or spec.output_dtype != spec.dtype:
+    found = _sparse_contraction(spec)
+    if found is None or len(found[3]) != 2 or spec.output_dtype != spec.dtype or not is_csr(formats.get(spec.output)):
         return None
-    stage = spec.stages[0]
-    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices:
-        return None
-    (k,), (i, j) = stage.reduce, stage.indices
-    factors = _product_factors(stage.body)
-    if factors is None or len(factors) != 2 or not is_csr(formats.get(spec.output)):
-        return None
+    i, j, k, factors = found
     for a, b in (factors, factors[::-1]):
         if a.index == (i, k) and b.index == (k, j) and is_csr(formats.get(a.tensor)) and is_csr(formats.get(b.tensor)):
             return a.tensor, b.tensor
