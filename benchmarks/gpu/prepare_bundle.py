@@ -24,6 +24,7 @@ import gzip
 import json
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -73,11 +74,21 @@ def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes:
 
 
 def fresh_bundle(out: Path) -> None:
-    """Empty ``out`` (with ``kernels/``) and put the package there as a pure-Python wheel."""
+    """Empty ``out`` (with ``kernels/``) and put the package there as a pure-Python wheel.
+
+    The wheel is built from a copy of the working tree without build output: setuptools reuses a
+    ``build/`` folder and never deletes from it, so a module removed or turned into a package would
+    otherwise ride along in the bundle.
+    """
     shutil.rmtree(out, ignore_errors=True)
     (out / "kernels").mkdir(parents=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True)
+    with tempfile.TemporaryDirectory(prefix="sparse_mlir_wheel_") as tmp:
+        source = Path(tmp) / "src"
+        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "bundle",
+            "tc_bundle", "tests", "examples"))
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(out), str(source)], check=True)
 
 
 def main() -> None:
