@@ -58,8 +58,9 @@ def test_gradcheck_with_block_storage_and_without_bias():
     assert torch.autograd.gradcheck(call(sparse), (x, values))
 
 
+@pytest.mark.parametrize("batch_rows", [7, 300], ids=["7 rows", "300 rows: kernels run on 128-row blocks"])
 @pytest.mark.parametrize("options, features", LAYOUTS[:2], ids=["csr", "2:4"])
-def test_gradients_match_a_masked_dense_linear(options, features):
+def test_gradients_match_a_masked_dense_linear(options, features, batch_rows):
     """Against torch's own autograd of the same pruned weight: the input and bias gradients, and the weight
     gradient at the stored entries (in the layer's storage order)."""
     sparse = layer(options, features, out_features=10)
@@ -67,9 +68,10 @@ def test_gradients_match_a_masked_dense_linear(options, features):
     (rows, cols), _ = weight.to_coo()
     dense_w = torch.from_numpy(weight.to_dense()).requires_grad_()
     dense_b = sparse.bias.detach().clone().requires_grad_()
-    x = torch.randn(7, features, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(batch_rows, features, dtype=torch.float64, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_()
-    upstream = torch.randn(7, 10, dtype=torch.float64)
+    upstream = torch.randn(batch_rows, 10, dtype=torch.float64)
+    torch.testing.assert_close(sparse(x), torch.nn.functional.linear(x_ref, dense_w, dense_b))
     sparse(x).backward(upstream)
     torch.nn.functional.linear(x_ref, dense_w, dense_b).backward(upstream)
     torch.testing.assert_close(x.grad, x_ref.grad)
