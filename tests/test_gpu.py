@@ -197,25 +197,12 @@ except DeviceError as exc:
 def _emulate(expr: str, fmt: str, dense: dict, tmp_path, emitter: str = "auto", dtype: str = "float64",
              skewed: bool = False, out_dtype: str | None = None):
     """Run the GPU program of ``expr`` on dense operands (``A`` converted to ``fmt``) through ``gpu_emulation``."""
-    from sparse_mlir.abi.c_signature import Signature
-    from sparse_mlir.compiler.driver import with_operand_formats
-    from sparse_mlir.runtime.library import NativeFunction
-    from support.gpu_emulation import build_emulation
+    from support.gpu_emulation import run_emulated
 
     spec = sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda", out_dtype=out_dtype).spec
     args = {n: sm.SparseTensor.from_dense(v, fmt) if n == "A" else v for n, v in dense.items()}
-    formats = {"A": args["A"].format}  # index widths as the data needs, as the runtime specializes
-    extents = {}
-    for name, value in args.items():
-        extents.update(zip(spec.operand_index(name), value.shape))
-    shapes = {n: tuple(v.shape) for n, v in args.items()}
-    shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
-    special = with_operand_formats(spec, formats)
-    sig = Signature.from_spec(special, formats, shapes, "emulated")
     path = tmp_path / f"emulated_{emitter}_{fmt.replace(':', '_')}_{skewed}_{out_dtype}.so"
-    build_emulation(special, shapes, sig, path, emitter, skewed)
-    out = np.full(shapes[spec.output], np.nan, dtype=spec.output_dtype)  # kernels that skip zeroing store it all
-    return NativeFunction(path, sig)(args, out, out.shape), spec
+    return run_emulated(spec, args, path, emitter=emitter, skewed=skewed)[0], spec
 
 
 EMULATED = [case for case in CASES if case[0] != "y[i] = A[i,j]*x[j]" or case[1] != "csr"]  # csr SpMV shuffles

@@ -28,36 +28,15 @@ FORMATS = {"coo": COO, "csc": CSC, "dcsr": DCSR, "csr": CSR}
 def _emulate(expr: str, fmt: Format, dense: dict[str, np.ndarray], tmp_path, deterministic: bool,
              skewed: bool = False) -> np.ndarray:
     """The GPU program of ``expr`` for ``A`` stored in ``fmt`` (its index widths kept), run thread by thread."""
-    from mlir import ir
-    from sparse_mlir.lowering import cpu, toolchain
-    from support.gpu_emulation import emulation_module
-
-    from sparse_mlir.abi.c_signature import Signature
-    from sparse_mlir.compiler import build
-    from sparse_mlir.compiler.driver import with_operand_formats
-    from sparse_mlir.runtime.library import NativeFunction
+    from support.gpu_emulation import run_emulated
 
     spec = sm.compile(expr, formats={"A": fmt}, dtype=dense["A"].dtype.name, target="cuda").spec
     args = {n: sm.SparseTensor.from_dense(v, fmt) if n == "A" else v for n, v in dense.items()}
     assert args["A"].format == fmt and args["A"].format.crd_width == fmt.crd_width  # the widths under test
-    formats = {"A": args["A"].format}
-    extents = {}
-    for name, value in args.items():
-        extents.update(zip(spec.operand_index(name), value.shape))
-    shapes = {n: tuple(v.shape) for n, v in args.items()}
-    shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
-    special = with_operand_formats(spec, formats)
-    sig = Signature.from_spec(special, formats, shapes, "emulated")
-    with ir.Context():
-        program, stages = build.gpu_program(special, shapes, sig, (), "auto", deterministic)
-        assert program.notes == ("native",), program.notes
-        module = emulation_module(program, stages["mapped"], sig, skewed)
-        llvm = cpu.loops_to_llvm(module, sig)
     path = tmp_path / f"emulated_{abs(hash((expr, str(fmt), deterministic, skewed)))}.so"
-    toolchain.compile_shared_library(llvm, path, cpu="native", opt_level=1)
-    stale = np.nan if spec.output_dtype.kind == "f" else -12345  # kernels that skip zeroing store it all
-    out = np.full(shapes[spec.output], stale, dtype=spec.output_dtype)
-    return NativeFunction(path, sig)(args, out, out.shape)
+    got, program = run_emulated(spec, args, path, skewed=skewed, deterministic=deterministic)
+    assert program.notes == ("native",), program.notes
+    return got
 
 
 def _matrix(rng: np.random.Generator, rows: int, cols: int, dtype: str) -> np.ndarray:

@@ -20,10 +20,14 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from mlir import ir
 
 from sparse_mlir.compiler import build
+from sparse_mlir.compiler.driver import with_operand_formats
+from sparse_mlir.runtime.library import NativeFunction
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.lowering import cpu, toolchain
@@ -31,7 +35,7 @@ from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.abi.gpu_program import GpuProgram, GridRule
 from sparse_mlir.abi.c_signature import Signature
 
-__all__ = ["EmulationError", "emulation_module", "build_emulation"]
+__all__ = ["EmulationError", "emulation_module", "build_emulation", "run_emulated"]
 
 _IDS = {"thread_id": "t", "block_id": "b", "block_dim": "bd", "grid_dim": "g"}
 _ID_ARGS = [f"%emu_{k}{d}" for k in ("b", "t", "g", "bd") for d in "xyz"]
@@ -149,16 +153,35 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
 
 
 def build_emulation(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], sig: Signature, out_path: Path,
-                    emitter: str = "auto", skewed: bool = False) -> dict[str, str]:
+                    emitter: str = "auto", skewed: bool = False, deterministic: bool = False
+                    ) -> tuple[GpuProgram, dict[str, str]]:
     """A CPU library at ``out_path`` that runs the GPU program of one specialization thread by thread.
 
     It exports ``sig`` like any CPU kernel, so tests call it with numpy
     operands and compare.  Built in the test's own process (this harness is
-    not a job of the compiler process); returns the IR of each stage.
+    not a job of the compiler process); returns the program and the IR of each stage.
     """
     with ir.Context():
-        program, stages = build.gpu_program(spec, shapes, sig, (), emitter, False)
+        program, stages = build.gpu_program(spec, shapes, sig, (), emitter, deterministic)
         module = emulation_module(program, stages["mapped"], sig, skewed)
         stages["llvm"] = cpu.loops_to_llvm(module, sig)
     toolchain.compile_shared_library(stages["llvm"], out_path, cpu="native", opt_level=1)
-    return stages
+    return program, stages
+
+
+def run_emulated(spec: KernelSpec, args: dict[str, Any], out_path: Path, *, emitter: str = "auto",
+                 skewed: bool = False, deterministic: bool = False) -> tuple[Any, GpuProgram]:
+    """Build the emulation of ``spec`` for ``args`` (``A`` a ``SparseTensor``, whose index widths are kept; the
+    rest dense) at ``out_path``, run it, and return its result and the program it ran."""
+    formats = {"A": args["A"].format}  # index widths as the data needs, as the runtime specializes
+    extents: dict[str, int] = {}
+    for name, value in args.items():
+        extents.update(zip(spec.operand_index(name), value.shape))
+    shapes = {n: tuple(v.shape) for n, v in args.items()}
+    shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
+    special = with_operand_formats(spec, formats)
+    sig = Signature.from_spec(special, formats, shapes, "emulated")
+    program, _ = build_emulation(special, shapes, sig, out_path, emitter, skewed, deterministic)
+    stale = np.nan if spec.output_dtype.kind == "f" else -12345  # kernels that skip zeroing store it all
+    out = np.full(shapes[spec.output], stale, dtype=spec.output_dtype)
+    return NativeFunction(out_path, sig)(args, out, out.shape), program
