@@ -145,8 +145,18 @@ def generic_shapes(spec: KernelSpec) -> Shapes:
 
 
 def kernel_source(spec: KernelSpec) -> str:
-    """The generic module before lowering, every size dynamic (``?``): what any specialization starts from."""
-    return process.call("kernel_source", spec)
+    """The generic module before lowering, every size dynamic (``?``): what any specialization starts from.
+
+    Kept per spec for the process: it is a compiler-process round trip, and every kernel kind shows it.
+    """
+    key = spec.key()
+    text = _sources.get(key)
+    if text is None:
+        text = _sources[key] = process.call("kernel_source", spec)
+    return text
+
+
+_sources: dict[tuple, str] = {}
 
 
 def cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, options: BuildOptions,

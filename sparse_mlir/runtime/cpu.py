@@ -82,7 +82,6 @@ class CpuKernel(Kernel):
         self._keys: dict[tuple, str] = {}  # call-site key -> cache key (the library itself may be evicted)
         self._last: Specialization | None = None
         self._fast: tuple[tuple[Format, ...], tuple | None, Specialization] | None = None  # the last call's lookup
-        self._mlir: str | None = None
         # facts every call needs, computed once
         self._inputs = operand_table(spec)
         self._sparse_inputs = tuple(n for n in spec.inputs if spec.is_sparse(n))
@@ -101,9 +100,7 @@ class CpuKernel(Kernel):
     @property
     def mlir(self) -> str:
         """The module before lowering, sparse sizes still ``?`` (each call specializes them)."""
-        if self._mlir is None:
-            self._mlir = driver.kernel_source(self.spec)
-        return self._mlir
+        return driver.kernel_source(self.spec)
 
     @property
     def specializations(self) -> list[Specialization]:
