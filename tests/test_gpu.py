@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,7 +100,7 @@ def test_reduction_outer_loops_run_as_one_thread():
 def test_csr_spmv_and_spmm_take_the_load_balanced_kernels():
     spmv = _function("y[i] = A[i,j]*x[j]", "csr", {"A": (1000, 500), "x": (500,)}).program
     launch, split = spmv.launches
-    assert spmv.notes == ("native",) and launch.kernel == "spmv" and launch.lanes == LaneRule(1, 1000)
+    assert spmv.notes == ("native",) and launch.kernel == "spmv" and launch.lanes == LaneRule(1, None, rows_of=4)  # y's length
     assert (launch.when, split.kernel, split.when, split.grid) == ("balanced", "spmv_split", "skewed",
                                                                    GridRule(ref=1, per_block=128 * 16))
     spmm = _function("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", {"A": (1000, 500), "B": (500, 300), "b": (300,)})
@@ -538,51 +540,93 @@ LAUNCHERS = [("y[i] = A[i,j]*x[j]", "csr", {"A": (100, 50), "x": (50,)}),  # lan
              ("Y[b,o] = X[b,i]*A[o,i] + b[o]", "csr", {"A": (40, 64), "X": (16, 64), "b": (40,)})]  # 3 launches
 
 
-@pytest.mark.parametrize(("expr", "fmt", "shapes"), LAUNCHERS, ids=[f"{e}|{f}" for e, f, _ in LAUNCHERS])
-def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, tmp_path):
-    """Compile the exported header against a recording stand-in for cuda.h and compare with ``ParamPacker``."""
+def launcher_run(tmp_path: Path, name: str, shapes: dict[str, tuple[int, ...]], nnz: int = 37,
+                 main: str = "main", skewed: bool = False, values_off: int = 0) -> tuple[int, str, dict[str, Any]]:
+    """Compile a program calling the exported launcher ``name`` (``tmp_path/name.h``, ``.json``) against the
+    recording stand-in for cuda.h, with fake pointers, level buffer lengths that fit ``shapes`` (``nnz`` stored
+    entries per compressed level; ``values_off`` added to the values' length) and the run-time sizes; return its
+    status, output and what ParamPacker needs."""
     from sparse_mlir.abi.gpu_program import GpuProgram
     from sparse_mlir.abi.c_signature import Signature
+    from sparse_mlir.formats import LevelKind
 
-    kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32", target="cuda")
-    paths = sm.export(kernel, tmp_path, "k", shapes=shapes)
-    manifest = json.loads(paths["manifest"].read_text())
+    manifest = json.loads((tmp_path / f"{name}.json").read_text())
     sig, program = Signature.from_json(manifest["signature"]), GpuProgram.from_json(manifest["program"], ptx={})
     given: dict[tuple[str, str], tuple[int, int]] = {}  # (operand, buffer) -> (fake pointer, length)
     c_args = []
+    shape_of = {**shapes}
     for n, op in enumerate(sig.operands):
+        shape = shape_of.setdefault(op.name, tuple(s for s in op.shape))
+        lengths = {}
+        if op.sparse:
+            entries = 1
+            for i, (level, size) in enumerate(zip(op.format.levels, op.format.level_sizes(shape))):
+                if level.kind is LevelKind.DENSE:
+                    entries *= size
+                elif level.kind is LevelKind.STRUCTURED:
+                    entries *= level.n
+                    lengths[f"crd{i}"] = entries
+                else:
+                    lengths[f"pos{i}"], lengths[f"crd{i}"] = entries + 1, nnz
+                    entries = nnz
+            lengths["values"] = entries + values_off
         for b, (buf, _) in enumerate(op.buffers() if op.sparse else [("", None)]):
-            pointer, length = 0x100000 * (n + 1) + 0x1000 * b, 321 + 7 * b
-            given[(op.name, buf)] = (pointer, length)
-            c_args += [str(pointer)] + ([str(length)] if op.sparse else [])
+            pointer = 0x100000 * (n + 1) + 0x1000 * b
+            given[(op.name, buf)] = (pointer, lengths.get(buf, 0))
+            c_args += [str(pointer)] + ([str(lengths[buf])] if op.sparse else [])
+        c_args += [str(shape[d]) for d, size in enumerate(op.shape) if size is None]
     allocations = iter(range(0xA000, 0xB000, 0x100))  # the stand-in's order: scratch, then N:M positions
     scratch = [next(allocations) for _ in program.scratch]
-    buffers = []
+    buffers, arg_shapes = [], []
     for op, buf in sig.kernel_arguments():
         if op.sparse and (op.name, buf) not in given:  # implicit N:M positions: one per group, plus one
             buffers.append((next(allocations), int(np.prod(op.format.level_sizes(op.shape)[:-1])) + 1))
         else:
             pointer, length = given[(op.name, buf if op.sparse else "")]
-            buffers.append((pointer, length if op.sparse else int(np.prod(op.shape))))
-    launches = [launch for launch in program.launches if launch.runs(skewed=False)]
+            buffers.append((pointer, length if op.sparse else int(np.prod(shape_of[op.name]))))
+        arg_shapes.append((buffers[-1][1],) if op.sparse else tuple(shape_of[op.name]))
+    launches = [launch for launch in program.launches if launch.runs(skewed)]
     if len(launches) < len(program.launches):
-        c_args.append("0")  # not skewed: the balanced kernels run
+        c_args.append("1" if skewed else "0")
     counts = "".join(f"fake_param_count[{i}] = {launch.param_count()}; " for i, launch in enumerate(launches))
-    (tmp_path / "main.c").write_text(f'#include "k.h"\nint main(void) {{ k_module m; k_load(&m, "k.ptx"); {counts}'
-                                     f'return (int)k(&m, 0, {", ".join(c_args)}); }}\n')
+    (tmp_path / f"{main}.c").write_text(
+        f'#include "{name}.h"\nint main(void) {{ {name}_module m; {name}_load(&m, "k.ptx"); {counts}'
+        f'return (int){name}(&m, 0, {", ".join(c_args)}); }}\n')
     here = os.path.dirname(os.path.abspath(__file__))
     subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{here}/support/fake_cuda", f"-I{tmp_path}", "-o",
-                    str(tmp_path / "main"), str(tmp_path / "main.c")], check=True)
-    out = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, check=True).stdout
+                    str(tmp_path / main), str(tmp_path / f"{main}.c")], check=True)
+    run = subprocess.run([str(tmp_path / main)], capture_output=True, text=True)
+    return run.returncode, run.stdout, {"sig": sig, "program": program, "buffers": buffers, "shapes": arg_shapes,
+                                        "scratch": scratch, "launches": launches, "given": given,
+                                        "out_shape": shape_of[sig.output.name]}
+
+
+def check_launches(out: str, found: dict[str, Any]) -> None:
+    """The launcher's grids and parameter words are what ``Launch.grid_for`` and ``ParamPacker`` give."""
     launched = [line.split()[1:] for line in out.splitlines() if line.startswith("launch")]
-    assert len(launched) == len(launches)
-    for launch, line in zip(launches, launched):
+    assert len(launched) == len(found["launches"])
+    lengths = [n for _, n in found["buffers"]]
+    for launch, line in zip(found["launches"], launched):
         name, dims, words = line[0], [int(v) for v in line[1:8]], [int(v) for v in line[8:]]
         assert name == launch.kernel
-        assert dims[:3] == list(launch.grid_for([n for _, n in buffers])) and dims[3:6] == list(launch.block)
-        assert words == ParamPacker(launch)(buffers, scratch)
-    zeroed = f"memset {given[(sig.output.name, '')][0]} 0 {int(np.prod(sig.output.shape)) * 4}" in out
+        assert dims[:3] == list(launch.grid_for(lengths, found["shapes"])) and dims[3:6] == list(launch.block)
+        assert words == ParamPacker(launch)(found["buffers"], found["scratch"], shapes=found["shapes"])
+
+
+@pytest.mark.parametrize(("expr", "fmt", "shapes"), LAUNCHERS, ids=[f"{e}|{f}" for e, f, _ in LAUNCHERS])
+def test_the_c_launcher_packs_what_the_python_runtime_packs(expr, fmt, shapes, tmp_path):
+    """Compile the exported header against a recording stand-in for cuda.h and compare with ``ParamPacker``."""
+    kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32", target="cuda")
+    sm.export(kernel, tmp_path, "k", shapes=shapes)
+    status, out, found = launcher_run(tmp_path, "k", {})
+    assert status == 0, out
+    check_launches(out, found)
+    sig, program = found["sig"], found["program"]
+    zeroed = f"memset {found['given'][(sig.output.name, '')][0]} 0 {int(np.prod(sig.output.shape)) * 4}" in out
     assert zeroed == program.needs_zeroed_output()  # only where a kernel accumulates into the output
+    # level buffers that do not fit the exported shape: refused before anything is enqueued
+    status, out, _ = launcher_run(tmp_path, "k", {}, main="bad", values_off=1)
+    assert status == 1 and "launch" not in out and "alloc" not in out  # CUDA_ERROR_INVALID_VALUE
 
 
 # -- on a device --------------------------------------------------------------------------------------------

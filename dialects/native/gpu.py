@@ -110,7 +110,9 @@ def gpu_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, deter
              ) -> NativeKernels | None:
     """CSR SpMV ``y[i] = A[i,j] * x[j]``: a group of lanes per row, or ``None`` when it does not apply.
 
-    Unless ``deterministic``, it also gets a row-splitting kernel for skewed
+    Shape-generic: with ``None`` sizes (``compiler.driver.generic_shapes``)
+    ``x`` and ``y`` are ``memref<?x..>`` and the kernels read the rows from
+    ``y``, so one build takes every size.  Unless ``deterministic``, it also gets a row-splitting kernel for skewed
     matrices, whose atomic additions make float sums run-to-run different
     in their last bits.
     """
@@ -123,8 +125,10 @@ def gpu_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, deter
     fmt = formats[a]
     rows, cols = shapes[a]
     args = tuple(_args(spec, a, (x, (cols,)), (spec.output, (rows,))))
-    balanced = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)),
-                      lanes=LaneRule(ref=args[1].ref, rows=rows), when="balanced" if split else "",
+    # rows compiled in, or (shape-generic) the length of y at the call
+    lanes = LaneRule(ref=args[1].ref, rows=rows, rows_of=None if rows is not None else args[-1].ref)
+    balanced = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)), lanes=lanes,
+                      when="balanced" if split else "",
                       fills_output=True)
     launches, functions = (balanced,), [_spmv_text(elt, fmt, rows, cols, out)]
     if split:  # skewed rows: fixed chunks of nonzeros per thread, partial row sums added atomically
@@ -388,8 +392,9 @@ def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) ->
             KernelArg("buffer", base + 2, (None,))] + [KernelArg("buffer", refs[n], shape) for n, shape in dense]
 
 
-def _memref(shape: tuple[int, ...], elt: str) -> str:
-    return f"memref<{'x'.join(str(s) for s in shape)}x{elt}>"
+def _memref(shape: tuple[int | None, ...], elt: str) -> str:
+    """``memref<AxBxT>``; a ``None`` size (a shape-generic kernel's) is ``?``."""
+    return f"memref<{'x'.join('?' if s is None else str(s) for s in shape)}x{elt}>"
 
 
 def _index_types(fmt: Format) -> tuple[str, str]:
@@ -408,13 +413,13 @@ def _row_bounds(pos_t: str, row: str, valid: str) -> list[str]:
             f"%end = arith.select {valid}, %e_idx, %c0 : index"]
 
 
-def _spmv_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> str:
+def _spmv_text(elt: str, fmt: Format, rows: int | None, cols: int | None, out: str) -> str:
     pos_t, crd_t = _index_types(fmt)
     acc = _accumulator(elt)
     widen_a, a = _convert("%a_w", "%a", elt, acc)
     widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
     body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
-            f"%rows = arith.constant {rows} : index", f"%zero = arith.constant 0.0 : {acc}",
+            f"%rows = memref.dim %y, %c0 : {_memref((rows,), out)}", f"%zero = arith.constant 0.0 : {acc}",
             "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
             "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
             "%row = arith.divui %gtid, %lanes : index", "%lane = arith.remui %gtid, %lanes : index",
@@ -446,7 +451,7 @@ def _spmv_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> str:
     return _function("spmv", params, body)
 
 
-def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> str:
+def _spmv_split_text(elt: str, fmt: Format, rows: int | None, cols: int | None, out: str) -> str:
     """SpMV over fixed chunks of nonzeros: balanced whatever the row lengths (the merge-path idea, per thread).
 
     Thread ``t`` takes nonzeros ``[16 t, 16 t + 16)``, finds the row of its
@@ -470,7 +475,7 @@ def _spmv_split_text(elt: str, fmt: Format, rows: int, cols: int, out: str) -> s
         return [*narrow, f"%{tag}_old = memref.atomic_rmw addf {total}, %y[{row}] : ({out}, {y_t}) -> {out}"]
 
     body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index", "%c2 = arith.constant 2 : index",
-            f"%rows = arith.constant {rows} : index", f"%chunk = arith.constant {SPLIT_CHUNK} : index",
+            f"%rows = memref.dim %y, %c0 : {y_t}", f"%chunk = arith.constant {SPLIT_CHUNK} : index",
             f"%zero = arith.constant 0.0 : {acc}",
             "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
             "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",

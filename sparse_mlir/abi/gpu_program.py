@@ -7,8 +7,9 @@ data, not code:
 
 * ``grid`` and ``block``: three sizes each, or for the grid a ``GridRule``
   (blocks = ceil(count / per_block)) where the count is only known at run
-  time (a sparse operand's number of stored entries), or a ``LaneRule``
-  (threads per row from the mean row length);
+  time (a sparse operand's number of stored entries, or in a shape-generic
+  program a dimension of an operand: a grid may mix constants and rules per
+  axis), or a ``LaneRule`` (threads per row from the mean row length);
 * ``args``: one ``KernelArg`` per parameter of the outlined ``gpu.func``,
   each a buffer of the kernel function (``Signature.kernel_arguments()``
   order), a scratch buffer the runtime allocates per call, or a constant.
@@ -16,6 +17,10 @@ data, not code:
 A memref parameter is passed as MLIR's expanded descriptor (allocated and
 aligned pointer, offset, sizes, strides: ``3 + 2 * rank`` 64-bit words);
 ``ParamPacker`` produces exactly the PTX entry's parameter list from it.
+A shape-generic program (``compiler.driver.shape_generic``) has no size
+compiled in: its buffers' sizes are ``None`` in ``KernelArg.shape``, filled
+at launch from the operands' shapes, and its kernels read them from the
+descriptors (``memref.dim``); so one PTX serves every size.
 """
 
 from __future__ import annotations
@@ -52,13 +57,29 @@ class KernelArg:
 
 @dataclass(frozen=True)
 class GridRule:
-    """``ceil(count / per_block)`` blocks, where ``count`` is the stored entries of kernel argument ``ref``."""
+    """``ceil(count / per_block)`` blocks (at least one), ``count`` known only at launch: the stored entries of
+    kernel argument ``ref`` (``dim`` is ``None``), or the size of its dimension ``dim``."""
 
     ref: int
     per_block: int
+    dim: int | None = None
 
-    def blocks(self, length: int) -> int:
-        return max(1, math.ceil(length / self.per_block))
+    def count(self, lengths: list[Any], shapes: list[tuple[Any, ...]] | None = None) -> Any:
+        """The count, given each kernel argument's entries and (for ``dim``) sizes."""
+        if self.dim is None:
+            return lengths[self.ref]
+        assert shapes is not None, "a grid over a dimension needs the operands' shapes"
+        return shapes[self.ref][self.dim]
+
+    def blocks(self, count: int) -> int:
+        return max(1, math.ceil(count / self.per_block))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ref": self.ref, "per_block": self.per_block, **({} if self.dim is None else {"dim": self.dim})}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GridRule:
+        return cls(data["ref"], data["per_block"], data.get("dim"))
 
 
 @dataclass(frozen=True)
@@ -70,15 +91,27 @@ class LaneRule:
 
     ``ref`` is the kernel argument whose length is the number of stored
     entries (known on the host without reading the device), ``rows`` the
-    number of rows.  Arguments of kind ``lanes`` receive the value, and the
-    grid covers ``rows * lanes`` threads.
+    number of rows, or ``None`` in a shape-generic program: then the rows
+    are the length of kernel argument ``rows_of`` (the SpMV's ``y``).
+    Arguments of kind ``lanes`` receive the value, and the grid covers
+    ``rows * lanes`` threads.
     """
 
     ref: int
-    rows: int
+    rows: int | None
+    rows_of: int | None = None
 
-    def lanes(self, entries: int) -> int:
-        mean = entries / max(self.rows, 1) / 2
+    def row_count(self, lengths: list[Any]) -> Any:
+        """The rows, given each kernel argument's entries."""
+        if self.rows is not None:
+            return self.rows
+        assert self.rows_of is not None, "a LaneRule needs its rows or the argument that has them"
+        return lengths[self.rows_of]
+
+    def lanes(self, entries: int, rows: int | None = None) -> int:
+        rows = self.rows if rows is None else rows
+        assert rows is not None, "the rows of a shape-generic LaneRule come from the call"
+        mean = entries / max(rows, 1) / 2
         lanes = 1
         while lanes < 32 and lanes < mean:
             lanes *= 2
@@ -90,7 +123,7 @@ class Launch:
     """One kernel launch, in the order the program runs them (all on one stream)."""
 
     kernel: str
-    grid: tuple[int, int, int] | GridRule
+    grid: tuple[int | GridRule, int | GridRule, int | GridRule] | GridRule
     block: tuple[int, int, int]
     args: tuple[KernelArg, ...]
     shared_bytes: int = 0
@@ -112,14 +145,15 @@ class Launch:
         """Whether this launch is part of the program when it runs from ``chip``'s code."""
         return not self.chips or chip in self.chips
 
-    def grid_for(self, lengths: list[int]) -> tuple[int, int, int]:
-        """The grid given each kernel argument's length (entries)."""
+    def grid_for(self, lengths: list[int], shapes: list[tuple[int, ...]] | None = None) -> tuple[int, int, int]:
+        """The grid given each kernel argument's length (entries) and, for rules over a dimension, its sizes."""
         if self.lanes is not None:
-            threads = self.lanes.rows * self.lanes.lanes(lengths[self.lanes.ref])
+            rows = self.lanes.row_count(lengths)
+            threads = rows * self.lanes.lanes(lengths[self.lanes.ref], rows)
             return (max(1, math.ceil(threads / self.block[0])), 1, 1)
-        if isinstance(self.grid, GridRule):
-            return (self.grid.blocks(lengths[self.grid.ref]), 1, 1)
-        return self.grid
+        grid = (self.grid, 1, 1) if isinstance(self.grid, GridRule) else self.grid
+        x, y, z = (g.blocks(g.count(lengths, shapes)) if isinstance(g, GridRule) else g for g in grid)
+        return (x, y, z)
 
     def param_count(self) -> int:
         return sum(descriptor_words(len(a.shape)) if a.kind in ("buffer", "scratch") else 1 for a in self.args)
@@ -159,13 +193,20 @@ class GpuProgram:
 
     def to_json(self, include_ptx: bool = True) -> dict[str, Any]:
         def grid(g: Any) -> Any:
-            return {"ref": g.ref, "per_block": g.per_block} if isinstance(g, GridRule) else list(g)
+            if isinstance(g, GridRule):
+                return g.to_json()
+            return [a.to_json() if isinstance(a, GridRule) else a for a in g]
+
+        def lanes(rule: LaneRule | None) -> Any:
+            if rule is None:
+                return None
+            return [rule.ref, rule.rows] + ([] if rule.rows_of is None else [rule.rows_of])
 
         data: dict[str, Any] = {"module": self.module, "notes": list(self.notes),
                                 "scratch": [[list(s), d] for s, d in self.scratch],
                                 "launches": [{"kernel": k.kernel, "grid": grid(k.grid), "block": list(k.block),
                                               "shared_bytes": k.shared_bytes,
-                                              "lanes": [k.lanes.ref, k.lanes.rows] if k.lanes else None,
+                                              "lanes": lanes(k.lanes),
                                               "aligned": list(k.aligned), "when": k.when,
                                               "fills_output": k.fills_output, "chips": list(k.chips),
                                               "derives": k.derives,
@@ -178,7 +219,9 @@ class GpuProgram:
     @classmethod
     def from_json(cls, data: dict[str, Any], ptx: dict[str, str] | None = None) -> GpuProgram:
         def grid(g: Any) -> Any:
-            return GridRule(g["ref"], g["per_block"]) if isinstance(g, dict) else tuple(g)
+            if isinstance(g, dict):
+                return GridRule.from_json(g)
+            return tuple(GridRule.from_json(a) if isinstance(a, dict) else a for a in g)
 
         launches = tuple(Launch(k["kernel"], grid(k["grid"]), tuple(k["block"]),
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
@@ -209,39 +252,44 @@ def descriptor_words(rank: int) -> int:
 class ParamPacker:
     """A launch's parameters as 64-bit words, given ``(device pointer, entries)`` per kernel argument.
 
-    Static sizes come from the manifest; a dynamic size (a sparse buffer) is
-    the buffer's actual length.  Strides are row-major.  Every word that does
-    not depend on the call is computed once, at construction.
+    Static sizes come from the manifest; a dynamic size is the buffer's
+    actual length (a 1-d buffer: a sparse level, or a dense vector of a
+    shape-generic program) or, for a buffer of higher rank, the operand's
+    size at the call (``shapes``).  Strides are row-major.  Every word that
+    does not depend on the call is computed once, at construction.  The C
+    launcher packs with C expressions in place of the numbers
+    (``export.cuda_header``): sizes and strides then come out as products of names.
     """
 
     def __init__(self, launch: Launch):
         self.lanes = launch.lanes
-        # per argument: (kind, ref, words after the two pointers, or None when the size comes from the buffer)
-        self.items: list[tuple[str, int, list[int] | None]] = []
+        # per argument: (kind, ref, words after the two pointers, or None when the size comes from the buffer,
+        # or the shape with None at each size the call gives)
+        self.items: list[tuple[str, int, list[int] | None, tuple[int | None, ...]]] = []
         for arg in launch.args:
             if arg.kind in ("index", "lanes"):
-                self.items.append((arg.kind, arg.ref, None))
+                self.items.append((arg.kind, arg.ref, None, ()))
                 continue
             if arg.kind == "tensormap":
-                self.items.append((arg.kind, arg.ref, list(arg.shape)))
+                self.items.append((arg.kind, arg.ref, list(arg.shape), ()))
                 continue
             shape = arg.shape
             if arg.kind == "scratch" or all(s is not None for s in shape):
                 sizes = [s or 0 for s in shape]
-                self.items.append((arg.kind, arg.ref, [0, *sizes, *_strides(sizes)]))
+                self.items.append((arg.kind, arg.ref, [0, *sizes, *_strides(sizes)], ()))
             else:
-                assert len(shape) == 1, "only 1-d buffers have a run-time size"
-                self.items.append((arg.kind, arg.ref, None))
+                self.items.append((arg.kind, arg.ref, None, shape))
 
     def __call__(self, buffers: list[tuple[Any, Any]], scratch: list[Any], lanes: Any = None,
-                 tensor_map: Any = None) -> list[Any]:
+                 tensor_map: Any = None, shapes: list[tuple[Any, ...]] | None = None) -> list[Any]:
         """The words; ``lanes`` overrides the lane rule's value (the C launcher passes names, not numbers).
 
         ``tensor_map(pointer, geometry)`` gives the device address of the TMA
-        descriptor of a ``tensormap`` argument.
+        descriptor of a ``tensormap`` argument; ``shapes`` each kernel
+        argument's sizes at this call (needed for a run-time size of a buffer of rank 2 or more).
         """
         words: list[Any] = []
-        for kind, ref, tail in self.items:
+        for kind, ref, tail, dynamic in self.items:
             if kind == "index":
                 words.append(ref)
             elif kind == "tensormap":
@@ -249,16 +297,29 @@ class ParamPacker:
                 words.append(tensor_map(buffers[ref][0], TensorMapGeometry(*tail)))
             elif kind == "lanes":
                 assert self.lanes is not None, "a lanes argument needs the launch's LaneRule"
-                words.append(lanes if lanes is not None else self.lanes.lanes(buffers[self.lanes.ref][1]))
+                lengths = [length for _, length in buffers]
+                words.append(lanes if lanes is not None else
+                             self.lanes.lanes(buffers[self.lanes.ref][1], self.lanes.row_count(lengths)))
             else:
                 ptr, length = buffers[ref] if kind == "buffer" else (scratch[ref], 0)
-                words += [ptr, ptr, *(tail if tail is not None else (0, length, 1))]
+                if tail is None and len(dynamic) == 1:
+                    tail = [0, length, 1]
+                elif tail is None:
+                    assert shapes is not None, "a run-time size of a buffer of rank 2 or more needs the call's shapes"
+                    sizes = [given if static is None else static for static, given in zip(dynamic, shapes[ref])]
+                    tail = [0, *sizes, *_strides(sizes)]
+                words += [ptr, ptr, *tail]
         return words
 
 
-def _strides(sizes: list[int]) -> list[int]:
-    strides, step = [], 1
+def _strides(sizes: list[Any]) -> list[Any]:
+    """Row-major strides of ``sizes``: numbers, or C products when a size is a C expression."""
+    strides: list[Any] = []
+    step: Any = 1
     for size in reversed(sizes):
         strides.insert(0, step)
-        step *= size
+        if isinstance(step, int) and isinstance(size, int):
+            step *= size
+        else:
+            step = size if step == 1 else f"({step}) * ({size})"
     return strides

@@ -18,9 +18,10 @@ from mlir import ir
 
 from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.abi.gpu_program import GpuProgram
+from sparse_mlir.compiler.emitters import shape_generic_cuda_emitter
 from sparse_mlir.dialects import select
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.errors import DeviceError
+from sparse_mlir.errors import DeviceError, LoweringError
 from sparse_mlir.lowering import cpu as cpu_pipeline
 from sparse_mlir.lowering import cuda as cuda_pipeline
 from sparse_mlir.lowering import toolchain
@@ -71,7 +72,14 @@ def build_cuda(spec: KernelSpec, shapes: Shapes, sig: Signature, out_path: Path,
 def gpu_program(spec: KernelSpec, shapes: Shapes, sig: Signature, chips: tuple[str, ...], emitter: str,
                 deterministic: bool) -> tuple[GpuProgram, dict[str, str]]:
     """The program and stages of one specialization, in the caller's MLIR context (``chips=()``: no PTX)."""
-    found = select.cuda_kernels(spec, shapes, deterministic) if emitter == "auto" else None
+    choice = select.cuda_choice(spec, shapes, deterministic) if emitter == "auto" else None
+    if any(None in shapes[n] for n in spec.inputs if spec.is_sparse(n)):  # shape-generic: as driver.shape_generic
+        named = shape_generic_cuda_emitter(spec, spec.formats, deterministic)
+        if choice is None or choice.emitter != named:
+            raise LoweringError(f"no shape-generic GPU kernel for {spec.expression!r}: emitter "
+                                f"{choice.emitter if choice else None!r} applies, emitters.SHAPE_GENERIC_CUDA names "
+                                f"{named!r}", stage="input", target="cuda")
+    found = None if choice is None else choice.kernels
     if found is not None:
         return cuda_pipeline.lower_to_ptx(found.module, sig, native=found.launches, scratch=found.scratch,
                                           chips=chips)

@@ -32,7 +32,7 @@ from sparse_mlir._version import __version__
 from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.abi.gpu_program import CHIPS, GpuProgram
 from sparse_mlir.compiler import cache, process
-from sparse_mlir.compiler.emitters import shape_generic_emitter
+from sparse_mlir.compiler.emitters import shape_generic_cuda_emitter, shape_generic_emitter
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.errors import DeviceError, LoweringError
 from sparse_mlir.formats import Format
@@ -133,10 +133,15 @@ def build(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, options:
 def shape_generic(spec: KernelSpec, formats: dict[str, Format], options: BuildOptions) -> bool:
     """Whether one build of ``spec`` with these formats takes every size at run time (``generic_shapes``).
 
-    True for the hand-scheduled CPU kernels (``emitters.SHAPE_GENERIC_CPU``);
-    sparsifier kernels and every GPU kernel are built once per sparse shape.
+    True for the hand-scheduled CPU kernels (``emitters.SHAPE_GENERIC_CPU``)
+    and the hand-scheduled CSR SpMV on CUDA (``emitters.SHAPE_GENERIC_CUDA``,
+    unless ``emitter="sparsifier"``); sparsifier kernels and the other GPU
+    kernels are built once per sparse shape (GPU: once per operand shape).
     """
-    return options.target == "cpu" and shape_generic_emitter(spec, formats) is not None
+    if options.target == "cuda":
+        return options.emitter == "auto" and \
+            shape_generic_cuda_emitter(spec, formats, options.deterministic) is not None
+    return shape_generic_emitter(spec, formats) is not None
 
 
 def generic_shapes(spec: KernelSpec) -> Shapes:

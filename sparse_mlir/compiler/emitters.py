@@ -1,4 +1,4 @@
-"""Which CPU kernels are shape-generic: one build takes every size at run time.
+"""Which kernels are shape-generic: one build takes every size at run time (CPU, and CUDA below).
 
 The hand-scheduled CPU emitters (``dialects.native``) take a sparse operand as
 plain memrefs (positions, coordinates, values) and read every size from its
@@ -12,6 +12,13 @@ with the same matchers (``dsl.patterns``) the emitters call, in the order of
 shape-generic build that the emitter it ran is the one named here, and
 ``tests/ir/test_ir_select.py`` that the rows agree, so the two cannot drift
 apart silently.  No MLIR here.
+
+On CUDA the hand-scheduled CSR SpMV kernels (``dialects.native.gpu``) read
+their sizes from the buffers' descriptors and size their grids at launch
+(``abi.gpu_program.GridRule`` / ``LaneRule``), so they are shape-generic
+too: ``SHAPE_GENERIC_CUDA`` names them in the order of
+``dialects.select.CUDA_EMITTERS``; ``build.gpu_program`` refuses a
+shape-generic build that another emitter would take.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from sparse_mlir.dsl.patterns import (
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["SHAPE_GENERIC_CPU", "shape_generic_emitter"]
+__all__ = ["SHAPE_GENERIC_CPU", "SHAPE_GENERIC_CUDA", "shape_generic_emitter", "shape_generic_cuda_emitter"]
 
 Match = Callable[[KernelSpec, dict[str, Format]], bool]
 
@@ -70,5 +77,32 @@ def shape_generic_emitter(spec: KernelSpec, formats: dict[str, Format]) -> str |
     formats = {**spec.formats, **formats}
     for name, matches in SHAPE_GENERIC_CPU:
         if matches(spec, formats):
+            return name
+    return None
+
+
+CudaMatch = Callable[[KernelSpec, dict[str, Format], bool], bool]
+
+
+def _cuda_spmv(spec: KernelSpec, formats: dict[str, Format], deterministic: bool) -> bool:
+    if spec.dtype.kind != "f" or spmv_operands(spec, formats) is None:
+        return False
+    # a deterministic float32/float64 SpMV takes the merge path (``spmv_merge``, the row before ``spmv``), whose
+    # carries fill a scratch buffer sized by the rows: one build per shape
+    return not (deterministic and spec.dtype.name in ("float32", "float64") and spec.output_dtype == spec.dtype)
+
+
+# the shape-generic rows of ``dialects.select.CUDA_EMITTERS``, by emitter name, in the table's order
+SHAPE_GENERIC_CUDA: tuple[tuple[str, CudaMatch], ...] = (
+    ("spmv", _cuda_spmv),
+)
+
+
+def shape_generic_cuda_emitter(spec: KernelSpec, formats: dict[str, Format], deterministic: bool) -> str | None:
+    """The name of the shape-generic CUDA emitter that builds ``spec`` with ``formats`` (``deterministic``: no
+    atomics), or ``None``: the GPU program is built once per operand shape."""
+    formats = {**spec.formats, **formats}
+    for name, matches in SHAPE_GENERIC_CUDA:
+        if matches(spec, formats, deterministic):
             return name
     return None

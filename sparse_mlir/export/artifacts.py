@@ -1,7 +1,7 @@
 """Ahead-of-time export: object file, shared library, C header and JSON manifest.
 
-A shape-generic kernel (the hand-scheduled CPU ones: ``compiler.driver.shape_generic``)
-exports without ``shapes=`` and takes every size at run time, the sparse
+A shape-generic kernel (the hand-scheduled CPU ones and the CUDA CSR SpMV:
+``compiler.driver.shape_generic``) exports without ``shapes=`` and takes every size at run time, the sparse
 operands' as ``NAME_d0..`` parameters checked against their buffers and the
 dense operands; given ``shapes=``, it is fixed to them like any other.  The
 sparse assembler needs static sparse shapes, so a sparsifier kernel fixes
@@ -106,10 +106,16 @@ def _export_cuda(kernel: Any, folder: Path, name: str, shapes: dict[str, tuple[i
     """``NAME.json`` (signature, launches, checksums), ``NAME.<chip>.ptx``, with ptxas ``NAME.<chip>.cubin``,
     and ``NAME.h``, a C launcher over the CUDA Driver API (``gpu_header``).
 
-    GPU kernels are specialized for every operand's shape, so ``shapes``
-    must give all inputs (the output's follows).
+    A shape-generic GPU kernel (``kernel.shape_generic``: the CSR SpMV)
+    exported without ``shapes`` takes every size at run time (its launcher's
+    ``NAME_d{k}`` parameters); given ``shapes``, and for every other GPU
+    kernel (specialized for every operand's shape), ``shapes`` must give all
+    inputs (the output's follows) and fixes them.
     """
-    kernel.specialize(shapes)
+    if shapes or not kernel.shape_generic:
+        kernel.specialize(shapes, fixed=True)
+    else:
+        kernel.specialize({})
     program, sig = kernel.program, Signature(name, kernel.signature.expression, kernel.signature.operands)
     folder.mkdir(parents=True, exist_ok=True)
     code: dict[str, str] = {}

@@ -3,7 +3,12 @@
 ``NAME_load`` loads ``NAME.<chip>.cubin`` (or ``.ptx``) into the current
 context; ``NAME(module, stream, ...)`` takes device pointers in the same
 order as the CPU entry point's parameters (sparse buffers with their
-lengths, dense arrays, the output), zero-fills the output (where a kernel accumulates
+lengths, dense arrays, the output; after each operand ``int64_t X_d{k}`` for
+every size left to run time, which is every size of a shape-generic kernel),
+checks the sizes and level buffer lengths it can check without reading the
+device (``CUDA_ERROR_INVALID_VALUE`` before anything is enqueued: sizes
+that disagree or are negative, positions not ``rows + 1`` long, coordinates
+and values of different lengths), zero-fills the output (where a kernel accumulates
 into it) and scratch buffers on the stream, packs every launch's parameters exactly as
 ``gpu_program.ParamPacker`` does (same manifest, same rules) and enqueues
 the launches.  Nothing synchronizes except the copy of N:M implicit
@@ -29,13 +34,14 @@ from sparse_mlir.abi.gpu_program import (
     TensorMapGeometry,
 )
 from sparse_mlir.errors import DSLError
+from sparse_mlir.formats import LevelKind
 from sparse_mlir.runtime.tensor_maps import DATA_TYPES, L2_PROMOTION_128B, SWIZZLE
 
 __all__ = ["cuda_header"]
 
 
 # the launcher's own parameters and locals; a tensor whose C parameter took one of these names would not compile
-_RESERVED = re.compile(r"(m|stream|r|gx|gy|gz|w|params|skewed|mean|lanes|host|found|map|dims|strides|box|steps|i"
+_RESERVED = re.compile(r"(m|stream|r|gx|gy|gz|w|params|skewed|rows|mean|lanes|host|found|map|dims|strides|box|steps|i"
                        r"|s\d+|tm\d+)")
 
 
@@ -76,21 +82,27 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
     lines += ["  return CUDA_SUCCESS;", "}", "",
               f"static inline CUresult {name}_unload({name}_module* m) {{ return cuModuleUnload(m->module); }}", ""]
     params, arguments = _parameters(sig)
+    shapes = _argument_shapes(sig)
     conditional = any(launch.when for launch in program.launches)
     if conditional:
         params.append("int skewed")
-    lines += ["/* Enqueues the kernel on `stream` (device pointers; shapes as exported, see NAME.json)."
+    generic = any(s is None for op in sig.operands for s in op.shape)
+    lines += ["/* Enqueues the kernel on `stream` (device pointers; "
+              + ("every size marked ? in NAME.json is a parameter X_dK; " if generic else "shapes as exported, see "
+                 "NAME.json; ")
+              + "CUDA_ERROR_INVALID_VALUE, with nothing enqueued, for sizes or level buffer lengths that disagree)."
               + (f" `skewed`: nonzero when the longest row has at least {SKEWED_ROW} entries and more than 32"
                  " times the mean: rows are then split across threads (atomic additions, or, in a deterministic"
                  " export, the merge path's equal shares with an ordered fix-up pass). */" if conditional
                  else " */"),
               f"static inline CUresult {name}({name}_module* m, CUstream stream,\n    {', '.join(params)}) {{",
               "  CUresult r;"]
+    lines += _checks(sig)
     lines += _prologue(sig, program)
     maps = _tensor_map_names(program)
     lines += [f"  CUdeviceptr {n} = 0;" for n in maps.values()]
     for i, launch in enumerate(program.launches):
-        body = _launch(i, launch, arguments, [f"s{s}" for s in range(len(program.scratch))], maps,
+        body = _launch(i, launch, arguments, shapes, [f"s{s}" for s in range(len(program.scratch))], maps,
                        sig.inputs[0].dtype.name if sig.inputs else "float16")
         condition = f"m->functions[{i}]" + (f" && {'' if launch.when == 'skewed' else '!'}skewed" if launch.when
                                             else "")
@@ -102,8 +114,24 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
     return "\n".join(lines)
 
 
+def _size(op: OperandABI, d: int) -> int | str:
+    """Dimension ``d`` of ``op``: compiled in, or the launcher's parameter ``NAME_d{d}``."""
+    size = op.shape[d]
+    return f"{op.name}_d{d}" if size is None else size
+
+
+def _product(values: list[int | str]) -> str:
+    """A C expression for the product of numbers and C names (64-bit)."""
+    number = math.prod(v for v in values if isinstance(v, int))
+    names = [f"(int64_t)({v})" for v in values if isinstance(v, str)]
+    return " * ".join(([str(number)] if number != 1 or not names else []) + names)
+
+
 def _parameters(sig: Signature) -> tuple[list[str], list[tuple[str, str]]]:
-    """C parameters in the CPU entry point's order, and per kernel argument its ``(pointer, length)`` C names."""
+    """C parameters in the CPU entry point's order, and per kernel argument its ``(pointer, length)`` C names.
+
+    Every size that is not compiled in follows its operand as ``int64_t NAME_d{k}`` (a sparse output has none).
+    """
     params = []
     for op in sig.operands:
         if op.sparse:
@@ -111,15 +139,82 @@ def _parameters(sig: Signature) -> tuple[list[str], list[tuple[str, str]]]:
                 params += [f"CUdeviceptr {op.name}_{buf}", f"int64_t {op.name}_{buf}_len"]
         else:
             params.append(f"CUdeviceptr {op.name}")
+        if not (op.sparse and op.output):
+            params += [f"int64_t {op.name}_d{d}" for d, size in enumerate(op.shape) if size is None]
     arguments = []
     for op, buf in sig.kernel_arguments():
         if not op.sparse:
-            arguments.append((op.name, str(math.prod(s or 0 for s in op.shape))))
+            arguments.append((op.name, _product([_size(op, d) for d in range(len(op.shape))])))
         elif buf in dict(op.buffers()):
             arguments.append((f"{op.name}_{buf}", f"{op.name}_{buf}_len"))
         else:
             arguments.append((f"{op.name}_implicit_{buf}", str(_groups(op) + 1)))
     return params, arguments
+
+
+def _argument_shapes(sig: Signature) -> list[tuple[int | str, ...]]:
+    """Per kernel argument its sizes as numbers or C names (``ParamPacker``'s ``shapes``)."""
+    shapes: list[tuple[int | str, ...]] = []
+    for (op, buf), (_, length) in zip(sig.kernel_arguments(), _parameters(sig)[1]):
+        shapes.append(tuple(_size(op, d) for d in range(len(op.shape))) if not op.sparse else (length,))
+    return shapes
+
+
+def _checks(sig: Signature) -> list[str]:
+    """Refuse (``CUDA_ERROR_INVALID_VALUE``, before anything is enqueued) sizes that are negative or disagree,
+    run-time sizes that are not a multiple of the format's block, and level buffer lengths that do not fit the
+    sizes.  The walk over the levels is ``lowering.c_entry._check_levels`` without its reads of positions (they
+    are on the device): a compressed level's entries are taken to be its coordinates' length."""
+    bad: list[str] = []
+    for op in sig.operands:
+        if op.sparse and op.output:
+            continue
+        bad += [f"{name} < 0" for d in range(len(op.shape)) if isinstance(name := _size(op, d), str)]
+        if op.sparse:
+            bad += [f"{op.name}_{buf}_len < 0" for buf, _ in op.buffers()]
+    by_index: dict[str, list[int | str]] = {}
+    for op in sig.operands:
+        if op.sparse and op.output:
+            continue
+        for d, idx in enumerate(op.index):
+            by_index.setdefault(idx, []).append(_size(op, d))
+    for sizes in by_index.values():
+        first = sizes[0]
+        bad += [f"{size} != {first}" for size in sizes[1:] if isinstance(size, str) or isinstance(first, str)]
+    for op in sig.inputs:
+        if op.sparse:
+            bad += _level_checks(op)
+    if not bad:
+        return []
+    return ["  if (" + "\n      || ".join(f"({b})" for b in bad) + ")", "    return CUDA_ERROR_INVALID_VALUE;"]
+
+
+def _level_checks(op: OperandABI) -> list[str]:
+    """The conditions under which ``op``'s level buffer lengths do not fit its sizes (see ``_checks``)."""
+    fmt = op.format
+    assert fmt is not None
+    given = dict(op.buffers())
+    bad = [f"{_size(op, d)} % {factor} != 0" for d, factor in fmt.block_factors.items()
+           if op.shape[d] is None and factor > 1]
+    entries = "1"
+    for i, (level, expr) in enumerate(zip(fmt.levels, fmt.dim_to_lvl)):
+        size = _size(op, expr.dim)
+        level_size = str(expr.factor) if expr.op == "mod" else \
+            (f"({size}) / {expr.factor}" if expr.op == "floordiv" else str(size))
+        if level.kind is LevelKind.DENSE:
+            entries = f"({entries}) * ({level_size})"
+        elif level.kind is LevelKind.STRUCTURED:
+            entries = f"({entries}) * {level.n}"
+            if f"crd{i}" in given:
+                bad.append(f"{op.name}_crd{i}_len != {entries}")
+        elif level.kind is LevelKind.COMPRESSED and f"pos{i}" in given:
+            bad.append(f"{op.name}_pos{i}_len != ({entries}) + 1")
+            entries = f"{op.name}_crd{i}_len"
+        elif level.kind is LevelKind.SINGLETON and f"crd{i}" in given:
+            bad.append(f"{op.name}_crd{i}_len != {entries}")
+        else:  # a level whose entries only the device knows: nothing below it can be checked here
+            return bad
+    return bad + [f"{op.name}_values_len != {entries}"]
 
 
 def _groups(op: OperandABI) -> int:
@@ -136,7 +231,7 @@ def _implicit(sig: Signature) -> list[tuple[str, OperandABI]]:
 def _prologue(sig: Signature, program: GpuProgram) -> list[str]:
     """Zero the output (unless every launch stores all of it), allocate and zero scratch, make N:M positions."""
     out = sig.output
-    nbytes = math.prod(out.shape) * out.dtype.itemsize
+    nbytes = _product([*(_size(out, d) for d in range(len(out.shape))), out.dtype.itemsize])
     lines = [*(f"  CUdeviceptr s{s} = 0;" for s in range(len(program.scratch))),
              *(f"  CUdeviceptr {ptr} = 0;" for ptr, _ in _implicit(sig))]
     if program.needs_zeroed_output():
@@ -193,8 +288,8 @@ def _encode_tensor_map(name: str, pointer: str, geometry: TensorMapGeometry, dty
             "      if (r != CUDA_SUCCESS) goto done;", "    }"]
 
 
-def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], scratch: list[str],
-            maps: dict[tuple[int, TensorMapGeometry], str], dtype: str) -> list[str]:
+def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], shapes: list[tuple[int | str, ...]],
+            scratch: list[str], maps: dict[tuple[int, TensorMapGeometry], str], dtype: str) -> list[str]:
     """One launch: its grid (rules evaluated in C), its parameter words (``ParamPacker`` over C names), the call."""
     needed: list[tuple[str, str, TensorMapGeometry]] = []
 
@@ -203,23 +298,27 @@ def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], scratc
         needed.append((maps[(ref, geometry)], pointer, geometry))
         return maps[(ref, geometry)]
 
-    words = ParamPacker(launch)(arguments, scratch, lanes="lanes", tensor_map=tensor_map)
+    words = ParamPacker(launch)(arguments, scratch, lanes="lanes", tensor_map=tensor_map, shapes=shapes)
     lines = [f"  {{ /* launch {index}: {launch.kernel} */"]
     for name, pointer, geometry in needed:
         lines += [f"    if (!{name})", *_encode_tensor_map(name, pointer, geometry, dtype)]
     if launch.lanes is not None:
         nnz = arguments[launch.lanes.ref][1]
-        lines += [f"    double mean = (double)({nnz}) / {max(launch.lanes.rows, 1)} / 2; /* as LaneRule.lanes */",
+        rows = launch.lanes.row_count([length for _, length in arguments])
+        lines += [f"    int64_t rows = {rows};",
+                  f"    double mean = (double)({nnz}) / (rows > 1 ? rows : 1) / 2; /* as LaneRule.lanes */",
                   "    uint64_t lanes = 1;", "    while (lanes < 32 && lanes < mean) lanes *= 2;",
-                  f"    unsigned gx = (unsigned)(({launch.lanes.rows} * lanes + {launch.block[0] - 1}) "
+                  f"    unsigned gx = (unsigned)(((uint64_t)rows * lanes + {launch.block[0] - 1}) "
                   f"/ {launch.block[0]});", "    if (gx == 0) gx = 1;", "    unsigned gy = 1, gz = 1;"]
-    elif isinstance(launch.grid, GridRule):
-        nnz = arguments[launch.grid.ref][1]
-        lines += [f"    unsigned gx = (unsigned)(({nnz} + {launch.grid.per_block - 1}) / {launch.grid.per_block});",
-                  "    if (gx == 0) gx = 1;", "    unsigned gy = 1, gz = 1;"]
     else:
-        gx, gy, gz = launch.grid
-        lines.append(f"    unsigned gx = {gx}, gy = {gy}, gz = {gz};")
+        grid = (launch.grid, 1, 1) if isinstance(launch.grid, GridRule) else launch.grid
+        for axis, g in zip(("gx", "gy", "gz"), grid):
+            if isinstance(g, GridRule):  # as GridRule.blocks: at least one block
+                count = g.count([length for _, length in arguments], shapes)
+                lines += [f"    unsigned {axis} = (unsigned)((({count}) + {g.per_block - 1}) / {g.per_block});",
+                          f"    if ({axis} == 0) {axis} = 1;"]
+            else:
+                lines.append(f"    unsigned {axis} = {g};")
     lines += [f"    uint64_t w[{len(words)}] = {{", *(f"      (uint64_t)({w})," for w in words), "    };",
               f"    void* params[{len(words)}];", f"    for (int i = 0; i < {len(words)}; ++i) params[i] = &w[i];",
               f"    r = cuLaunchKernel(m->functions[{index}], gx, gy, gz, {launch.block[0]}, {launch.block[1]}, "

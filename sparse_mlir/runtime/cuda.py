@@ -1,7 +1,11 @@
 """``CudaKernel``: what ``compile(..., target="cuda")`` returns; it runs on CuPy arrays and ``DeviceSparseTensor``s.
 
-PTX is specialized per operand shape (every size is static, so launch grids
-are constants) and built on the first call with each shape by the driver,
+A shape-generic kernel (``driver.shape_generic``: the hand-scheduled CSR
+SpMV) is built once per index widths: its PTX reads every size from the
+buffers' descriptors and its grids are sized at launch from the operands
+(``GridRule``, ``LaneRule``).  Every other kernel's PTX is specialized per
+operand shape (its sizes are compiled in, so its launch grids are
+constants).  Builds happen on the first call that needs them, by the driver,
 through the compiler process and the disk cache like CPU kernels.  It compiles
 without a GPU or CuPy (``specialize``), and raises ``DeviceError`` only when
 asked to run without them.
@@ -55,6 +59,8 @@ class CudaKernel(Kernel):
         self._functions: dict[tuple, tuple[Artifact, GpuFunction]] = {}
         self._last: tuple[Artifact, GpuFunction] | None = None
         self._lock = threading.Lock()
+        self._sparse_inputs = tuple(n for n in spec.inputs if spec.is_sparse(n))
+        self._generic: dict[tuple, bool] = {}  # index widths of the sparse inputs -> shape-generic?
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{k}={v}" for k, v in self.spec.formats.items())
@@ -66,6 +72,20 @@ class CudaKernel(Kernel):
     def compiled(self) -> bool:
         """Whether a specialization has been compiled (by a call, ``specialize`` or ``function``)."""
         return self._last is not None
+
+    @property
+    def shape_generic(self) -> bool:
+        """Whether one build takes every size at run time (operands with the declared index widths): the
+        hand-scheduled CSR SpMV; every other GPU kernel compiles once per operand shape."""
+        return self._is_generic({n: self.spec.formats[n] for n in self._sparse_inputs})
+
+    def _is_generic(self, formats: Mapping[str, Format]) -> bool:
+        """Whether the build for these actual formats is shape-generic (asked once per index widths)."""
+        widths = tuple((formats[n].pos_width, formats[n].crd_width) for n in self._sparse_inputs)
+        found = self._generic.get(widths)
+        if found is None:
+            found = self._generic[widths] = driver.shape_generic(self.spec, dict(formats), self.options)
+        return found
 
     @property
     def mlir(self) -> str:
@@ -99,17 +119,24 @@ class CudaKernel(Kernel):
         formats = {n: args[n].format for n in spec.inputs if spec.is_sparse(n)}
         shapes = self._shapes({n: tuple(args[n].shape) for n in spec.inputs})
         function = self.function(formats, shapes)
-        return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.output_dtype))
+        return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.output_dtype),
+                        shapes[spec.output])
 
-    def specialize(self, shapes: Mapping[str, tuple[int, ...]]) -> CudaKernel:
+    def specialize(self, shapes: Mapping[str, tuple[int, ...]], *, fixed: bool = False) -> CudaKernel:
         """Compile (or load) the specialization for these input shapes and the declared formats, without a GPU.
 
-        ``ShapeError`` names missing, unknown and inconsistent shapes.
+        ``ShapeError`` names missing, unknown and inconsistent shapes; a
+        ``shape_generic`` kernel needs none (``{}`` builds its one variant),
+        unless ``fixed``: then it too is built for these shapes (an export with ``shapes=``).
         """
         spec = self.spec
+        formats = {n: spec.formats[n] for n in self._sparse_inputs}
+        if self._is_generic(formats) and not fixed:
+            check_shapes_given(spec, shapes, ())
+            self.function(formats, {})
+            return self
         checked = check_shapes_given(spec, shapes, spec.inputs)
-        self.function({n: spec.formats[n] for n in spec.inputs if spec.is_sparse(n)},
-                      self._shapes({n: checked[n] for n in spec.inputs}))
+        self.function(formats, self._shapes({n: checked[n] for n in spec.inputs}), fixed=fixed)
         return self
 
     def _shapes(self, inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -117,16 +144,20 @@ class CudaKernel(Kernel):
         extents = check_extents(self._sources, {n: _Shaped(s) for n, s in inputs.items()})
         return {**inputs, self.spec.output: tuple(extents[i] for i in self.spec.output_indices)}
 
-    def function(self, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]]) -> GpuFunction:
-        """The loaded specialization for these formats and shapes (compiled or read from the cache)."""
+    def function(self, formats: dict[str, Format], shapes: dict[str, tuple[int, ...]], fixed: bool = False
+                 ) -> GpuFunction:
+        """The loaded specialization for these formats and shapes (compiled or read from the cache); a
+        shape-generic kernel's serves every shape, unless ``fixed`` asks for one built for ``shapes``."""
+        generic = self._is_generic(formats) and not fixed
         local = (tuple(sorted((n, f.pos_width, f.crd_width) for n, f in formats.items())),
-                 tuple(sorted(shapes.items())))
+                 None if generic else tuple(sorted(shapes.items())))
         found = self._functions.get(local)
         if found is None:
             with self._lock:
                 found = self._functions.get(local)
                 if found is None:
-                    artifact = driver.build(self.spec, formats, shapes, self.options, ENTRY_NAME)
+                    sizes = driver.generic_shapes(self.spec) if generic else shapes
+                    artifact = driver.build(self.spec, formats, sizes, self.options, ENTRY_NAME)
                     assert artifact.program is not None
                     files = write_ptx_files(artifact.program, artifact.path.parent, artifact.key)
                     found = self._functions[local] = (artifact, GpuFunction(artifact.program, artifact.signature,

@@ -122,19 +122,25 @@ class GpuFunction:
                 self._modules[device.id] = loaded
         return loaded[1]
 
-    def __call__(self, args: dict[str, Any], out: Any) -> Any:
-        """Launch on ``args``, writing ``out`` (checked by ``checked_device_output``) or a new array; return it."""
+    def __call__(self, args: dict[str, Any], out: Any, out_shape: tuple[int, ...] | None = None) -> Any:
+        """Launch on ``args``, writing ``out`` (checked by ``checked_device_output``) or a new array; return it.
+
+        ``out_shape`` is the result's shape at this call (a shape-generic
+        program's signature has none); by default the signature's.
+        """
         cp = cupy()
         functions = self._functions(cp)
         skewed = False
         if self._skew_operand is not None:
             tensor = args[self._skew_operand.name]
-            skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, self._skew_operand.shape[0])
+            skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, tensor.shape[0])
             skewed = skewed and (not self._merge or knobs.merge_spmv())
         zero, given = self._zeroed[skewed], out is not None
         if not given:
-            out = (cp.zeros if zero else cp.empty)(self.signature.output.shape, dtype=self.signature.output.dtype)
+            shape = self.signature.output.shape if out_shape is None else out_shape
+            out = (cp.zeros if zero else cp.empty)(shape, dtype=self.signature.output.dtype)
         buffers: list[tuple[int, int]] = []
+        shapes: list[tuple[int, ...]] = []  # each kernel argument's sizes (a shape-generic program's descriptors)
         for op, index in self._sources:
             if index == -1:
                 value = out if op.output else args[op.name]
@@ -143,6 +149,7 @@ class GpuFunction:
             else:
                 value = args[op.name].buffers[index]
             buffers.append((value.data.ptr, value.size))
+            shapes.append(tuple(value.shape))
         for ref in self._aligned:  # before anything is launched
             if buffers[ref][0] % 16:
                 raise OperandError(f"{self._arguments[ref][0].name} must start on a 16-byte boundary for this "
@@ -160,8 +167,9 @@ class GpuFunction:
 
         for (launch, function), block in zip(functions, blocks):
             if launch.runs(skewed) and id(launch) not in skip:
-                block.words[:] = self._packers[id(launch)](buffers, scratch_ptrs, tensor_map=tensor_map)
-                cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths), *launch.block,
+                block.words[:] = self._packers[id(launch)](buffers, scratch_ptrs, tensor_map=tensor_map,
+                                                            shapes=shapes)
+                cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths, shapes), *launch.block,
                                             launch.shared_bytes, stream, block.pointer, 0)
         return out
 

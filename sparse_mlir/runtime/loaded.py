@@ -98,7 +98,8 @@ class LoadedKernel(_Exported):
 
 
 class LoadedCudaKernel(_Exported):
-    """An exported GPU kernel (``NAME.json`` + PTX/cubin files): fixed shapes, runs with CuPy alone."""
+    """An exported GPU kernel (``NAME.json`` + PTX/cubin files): the export's shapes (fixed, or every size for a
+    shape-generic kernel exported without shapes), runs with CuPy alone."""
 
     target = "cuda"
 
@@ -107,6 +108,12 @@ class LoadedCudaKernel(_Exported):
         program = GpuProgram.from_json(manifest["program"], ptx={})
         self.function = GpuFunction(program, self._signature,
                                     {chip: folder / name for chip, name in manifest["code"].items()})
+        self._sources = extent_sources(self._signature.inputs)
+
+    @property
+    def shape_generic(self) -> bool:
+        """Whether the export takes every size at run time (a shape-generic kernel exported without shapes)."""
+        return self._signature.shape_generic
 
     @kernel_call
     def __call__(self, out: Any = None, **operands: Any) -> Any:
@@ -114,5 +121,7 @@ class LoadedCudaKernel(_Exported):
         args = device_operands(sig.expression, self._inputs, operands, sig.inputs[0].dtype)
         for op in sig.inputs:
             self._check_shape(op.name, op.shape, tuple(args[op.name].shape))
+        extents = check_extents(self._sources, args)  # operands that disagree on an index's size are refused
         output = sig.output
-        return self.function(args, checked_device_output(output.name, out, output.shape, output.dtype))
+        shape = tuple(extents[i] if i in extents else s for i, s in zip(output.index, output.shape))
+        return self.function(args, checked_device_output(output.name, out, shape, output.dtype), shape)
