@@ -102,6 +102,13 @@ class _Knobs:
         return os.environ.get("SPARSE_MLIR_HOPPER", "0") == "1"
 
     @staticmethod
+    def fast_call() -> bool:
+        """``SPARSE_MLIR_FAST_CALL=0`` turns off the C-level call path of shape-generic CPU kernels
+        (``runtime.fast_call``): every call then goes through the Python checks and ctypes, as before it existed.
+        """
+        return os.environ.get("SPARSE_MLIR_FAST_CALL", "1") != "0"
+
+    @staticmethod
     def merge_spmv() -> bool:
         """``SPARSE_MLIR_MERGE_SPMV=1`` runs the merge-path kernel for skewed rows in deterministic CSR SpMV.
 

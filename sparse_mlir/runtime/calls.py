@@ -3,8 +3,9 @@
 ``kernel(A=..., B=..., out=...)`` on a ``Kernel``, ``AutoKernel``,
 ``CudaKernel`` or an exported kernel goes through ``kernel_call``: a
 positional operand is refused with the keyword signature (operands are
-named after the expression's tensors, so their order would be a guess), and
-torch tensors are converted both ways (``torch_tensors``).
+named after the expression's tensors, so their order would be a guess), a
+kernel's C-level call (``Kernel._native_fast``, see ``fast_call``) gets the
+first try, and torch tensors are converted both ways (``torch_tensors``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def kernel_call(call: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, *positional: Any, out: Any = None, **operands: Any) -> Any:
         if positional:
             raise refuse_positional(self)
+        fast = self._native_fast
+        if fast is not None:  # the C-level call of the last specialization (``runtime.fast_call``)
+            result = fast(operands, out)
+            if result is not NotImplemented:
+                return result
         if "torch" not in sys.modules:
             return call(self, out, **operands)
         return call_with_torch(call, self, out, operands)

@@ -13,9 +13,10 @@ process, least recently used first out (``SPARSE_MLIR_MAX_LOADED_KERNELS``).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,12 +28,18 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.errors import OperandError, ShapeError
 from sparse_mlir.formats import Format
 from sparse_mlir.knobs import knobs
+from sparse_mlir.runtime import fast_call
 from sparse_mlir.runtime.calls import kernel_call
-from sparse_mlir.runtime.kernel import Kernel, check_shapes_given, not_compiled, operand_table
+from sparse_mlir.runtime.kernel import (
+    Kernel,
+    check_shapes_given,
+    not_compiled,
+    operand_table,
+)
 from sparse_mlir.runtime.library import NativeFunction
 from sparse_mlir.runtime.operands import check_extents, dense_output, prepare
 
-__all__ = ["CpuKernel", "Specialization", "ENTRY_NAME"]
+__all__ = ["ENTRY_NAME", "CpuKernel", "Specialization"]
 
 ENTRY_NAME = "sparse_mlir_kernel"
 _lock = threading.Lock()
@@ -60,6 +67,34 @@ class Specialization:
         self.formats = formats
         self.native = NativeFunction(artifact.path, artifact.signature, threaded=bool(artifact.options.openmp))
         self.fresh = True  # not yet counted in a kernel's stats
+        self._fast: Any | None = None  # the C-level call (``fast_call.plan``), built on first use
+        self._fast_built = False
+        self._fast_with_scipy = False  # whether scipy was loaded when it was built (then it takes scipy operands)
+        self._calls_seen = 0  # its calls when eviction last looked at it
+
+    def fast_call(self) -> Callable[[dict[str, Any], Any], Any] | None:
+        """The C-level call of this specialization (``fast_call``), or ``None`` where it does not apply.
+
+        Built once, and again once scipy has been loaded, so that scipy operands are then taken in place.
+        """
+        scipy_loaded = "scipy.sparse" in sys.modules
+        if not self._fast_built or (scipy_loaded and not self._fast_with_scipy):
+            self._fast = fast_call.plan(self.native, self.formats)
+            self._fast_built, self._fast_with_scipy = True, scipy_loaded
+        return None if self._fast is None else self._fast.call
+
+    def used_since_last_look(self) -> bool:
+        """Whether its C-level call ran since the last time this was asked (such calls do not reorder the
+        table of loaded libraries, so eviction asks before it unloads: a second chance, as in CLOCK)."""
+        calls = 0 if self._fast is None else self._fast.calls
+        used, self._calls_seen = calls != self._calls_seen, calls
+        return used
+
+    def unload(self) -> None:
+        """Leaving the table of loaded libraries: the C-level call stops, so the library can be unmapped once
+        no call runs it (``NativeFunction.__del__``)."""
+        if self._fast is not None:
+            self._fast.close()
 
     @property
     def shapes(self) -> dict[str, tuple[int | None, ...]]:
@@ -161,7 +196,9 @@ class CpuKernel(Kernel):
             if out is not None:
                 raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
             return special.native(args, None, out_shape)
-        return special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
+        result = special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
+        self._native_fast = special.fast_call()  # the next call with operands like these skips all of the above
+        return result
 
     def _local_key(self, formats: Mapping[str, Format], extents: Mapping[str, int]) -> tuple:
         # the declared formats fix everything but the index widths, so widths (+ static sizes unless the kernel
@@ -238,5 +275,9 @@ def _load(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[
         special = Specialization(driver.build(spec, formats, shapes, options, ENTRY_NAME), formats)
         _loaded[key] = special
         while len(_loaded) > knobs.max_loaded_kernels():
-            _loaded.popitem(last=False)  # unloaded once no call still runs it (NativeFunction.__del__)
+            old_key, old = _loaded.popitem(last=False)
+            if old.used_since_last_look() and old_key != key:
+                _loaded[old_key] = old  # called through C since we last looked: most recently used after all
+                continue
+            old.unload()  # unmapped once no call still runs it (NativeFunction.__del__)
         return special

@@ -112,7 +112,10 @@ class DtypeKernel(Kernel):
             entry = self._resolve(operands, found)
         kernel, call = entry
         self._current = kernel
-        return call(kernel, out, **operands)
+        result = call(kernel, out, **operands)
+        # its C-level call checks the dtype itself, so operands of this dtype go straight to it next time
+        self._native_fast = kernel._native_fast
+        return result
 
     def _resolve(self, operands: Mapping[str, Any], raw: Any) -> tuple[Kernel, Callable[..., Any]]:
         """The kernel for these operands' dtype (``DTypeError`` if they disagree) and its ``__call__`` without the
@@ -145,6 +148,7 @@ class DtypeKernel(Kernel):
         kernel = self._current if dtype is None else self.kernel_for(dtype)
         kernel.specialize(shapes)
         self._current = kernel
+        self._native_fast = None  # the next call dispatches (and makes ``_current`` its kernel) again
         return self
 
     @property

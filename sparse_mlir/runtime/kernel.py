@@ -31,6 +31,9 @@ class Kernel(abc.ABC):
     """What every kernel offers; subclasses implement the four abstract members."""
 
     target: str
+    # the C-level call of the most recent specialization (``runtime.fast_call``): ``kernel_call`` tries it first,
+    # and it returns ``NotImplemented`` for any call it does not cover
+    _native_fast: Any = None
 
     @abc.abstractmethod
     def __call__(self, out: Any = None, **operands: Any) -> Any:

@@ -1,0 +1,316 @@
+"""The C-level call path (``runtime/fast_call.c``): taken for the common case, bit-identical to the Python path,
+and never the one to judge bad input (it declines, and the Python path raises the error that names it)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from support.data import prune_nm, random_sparse, random_values
+
+import sparse_mlir as sm
+from sparse_mlir.compiler import driver
+from sparse_mlir.errors import (
+    DTypeError,
+    InvalidIndicesError,
+    LoweringError,
+    OperandError,
+    ShapeError,
+)
+from sparse_mlir.runtime import cpu, fast_call
+
+SPMV = "y[i] = A[i,k] * x[k]"
+SPMM = "C[i,j] = A[i,k] * B[k,j]"
+LINEAR = "Y[n,o] = X[n,i] * W[o,i] + b[o]"
+
+
+def _plan(kernel):
+    """The C-level call object of a kernel's most recent specialization."""
+    return getattr(kernel, "_current", kernel)._last._fast
+
+
+def _python_path(kernel, **operands):
+    """The same call through the Python checks and ctypes alone."""
+    single = getattr(kernel, "_current", kernel)
+    return type(single).__call__.__wrapped__(single, None, **operands)
+
+
+def _fresh_table(monkeypatch):
+    """An empty table of loaded libraries, so the next call loads (and plans) its specialization anew."""
+    monkeypatch.setattr(cpu, "_loaded", type(cpu._loaded)())
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_extension():
+    if fast_call.unavailable() is not None:
+        pytest.fail(f"the C call path is not available on this machine: {fast_call.unavailable()}")
+
+
+def test_second_call_runs_in_c_and_matches_the_python_path(rng):
+    dense = random_sparse(rng, (64, 64), 0.1, "float64")
+    a, x = sp.csr_array(dense), random_values(rng, 64, "float64")
+    kernel = sm.compile(SPMV, formats={"A": "csr"})
+    first = kernel(A=a, x=x)  # the Python path, which builds the plan (shared by every kernel of that build)
+    plan = _plan(kernel)
+    assert plan is not None and plan.open
+    calls = plan.calls
+    second = kernel(A=a, x=x)
+    assert plan.calls == calls + 1
+    np.testing.assert_array_equal(second, first)
+    np.testing.assert_array_equal(second, _python_path(kernel, A=a, x=x))
+    np.testing.assert_allclose(second, dense @ x, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", [sp.csr_array, sp.csr_matrix])
+@pytest.mark.parametrize("index", [np.int32, np.int64])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_scipy_operands_of_every_layout_width_and_dtype(rng, kind, index, dtype):
+    dense = random_sparse(rng, (37, 23), 0.2, dtype)
+    matrix = kind(dense)
+    matrix.indptr, matrix.indices = matrix.indptr.astype(index), matrix.indices.astype(index)
+    assert matrix.has_canonical_format
+    kernel = sm.compile(SPMV, formats={"A": "csr"})
+    x = random_values(rng, 23, dtype)
+    kernel(A=matrix, x=x)
+    plan = _plan(kernel)
+    calls = plan.calls
+    y = kernel(A=matrix, x=x)
+    assert plan.calls == calls + 1, "declined a scipy operand it covers"
+    np.testing.assert_array_equal(y, _python_path(kernel, A=matrix, x=x))
+
+
+def test_every_size_through_one_plan(rng):
+    kernel = sm.compile(SPMM, formats={"A": "csr"}, dtype="float64")
+    kernel(A=sp.csr_array(np.eye(2)), B=np.ones((2, 2)))
+    calls = _plan(kernel).calls
+    for shape in [(1, 1, 1), (5, 3, 2), (64, 80, 17), (0, 4, 3), (7, 0, 5), (33, 9, 0)]:
+        m, k, n = shape
+        dense = random_sparse(rng, (m, k), 0.3, "float64")
+        b = random_values(rng, (k, n), "float64")
+        got = kernel(A=sp.csr_array(dense), B=b)  # a new size is no new build, and runs in C from its first call
+        np.testing.assert_allclose(got, dense @ b, rtol=1e-12, atol=1e-12)
+    assert _plan(kernel).calls == calls + 6 and kernel.stats["specializations"] == 1
+
+
+def test_sparse_tensor_operands_and_nm_and_bias(rng):
+    weights = prune_nm(random_values(rng, (24, 32), "float32"), 2, 4)
+    tensor = sm.SparseTensor.from_dense(weights, sm.NM(2, 4))
+    kernel = sm.compile(LINEAR, formats={"W": sm.NM(2, 4)}, dtype="float32")
+    x, b = random_values(rng, (10, 32), "float32"), random_values(rng, 24, "float32")
+    kernel(X=x, W=tensor, b=b)
+    plan = _plan(kernel)
+    calls = plan.calls
+    y = kernel(X=x, W=tensor, b=b)
+    assert plan.calls == calls + 1
+    np.testing.assert_array_equal(y, _python_path(kernel, X=x, W=tensor, b=b))
+    np.testing.assert_allclose(y, x @ weights.T + b, rtol=1e-5, atol=1e-5)
+
+
+def test_out_is_written_in_place_and_returned(rng):
+    dense = random_sparse(rng, (9, 8), 0.4, "float64")
+    kernel = sm.compile(SPMV, formats={"A": "csr"}, dtype="float64")
+    a, x = sp.csr_array(dense), random_values(rng, 8, "float64")
+    kernel(A=a, x=x)
+    calls = _plan(kernel).calls
+    out = np.full(9, np.nan)
+    assert kernel(A=a, x=x, out=out) is out
+    assert _plan(kernel).calls == calls + 1
+    np.testing.assert_allclose(out, dense @ x, rtol=1e-12)
+
+
+# every refusal below comes from the Python path, after the C path declined with nothing done
+def _warm(rng):
+    dense = random_sparse(rng, (6, 5), 0.5, "float64")
+    kernel = sm.compile(SPMV, formats={"A": "csr"}, dtype="float64")
+    a, x = sp.csr_array(dense), random_values(rng, 5, "float64")
+    kernel(A=a, x=x)
+    return kernel, a, x, dense
+
+
+class _NoCallsIn:
+    """Asserts that a block ran no call through the kernel's C path."""
+
+    def __init__(self, kernel):
+        self.plan = _plan(kernel)
+
+    def __enter__(self):
+        self.calls = self.plan.calls
+
+    def __exit__(self, *_exc):
+        assert self.plan.calls == self.calls
+
+
+def test_wrong_dtype_shape_and_names_are_refused_by_name(rng):
+    kernel, a, x, _ = _warm(rng)
+    with _NoCallsIn(kernel), pytest.raises(DTypeError, match="x"):
+        kernel(A=a, x=x.astype(np.float32))
+    with pytest.raises(ShapeError, match="index 'k'"):
+        kernel(A=a, x=np.ones(6))
+    with pytest.raises(OperandError, match="missing x"):
+        kernel(A=a)
+    with pytest.raises(OperandError, match="unknown z"):
+        kernel(A=a, x=x, z=x)
+    with pytest.raises(OperandError, match="keyword"):
+        kernel(a, x)
+
+
+def test_bad_out_is_refused_by_name(rng):
+    kernel, a, x, _ = _warm(rng)
+    with _NoCallsIn(kernel), pytest.raises(DTypeError, match="out="):
+        kernel(A=a, x=x, out=np.empty(6, np.float32))
+    with pytest.raises(ShapeError, match="out="):
+        kernel(A=a, x=x, out=np.empty(7))
+    with pytest.raises(OperandError, match="C-contiguous"):
+        kernel(A=a, x=x, out=np.empty(12)[::2])
+    readonly = np.empty(6)
+    readonly.flags.writeable = False
+    with pytest.raises(OperandError, match="writeable"):
+        kernel(A=a, x=x, out=readonly)
+    both = np.zeros(11)
+    with _NoCallsIn(kernel), pytest.raises(OperandError, match="overlaps operand x"):
+        kernel(A=a, x=both[:5], out=both[3:9])
+
+
+def test_indices_broken_in_place_after_a_fast_call_are_caught(rng):
+    """An attacker's matrix: canonical when scipy cached its flag, then an index pushed out of bounds (or made
+    negative) in place.  The C path checks every index on every call, so the kernel never reads outside x."""
+    kernel, a, x, dense = _warm(rng)
+    calls = _plan(kernel).calls
+    kernel(A=a, x=x)
+    assert a.has_canonical_format and _plan(kernel).calls == calls + 1
+    saved = a.indices.copy()
+    for bad in (5, 1 << 30, -1):
+        a.indices[0] = bad
+        with _NoCallsIn(kernel), pytest.raises(InvalidIndicesError):
+            kernel(A=a, x=x)
+    a.indices[:] = saved
+    np.testing.assert_allclose(kernel(A=a, x=x), dense @ x, rtol=1e-12)
+
+
+def test_indptr_broken_in_place_is_caught(rng):
+    kernel, a, x, _ = _warm(rng)
+    a.indptr[2] = a.indptr[-1] + 50  # a spike: rows would run past the end of indices
+    with pytest.raises(InvalidIndicesError):
+        kernel(A=a, x=x)
+
+
+class _Subclass(np.ndarray):
+    """An ndarray subclass: its ``__array_finalize__`` or buffer could differ, so only the Python path takes it."""
+
+
+def test_non_canonical_scipy_and_unusual_arrays_go_the_python_way(rng):
+    kernel, a, x, dense = _warm(rng)
+    order = np.concatenate([np.arange(a.indptr[r], a.indptr[r + 1])[::-1] for r in range(a.shape[0])])
+    unsorted = sp.csr_array((a.data[order], a.indices[order], a.indptr.copy()), shape=a.shape)
+    assert not unsorted.has_canonical_format
+    np.testing.assert_allclose(kernel(A=unsorted, x=x), dense @ x, rtol=1e-12)  # summed from a sorted copy
+    strided = np.repeat(x, 2)[::2]  # not contiguous: the Python path copies it
+    np.testing.assert_allclose(kernel(A=a, x=strided), dense @ x, rtol=1e-12)
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    np.testing.assert_allclose(kernel(A=a, x=readonly), dense @ x, rtol=1e-12)
+    np.testing.assert_allclose(kernel(A=a, x=x.view(_Subclass)), dense @ x, rtol=1e-12)  # not exactly ndarray
+    with pytest.raises(DTypeError):  # another byte order: another dtype object, and no implicit conversion
+        kernel(A=a, x=x.astype(">f8"))
+
+
+def test_torch_operands_still_come_back_as_torch(rng):
+    torch = pytest.importorskip("torch")
+    kernel, a, x, dense = _warm(rng)
+    y = kernel(A=a, x=torch.from_numpy(x))
+    assert isinstance(y, torch.Tensor)
+    np.testing.assert_allclose(y.numpy(), dense @ x, rtol=1e-12)
+
+
+def test_calls_from_many_threads_at_once(rng):
+    dense = random_sparse(rng, (300, 200), 0.1, "float64")
+    kernel = sm.compile(SPMV, formats={"A": "csr"}, dtype="float64")
+    a = sp.csr_array(dense)
+    kernel(A=a, x=np.ones(200))
+    calls = _plan(kernel).calls
+    failures = []
+
+    def work(seed: int) -> None:
+        x = np.random.default_rng(seed).random(200)
+        for _ in range(200):
+            if not np.allclose(kernel(A=a, x=x), dense @ x, rtol=1e-12):
+                failures.append(seed)
+
+    workers = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not failures and _plan(kernel).calls == calls + 800
+
+
+def test_eviction_closes_the_plan_and_the_kernel_reloads(rng, monkeypatch):
+    monkeypatch.setenv("SPARSE_MLIR_MAX_LOADED_KERNELS", "1")
+    first = sm.compile(SPMV, formats={"A": "csr"}, dtype="float64")
+    second = sm.compile(SPMV, formats={"A": "csc"}, dtype="float64")
+    dense = random_sparse(rng, (8, 8), 0.4, "float64")
+    x = random_values(rng, 8, "float64")
+    for _ in range(3):
+        for kernel, matrix in ((first, sp.csr_array(dense)), (second, sp.csc_array(dense))):
+            kernel(A=matrix, x=x)
+            np.testing.assert_allclose(kernel(A=matrix, x=x), dense @ x, rtol=1e-12)
+    assert len(cpu._loaded) == 1
+    closed = [k._last._fast for k in (first, second) if k._last.key not in cpu._loaded]
+    assert closed and not closed[0].open
+
+
+def test_turned_off_by_the_knob(rng, monkeypatch):
+    monkeypatch.setenv("SPARSE_MLIR_FAST_CALL", "0")
+    assert "SPARSE_MLIR_FAST_CALL=0" in fast_call.unavailable()
+    _fresh_table(monkeypatch)
+    kernel = sm.compile(SPMV, formats={"A": "csr"}, dtype="float64")
+    dense = random_sparse(rng, (4, 4), 0.5, "float64")
+    x = random_values(rng, 4, "float64")
+    for _ in range(2):
+        np.testing.assert_allclose(kernel(A=sp.csr_array(dense), x=x), dense @ x, rtol=1e-12)
+    assert _plan(kernel) is None
+
+
+def test_a_machine_that_cannot_build_it_runs_the_python_path(rng, monkeypatch):
+    def no_compiler(*_args):
+        raise LoweringError("no C compiler/linker found", stage="link", target="cpu")
+
+    monkeypatch.setattr(fast_call, "_tried", False)
+    monkeypatch.setattr(fast_call, "_module", None)
+    monkeypatch.setattr(fast_call, "_why_not", None)
+    monkeypatch.setattr(driver, "python_extension", no_compiler)
+    assert "no C compiler" in fast_call.unavailable()
+    _fresh_table(monkeypatch)
+    kernel = sm.compile(SPMV, formats={"A": "csr"}, dtype="float64")
+    dense = random_sparse(rng, (5, 4), 0.5, "float64")
+    x = random_values(rng, 4, "float64")
+    for _ in range(2):
+        np.testing.assert_allclose(kernel(A=sp.csr_array(dense), x=x), dense @ x, rtol=1e-12)
+    assert _plan(kernel) is None
+
+
+def test_the_extension_is_built_once_and_checksummed():
+    first = driver.python_extension(fast_call.SOURCE, fast_call.MODULE)
+    assert driver.python_extension(fast_call.SOURCE, fast_call.MODULE) == first
+    assert first.is_file() and first.with_suffix(".json").is_file()
+
+
+def test_a_malformed_plan_is_refused_without_a_crash():
+    module = fast_call._extension()
+    good = (1, None, None, np.empty, np.ndarray, sm.SparseTensor, (), (), (np.dtype("float64"), ()))
+    with pytest.raises(ValueError):
+        module.FastCall(0, *good[1:])
+    with pytest.raises(TypeError):
+        module.FastCall(*good[:6], "operands", (), good[8])
+    bad_rank = (("x", 0, np.dtype("float64"), 9, None, 0, (), (), None, 0),)
+    with pytest.raises(ValueError):
+        module.FastCall(*good[:6], bad_rank, (), good[8])
+    bad_place = (("x", 0, np.dtype("float64"), 1, None, 0, (), (), None, 0),)
+    with pytest.raises(ValueError):
+        module.FastCall(*good[:6], bad_place, (((0, 3),),), good[8])
+    plan = module.FastCall(*good)  # a plan of no operands; declines what it was not built for
+    assert plan.call({"x": 1}, None) is NotImplemented
+    with pytest.raises(TypeError):
+        plan.call([], None)
