@@ -104,6 +104,29 @@ def check_all() -> bool:
     return ok
 
 
+def check_generic() -> bool:
+    """One shape-generic export (no shapes: every size a run-time one) at three sizes."""
+    rng = np.random.default_rng(1)
+    ok = True
+    for name in PLAN.get("generic", []):
+        k = kernel(name)
+        dtype = k.signature.inputs[0].dtype
+        passed = k.shape_generic
+        for rows, cols in ((96, 64), (1000, 37), (3000, 2000)):
+            dense = (rng.standard_normal((rows, cols)) * (rng.random((rows, cols)) < 0.1)).astype(dtype)
+            dense[rows // 2] = rng.standard_normal(cols)  # one full row among short ones
+            x = rng.standard_normal(cols).astype(dtype)
+            got = k(A=sm.SparseTensor.from_dense(dense, "csr").to("cuda"), x=cp.asarray(x))
+            ref = cp.asarray(dense, dtype=cp.float64) @ cp.asarray(x, dtype=cp.float64)
+            err = float(cp.max(cp.abs(got.astype(cp.float64) - ref)) / max(float(cp.max(cp.abs(ref))), 1e-30))
+            passed &= err < {"float16": 2e-3, "float32": 1e-5, "float64": 1e-12}[dtype.name] and got.shape == (rows,)
+        ok &= passed
+        RESULTS["checks"].append({"kernel": name, "notes": k.function.program.notes, "rel_err": err, "ok": passed,
+                                  "sizes": 3})
+        print(f"{'ok  ' if passed else 'FAIL'} {name:40s} three sizes, one build")
+    return ok
+
+
 # -- benchmarks --------------------------------------------------------------------------------------------
 def csr_on_device(rows: int, cols: int, per_row: int, dtype=cp.float32, banded: bool = False
                   ) -> tuple[DeviceSparseTensor, object]:
@@ -330,6 +353,7 @@ PLAN_SHAPES = shapes_from_plan()
 if __name__ == "__main__":
     print(f"device: {RESULTS['device']}, CuPy {cp.__version__}")
     ok = check_all()
+    ok &= check_generic()
     for step in (bench_launch_overhead, bench_spmv_big, bench_spmv_formats, bench_spmv_skewed, bench_spmm_big,
                  bench_dlmc, bench_tensor_cores):
         try:

@@ -26,7 +26,7 @@ import numpy as np
 from mlir import ir
 
 from sparse_mlir.compiler import build
-from sparse_mlir.compiler.driver import with_operand_formats
+from sparse_mlir.compiler.driver import generic_shapes, with_operand_formats
 from sparse_mlir.runtime.library import NativeFunction
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dsl.plan import KernelSpec
@@ -35,7 +35,7 @@ from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.abi.gpu_program import GpuProgram, GridRule
 from sparse_mlir.abi.c_signature import Signature
 
-__all__ = ["EmulationError", "emulation_module", "build_emulation", "run_emulated"]
+__all__ = ["EmulationError", "GenericEmulation", "emulation_module", "build_emulation", "run_emulated", "run_function"]
 
 _IDS = {"thread_id": "t", "block_id": "b", "block_dim": "bd", "grid_dim": "g"}
 _ID_ARGS = [f"%emu_{k}{d}" for k in ("b", "t", "g", "bd") for d in "xyz"]
@@ -87,8 +87,9 @@ def _kernel_as_function(asm: str) -> str:
 def _buffer_types(sig: Signature) -> list[str]:
     out = []
     for op, buf in sig.kernel_arguments():
-        if not op.sparse:
-            out.append(f"memref<{''.join(f'{s}x' for s in op.shape)}{TYPE_NAMES[op.dtype.name]}>")
+        if not op.sparse:  # a shape-generic signature's sizes are None: dynamic
+            out.append(f"memref<{''.join('?x' if s is None else f'{s}x' for s in op.shape)}"
+                       f"{TYPE_NAMES[op.dtype.name]}>")
             continue
         dtypes = dict(op.buffers())
         if buf in dtypes:
@@ -131,16 +132,17 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
                 value = cast
             args.append(value)
         bounds = []
-        for k, d in enumerate([*(launch.grid if isinstance(launch.grid, tuple) else (0, 1, 1)), *launch.block]):
-            lines.append(f"%dim{n}_{k} = arith.constant {d} : index")
+        grid = (launch.grid, 1, 1) if isinstance(launch.grid, GridRule) else launch.grid
+        for k, d in enumerate([*grid, *launch.block]):
+            if isinstance(d, GridRule):  # blocks from the buffer's length or a dimension, as GridRule.blocks
+                lines += [f"%cd{n}_{k} = arith.constant {d.dim or 0} : index",
+                          f"%len{n}_{k} = memref.dim %k{d.ref}, %cd{n}_{k} : {types[d.ref]}",
+                          f"%per{n}_{k} = arith.constant {d.per_block} : index",
+                          f"%need{n}_{k} = arith.ceildivui %len{n}_{k}, %per{n}_{k} : index",
+                          f"%dim{n}_{k} = arith.maxui %need{n}_{k}, %c1 : index"]
+            else:
+                lines.append(f"%dim{n}_{k} = arith.constant {d} : index")
             bounds.append(f"%dim{n}_{k}")
-        if isinstance(launch.grid, GridRule):  # blocks from the buffer's length, as GridRule.blocks
-            rule = launch.grid
-            lines += [f"%len{n} = memref.dim %k{rule.ref}, %c0 : {types[rule.ref]}",
-                      f"%per{n} = arith.constant {rule.per_block} : index",
-                      f"%need{n} = arith.ceildivui %len{n}, %per{n} : index",
-                      f"%grid{n} = arith.maxui %need{n}, %c1 : index"]
-            bounds[0] = f"%grid{n}"
         ivs = [f"%iv{n}_{k}" for k in range(6)]
         for k in range(6):
             lines.append(f"scf.for {ivs[k]} = %c0 to {bounds[k]} step %c1 {{")
@@ -174,14 +176,51 @@ def run_emulated(spec: KernelSpec, args: dict[str, Any], out_path: Path, *, emit
     """Build the emulation of ``spec`` for ``args`` (``A`` a ``SparseTensor``, whose index widths are kept; the
     rest dense) at ``out_path``, run it, and return its result and the program it ran."""
     formats = {"A": args["A"].format}  # index widths as the data needs, as the runtime specializes
-    extents: dict[str, int] = {}
-    for name, value in args.items():
-        extents.update(zip(spec.operand_index(name), value.shape))
     shapes = {n: tuple(v.shape) for n, v in args.items()}
-    shapes[spec.output] = tuple(extents[i] for i in spec.output_indices)
+    shapes[spec.output] = _output_shape(spec, args)
     special = with_operand_formats(spec, formats)
     sig = Signature.from_spec(special, formats, shapes, "emulated")
     program, _ = build_emulation(special, shapes, sig, out_path, emitter, skewed, deterministic)
-    stale = np.nan if spec.output_dtype.kind == "f" else -12345  # kernels that skip zeroing store it all
-    out = np.full(shapes[spec.output], stale, dtype=spec.output_dtype)
-    return NativeFunction(out_path, sig)(args, out, out.shape), program
+    return run_function(NativeFunction(out_path, sig), spec, args), program
+
+
+class GenericEmulation:
+    """One emulation of a shape-generic GPU program (``driver.generic_shapes``), called at any size.
+
+    ``builds`` counts the emulations built (one per index widths of ``A``),
+    so a test sees that every size ran the same build.
+    """
+
+    def __init__(self, spec: KernelSpec, folder: Path, *, skewed: bool = False, deterministic: bool = False):
+        self.spec, self.folder, self.skewed, self.deterministic = spec, folder, skewed, deterministic
+        self.functions: dict[tuple[int | None, int | None], tuple[NativeFunction, GpuProgram]] = {}
+        self.builds = 0
+
+    def __call__(self, args: dict[str, Any]) -> tuple[Any, GpuProgram]:
+        fmt = args["A"].format
+        found = self.functions.get((fmt.pos_width, fmt.crd_width))
+        if found is None:
+            formats = {"A": fmt}
+            special = with_operand_formats(self.spec, formats)
+            shapes = generic_shapes(special)
+            sig = Signature.from_spec(special, formats, shapes, "emulated")
+            path = self.folder / f"generic_{fmt.pos_width}_{fmt.crd_width}_{self.skewed}.so"
+            program, _ = build_emulation(special, shapes, sig, path, skewed=self.skewed,
+                                         deterministic=self.deterministic)
+            found = self.functions[(fmt.pos_width, fmt.crd_width)] = (NativeFunction(path, sig), program)
+            self.builds += 1
+        return run_function(found[0], self.spec, args), found[1]
+
+
+def _output_shape(spec: KernelSpec, args: dict[str, Any]) -> tuple[int, ...]:
+    extents: dict[str, int] = {}
+    for name, value in args.items():
+        extents.update(zip(spec.operand_index(name), value.shape))
+    return tuple(extents[i] for i in spec.output_indices)
+
+
+def run_function(function: NativeFunction, spec: KernelSpec, args: dict[str, Any]) -> Any:
+    """Call an emulation on ``args`` with a stale output (kernels that skip zeroing must store all of it)."""
+    stale = np.nan if spec.output_dtype.kind == "f" else -12345
+    out = np.full(_output_shape(spec, args), stale, dtype=spec.output_dtype)
+    return function(args, out, out.shape)

@@ -1,0 +1,212 @@
+"""Shape-generic GPU kernels: one build (PTX + launches) per index widths takes every size at run time.
+
+The hand-scheduled CSR SpMV (its lanes-per-row kernel and the row-splitting
+one for skewed rows) reads its sizes from the buffers' descriptors and has
+its grids sized at launch from the operands (``LaneRule.rows_of``,
+``GridRule``), so ``CudaKernel``, exports, the C launcher and the CPU
+emulation of the program take any size from one build.  Numbers come from
+the emulation (the very ``gpu.func`` bodies and launch records, run thread
+by thread); the runtime and the launcher run against the CuPy and cuda.h
+stand-ins, which record launches and compute nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from support.gpu_emulation import GenericEmulation
+from test_gpu import _entry_params, _ptxas, check_launches, launcher_run
+
+import sparse_mlir as sm
+from sparse_mlir.abi.gpu_program import GpuProgram, GridRule, KernelArg, LaneRule, Launch, ParamPacker
+from sparse_mlir.compiler import driver
+from sparse_mlir.compiler.driver import BuildOptions
+from sparse_mlir.compiler.emitters import SHAPE_GENERIC_CUDA, shape_generic_cuda_emitter
+from sparse_mlir.errors import LoweringError, ShapeError
+
+SPMV = "y[i] = A[i,j]*x[j]"
+SIZES = [(40, 30), (7, 100), (300, 5), (1, 1)]
+
+
+def _kernel(expr: str = SPMV, fmt: str = "csr", dtype: str = "float32", **options):
+    return sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda", **options)
+
+
+# which kernels are generic: one decision, without MLIR, that agrees with the emitter table -------------------------
+GENERIC = [(SPMV, "csr", "float32", {}), (SPMV, "csr", "float64", {}), (SPMV, "csr", "float16", {}),
+           (SPMV, "csr", "float16", {"out_dtype": "float32"}), (SPMV, "csr", "float16", {"deterministic": True})]
+PER_SHAPE = [(SPMV, "csr", "float32", {"deterministic": True}),  # the merge path: carries sized by the rows
+             (SPMV, "csr", "float32", {"emitter": "sparsifier"}),
+             (SPMV, "coo", "float32", {}), ("C[i,j] = A[i,k]*B[k,j]", "csr", "float32", {}),
+             ("C[i,j] = A[i,k]*B[k,j]", "2:4", "float16", {}), (SPMV, "csr", "int32", {})]
+
+
+@pytest.mark.parametrize(("expr", "fmt", "dtype", "options"), GENERIC + PER_SHAPE,
+                         ids=[f"{e}|{f}|{d}|{o}" for e, f, d, o in GENERIC + PER_SHAPE])
+def test_the_csr_spmv_is_shape_generic_and_the_table_agrees_with_the_emitters(expr, fmt, dtype, options):
+    from mlir import ir
+    from sparse_mlir.dialects import select
+
+    emitter = options.pop("emitter", "auto")
+    kernel = _kernel(expr, fmt, dtype, **options)
+    if emitter != "auto":
+        from sparse_mlir.runtime.cuda import CudaKernel
+
+        kernel = CudaKernel(kernel.spec, emitter=emitter, deterministic=options.get("deterministic", False))
+    generic = (expr, fmt, dtype, options) in GENERIC and emitter == "auto"
+    assert kernel.shape_generic is generic
+    deterministic = options.get("deterministic", False)
+    named = shape_generic_cuda_emitter(kernel.spec, kernel.spec.formats, deterministic)
+    assert (named is not None) is (generic or emitter != "auto")
+    if named is not None:  # the emitter table, tried with every size left to run time, picks the named emitter
+        with ir.Context():
+            choice = select.cuda_choice(kernel.spec, driver.generic_shapes(kernel.spec), deterministic)
+        assert choice is not None and choice.emitter == named
+    assert {name for name, _ in SHAPE_GENERIC_CUDA} <= {e.name for e in select.CUDA_EMITTERS}
+
+
+def test_a_generic_build_of_a_per_shape_kernel_is_refused_not_sparsified_with_unknown_sizes():
+    from mlir import ir
+    from sparse_mlir.abi.c_signature import Signature
+    from sparse_mlir.compiler import build
+
+    spec = _kernel("C[i,j] = A[i,k]*B[k,j]").spec
+    shapes = driver.generic_shapes(spec)
+    with ir.Context(), pytest.raises(LoweringError, match="no shape-generic GPU kernel"):
+        build.gpu_program(spec, shapes, Signature.from_spec(spec, spec.formats, shapes, "k"), (), "auto", False)
+
+
+# numbers: the emulated program, one build, several sizes ----------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_emulated_build_computes_every_size(dtype, tmp_path, rng):
+    """The row-splitting kernel (the one the emulation can run: no shuffles) at four sizes, two index widths."""
+    spec = _kernel(dtype=dtype).spec
+    emulation = GenericEmulation(spec, tmp_path, skewed=True)
+    for rows, cols in SIZES:
+        a = sp.random(rows, cols, density=0.3, format="lil", dtype=dtype, random_state=rows)
+        a[rows // 2, :] = rng.standard_normal(cols)  # one long row among short ones
+        a = sp.csr_array(a)
+        x = rng.standard_normal(cols).astype(dtype)
+        for widths in ((32, 32), (64, 64)):
+            tensor = sm.SparseTensor.from_scipy(a, sm.CSR.with_widths(*widths))
+            y, program = emulation({"A": tensor, "x": x})
+            np.testing.assert_allclose(y, a @ x, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
+    assert emulation.builds == 2  # one per index widths, whatever the size
+    assert [launch.kernel for launch in program.launches] == ["spmv", "spmv_split"]
+
+
+def test_the_generic_ptx_assembles_for_sm80_and_sm90a(tmp_path):
+    tool = _ptxas()
+    kernel = _kernel().specialize({})
+    program = kernel.program
+    assert all(None in op.shape for op in kernel.signature.operands)  # nothing compiled in
+    for chip, arch in (("sm_80", "sm_80"), ("sm_90", "sm_90a")):
+        src = tmp_path / f"{chip}.ptx"
+        src.write_text(program.ptx[chip])
+        done = subprocess.run([tool, f"-arch={arch}", str(src), "-o", str(tmp_path / f"{arch}.cubin")],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        params = _entry_params(program.ptx[chip])
+        assert all(params[launch.kernel] == launch.param_count() for launch in program.launches)
+
+
+# the runtime: one build serves every size, grids and descriptors from each call ------------------------------------
+def test_cuda_kernel_builds_once_and_sizes_each_launch_from_the_call(monkeypatch):
+    import support.fake_cupy as fake_cupy
+
+    record = fake_cupy.install(monkeypatch)
+    kernel = _kernel()
+    assert kernel.shape_generic
+    for rows, cols, lanes in ((1000, 300, 8), (50, 70, 2), (3000, 10, 1)):
+        a = sp.random(rows, cols, density=0.03 if cols > 100 else 0.05, format="csr", dtype=np.float32,
+                      random_state=0)
+        tensor = sm.SparseTensor.from_scipy(a).to("cuda")
+        y = kernel(A=tensor, x=fake_cupy.device(np.ones(cols, np.float32)))
+        assert y.shape == (rows,)
+        name, grid, _, words, _ = record.launches[-1]
+        assert name == "spmv" and words[-1] == LaneRule(1, rows).lanes(a.nnz)
+        assert grid == (max(1, -(-rows * words[-1] // 128)), 1, 1)
+        assert words[15:20] == [words[15], words[15], 0, cols, 1] and words[20:25] == [y.data.ptr, y.data.ptr, 0,
+                                                                                         rows, 1]
+    assert kernel.stats["specializations"] == 1  # three sizes, one build
+    assert len(record.modules) == 1  # and one module load
+    tensor = sm.SparseTensor.from_scipy(sp.random(20, 10, density=0.3, format="csr", dtype=np.float32)).to("cuda")
+    with pytest.raises(ShapeError, match="index 'j'"):
+        kernel(A=tensor, x=fake_cupy.device(np.ones(11, np.float32)))
+    with pytest.raises(ShapeError, match="out= has shape"):
+        kernel(A=tensor, x=fake_cupy.device(np.ones(10, np.float32)), out=fake_cupy.device(np.zeros(21, np.float32)))
+
+
+def test_specialize_needs_no_shapes_and_fixed_builds_per_shape():
+    kernel = _kernel()
+    kernel.specialize({})
+    assert all(s is None for op in kernel.signature.operands for s in op.shape)
+    kernel.specialize({"A": (30, 20), "x": (20,)}, fixed=True)
+    assert kernel.signature.operands[0].shape == (30, 20)
+    assert kernel.program.launches[0].lanes == LaneRule(1, 30)  # rows compiled in
+
+
+# exports: sizes at run time, inconsistent buffers refused ---------------------------------------------------------
+def test_an_export_without_shapes_loads_and_runs_at_every_size(monkeypatch, tmp_path):
+    import support.fake_cupy as fake_cupy
+
+    record = fake_cupy.install(monkeypatch)
+    paths = sm.export(_kernel(), tmp_path, "spmv")
+    manifest = json.loads(paths["manifest"].read_text())
+    assert [op["shape"] for op in manifest["signature"]["operands"]] == [[None, None], [None], [None]]
+    loaded = sm.load_kernel(paths["manifest"])
+    assert loaded.shape_generic
+    for rows, cols in ((1000, 300), (17, 4)):
+        a = sp.random(rows, cols, density=0.1, format="csr", dtype=np.float32, random_state=1)
+        y = loaded(A=sm.SparseTensor.from_scipy(a).to("cuda"), x=fake_cupy.device(np.ones(cols, np.float32)))
+        assert y.shape == (rows,) and record.launches[-1][3][23] == rows  # y's descriptor size
+    with pytest.raises(ShapeError, match="index 'j'"):
+        loaded(A=sm.SparseTensor.from_scipy(a).to("cuda"), x=fake_cupy.device(np.ones(cols + 1, np.float32)))
+    fixed = sm.load_kernel(sm.export(_kernel(), tmp_path / "fixed", "spmv", shapes={"A": (17, 4), "x": (4,)})["manifest"])
+    assert not fixed.shape_generic
+    with pytest.raises(ShapeError, match="exported for A of shape"):
+        fixed(A=sm.SparseTensor.from_scipy(sp.random(18, 4, density=0.5, format="csr", dtype=np.float32)).to("cuda"),
+              x=fake_cupy.device(np.ones(4, np.float32)))
+
+
+@pytest.mark.parametrize("skewed", [False, True])
+def test_one_exported_launcher_takes_two_sizes_and_refuses_inconsistent_buffers(skewed, tmp_path):
+    sm.export(_kernel(), tmp_path, "k")
+    header = (tmp_path / "k.h").read_text()
+    assert "int64_t A_d0, int64_t A_d1" in header and "int64_t x_d0" in header and "int64_t y_d0" in header
+    for n, (rows, cols) in enumerate(((100, 50), (3, 7000))):
+        status, out, found = launcher_run(tmp_path, "k", {"A": (rows, cols), "x": (cols,), "y": (rows,)},
+                                          nnz=rows * 2, main=f"size{n}", skewed=skewed)
+        assert status == 0, out
+        check_launches(out, found)
+        # y zeroed, at this call's size (the program's row splitting accumulates into it)
+        assert f"memset {found['given'][('y', '')][0]} 0 {rows * 4}\n" in out
+    shapes = {"A": (100, 50), "x": (50,), "y": (100,)}
+    for bad, case in ((dict(shapes, x=(51,)), "x disagrees with A"), (dict(shapes, y=(99,)), "y disagrees"),
+                      ({"A": (-1, 50), "x": (50,), "y": (-1,)}, "negative")):
+        status, out, _ = launcher_run(tmp_path, "k", bad, main="bad", skewed=skewed)
+        assert status == 1 and "launch" not in out and "memset" not in out, case  # CUDA_ERROR_INVALID_VALUE
+    status, out, _ = launcher_run(tmp_path, "k", shapes, main="bad", values_off=1, skewed=skewed)
+    assert status == 1 and "launch" not in out  # crd and values of different lengths
+
+
+# the launch data: rules over a dimension, per axis, through JSON ---------------------------------------------------
+def test_grid_rules_over_dimensions_are_data_that_round_trips():
+    args = (KernelArg("buffer", 0, (None,)), KernelArg("buffer", 1, (None, None)))
+    launch = Launch("k", (GridRule(1, 4, dim=0), GridRule(1, 32, dim=1), 1), (128, 1, 1), args,
+                    lanes=None)
+    lanes = Launch("s", (1, 1, 1), (128, 1, 1), (*args[:1], KernelArg("lanes", 0)), lanes=LaneRule(0, None, 1))
+    program = GpuProgram("kernels", {}, (launch, lanes))
+    assert GpuProgram.from_json(json.loads(program.dumps()), ptx={}) == program
+    lengths, shapes = [1600, 10 * 70], [(1600,), (10, 70)]
+    assert launch.grid_for(lengths, shapes) == (3, 3, 1)  # ceil(10 / 4), ceil(70 / 32)
+    # 700 rows (rows_of: argument 1's length), 1600 entries: 2 lanes per row, 1400 threads
+    assert lanes.grid_for(lengths) == (11, 1, 1)
+    words = ParamPacker(launch)([(0xA0, 1600), (0xB0, 700)], [], shapes=shapes)
+    assert words == [0xA0, 0xA0, 0, 1600, 1, 0xB0, 0xB0, 0, 10, 70, 70, 1]
+    c_words = ParamPacker(launch)([("p", "n"), ("q", "m")], [], shapes=[("n",), ("B_d0", "B_d1")])
+    assert c_words[-4:] == ["B_d0", "B_d1", "B_d1", 1]
