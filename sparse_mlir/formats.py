@@ -185,7 +185,16 @@ class Format:
         return self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        # computed once per object: formats key many per-call lookups (``A @ x``, index widths) and hashing the
+        # nested tuples took about 1 us.  Kept out of pickles (``__getstate__``): string hashes differ per process.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(self._key())
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     def _key(self) -> tuple:
         return self.levels, self.dim_to_lvl, self.pos_width, self.crd_width

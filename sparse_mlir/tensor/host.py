@@ -47,13 +47,25 @@ def register_compile(compile_kernel: Callable[..., Any]) -> None:
     (``sparse_mlir.api`` registers its ``compile``)."""
     global _compile
     _compile = compile_kernel
+    _matmul_kernels.clear()
 
 
 def _compile_kernel(expression: str, formats: dict[str, Format], dtype: np.dtype) -> Any:
-    if _compile is None:
-        raise SparseMLIRError("A @ B compiles its kernel with the compile() sparse_mlir.api registers when imported "
-                              "(sparse_mlir.tensor.host.register_compile), and none is registered")
-    return _compile(expression, formats=formats, dtype=dtype)
+    """The kernel ``A @ B`` runs: ``compile``'s, remembered here by the very arguments (``compile`` returns the
+    same kernel for them every time, but finding it costs about 20 us, ten times a small SpMV)."""
+    key = (expression, *formats.items(), dtype)
+    kernel = _matmul_kernels.get(key)
+    if kernel is None:
+        if _compile is None:
+            raise SparseMLIRError("A @ B compiles its kernel with the compile() sparse_mlir.api registers when "
+                                  "imported (sparse_mlir.tensor.host.register_compile), and none is registered")
+        kernel = _matmul_kernels[key] = _compile(expression, formats=formats, dtype=dtype)
+    return kernel
+
+
+_matmul_kernels: dict[tuple, Any] = {}
+_MATVEC = "y[i] = A[i,k] * x[k]"
+_MATMUL = "C[i,j] = A[i,k] * B[k,j]"
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -272,16 +284,20 @@ class SparseTensor(LevelBuffers):
     def __matmul__(self, other: Any) -> Any:
         """``A @ B`` with ``B`` dense (1-d: SpMV, 2-d: SpMM) or sparse (a CSR result), through a cached kernel of
         ``A``'s format and dtype."""
+        if type(other) is np.ndarray and len(self.shape) == 2:  # the common case, in as few steps as it takes
+            kernel = _matmul_kernels.get((_MATVEC if other.ndim == 1 else _MATMUL, ("A", self.format), self.dtype))
+            if kernel is not None:
+                return kernel(A=self, x=other) if other.ndim == 1 else kernel(A=self, B=other)
         if self.ndim != 2:
             raise ShapeError(f"@ takes a 2-d sparse tensor, got {self.ndim}-d")
         if isinstance(other, SparseTensor):
-            kernel = _compile_kernel("C[i,j] = A[i,k] * B[k,j]", {"A": self.format, "B": other.format, "C": CSR},
+            kernel = _compile_kernel(_MATMUL, {"A": self.format, "B": other.format, "C": CSR},
                                      self.dtype)
             return kernel(A=self, B=other)
         rank = getattr(other, "ndim", None)
         if rank not in (1, 2):
             raise ShapeError(f"@ takes a 1-d or 2-d dense operand, got {type(other).__name__} of rank {rank}")
-        expression = "y[i] = A[i,k] * x[k]" if rank == 1 else "C[i,j] = A[i,k] * B[k,j]"
+        expression = _MATVEC if rank == 1 else _MATMUL
         kernel = _compile_kernel(expression, {"A": self.format}, self.dtype)
         return kernel(A=self, **({"x": other} if rank == 1 else {"B": other}))
 
