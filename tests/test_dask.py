@@ -66,6 +66,21 @@ def test_row_sharded_spmv_and_spmm_match_scipy(sync, rng, dtype):
     np.testing.assert_array_equal((a @ da.from_array(b, chunks=(40, 4))).compute(), m @ b)
 
 
+def test_a_shape_generic_kernel_is_exported_once_for_blocks_of_every_shape(sync, rng):
+    from sparse_mlir.distributed.kernels import make_plan
+
+    m = sp.random(230, 170, density=0.05, format="csr", random_state=rng)  # windows differ from block to block
+    a = RowShardedMatrix.from_scipy(m, 60).persist()
+    keys = a.layout.block_keys()
+    assert len({k[0] for k in keys}) > 1
+    plan = make_plan("y[i] = A[i,k] * x[k]", "A", {"A": sm.CSR}, "float64", keys, ship="artifact")
+    assert [k for k, _ in plan.artifacts] == [(None, 32, 32)]  # one export, not one per block shape
+    x = rng.random(170)
+    np.testing.assert_allclose((a @ x).compute(), m @ x, rtol=1e-12)
+    per_shape = make_plan("y[i] = A[i,k] * x[k]", "A", {"A": sm.CSC}, "float64", keys, ship="artifact")
+    assert {k for k, _ in per_shape.artifacts} == keys  # a sparsifier kernel: one export per block shape
+
+
 def test_banded_blocks_read_only_their_window(sync):
     p = poisson3d(6)  # bandwidth 36 over 216 rows
     a = RowShardedMatrix.from_scipy(p, 54)

@@ -8,9 +8,11 @@ Two ways, chosen per matrix (``ship=``):
   and the worker writes them to a private folder and runs them with
   ``sm.load_kernel``.  The worker needs numpy and this package only: it
   never imports MLIR nor starts a compiler process, so workers may be
-  installed without the MLIR wheels.  A CPU export fixes the sparse
-  operand's shape (the sparse ABI is shape-specialized), hence one export
-  per block shape and index width; dense sizes stay free.
+  installed without the MLIR wheels.  A shape-generic kernel (the
+  hand-scheduled ones, ``kernel.shape_generic``) is exported once per index
+  widths and serves every block; a sparsifier kernel fixes the sparse
+  operand's shape, hence one export per block shape and index widths there
+  (dense sizes stay free either way).
 * ``"compile"``: the worker calls ``sm.compile`` itself.  With a shared
   ``SPARSE_MLIR_CACHE_DIR`` the first worker to need a specialization
   compiles it and every other process loads it from the disk cache in a
@@ -40,13 +42,19 @@ from sparse_mlir.runtime.artifact import load_kernel
 __all__ = ["Artifact", "KernelPlan", "BlockKey", "SHIP_MODES", "block_key", "make_plan"]
 
 SHIP_MODES = ("artifact", "compile")
-# (block shape, pos width, crd width): what a CPU export of the sharded operand is specialized for
-BlockKey = tuple[tuple[int, ...], int, int]
+# (block shape, pos width, crd width): what a CPU export of the sharded operand is specialized for; the shape is
+# None for a shape-generic export, which serves blocks of every shape with those widths
+BlockKey = tuple[tuple[int, ...] | None, int, int]
 
 
 def block_key(block: Any) -> BlockKey:
     """The export a block needs: its shape and index widths (a 64-bit block cannot run a 32-bit export)."""
     return tuple(int(s) for s in block.shape), int(block.format.pos_width), int(block.format.crd_width)
+
+
+def _any_shape(key: BlockKey) -> BlockKey:
+    """The key of the shape-generic export a block of ``key`` runs."""
+    return None, key[1], key[2]
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,7 @@ class KernelPlan:
             return compile_kernel(self.expression, formats=dict(self.formats), dtype=self.dtype, target=self.target)
         key = block_key(block)
         for known, artifact in self.artifacts:
-            if known == key:
+            if known == key or known == _any_shape(key):
                 return artifact.load()
         raise OperandError(f"no exported kernel for a block of shape {key[0]} with {key[1]}/{key[2]}-bit indices "
                            f"(exports: {[k for k, _ in self.artifacts]}); the matrix's layout changed after planning")
@@ -158,7 +166,7 @@ def _export(expression: str, operand: str, formats: dict[str, Format], dtype: st
         # a unique C name per export: two libraries of one name must never meet in a worker's dynamic loader
         name = "k_" + hashlib.sha256(repr(cache_key).encode()).hexdigest()[:16]
         folder = _export_root / name
-        export(kernel, folder, name, shapes={operand: shape})
+        export(kernel, folder, name, shapes={} if shape is None else {operand: shape})
         artifact = _exports[cache_key] = Artifact.from_folder(folder, name)
         return artifact
 
@@ -175,5 +183,13 @@ def make_plan(expression: str, operand: str, formats: dict[str, Format], dtype: 
     frozen = tuple(sorted(formats.items()))
     if ship == "compile" or target != "cpu":
         return KernelPlan(expression, operand, frozen, dtype, target)
-    artifacts = tuple((k, _export(expression, operand, formats, dtype, k)) for k in sorted(keys))
+    exports = {_any_shape(k) if _shape_generic(expression, operand, formats, dtype, k) else k for k in keys}
+    artifacts = tuple((k, _export(expression, operand, formats, dtype, k))
+                      for k in sorted(exports, key=lambda k: (k[0] is not None, k)))
     return KernelPlan(expression, operand, frozen, dtype, target, artifacts)
+
+
+def _shape_generic(expression: str, operand: str, formats: dict[str, Format], dtype: str, key: BlockKey) -> bool:
+    """Whether the kernel for blocks of ``key``'s index widths takes every block shape (asked without a build)."""
+    fmts = {**formats, operand: formats[operand].with_widths(key[1], key[2])}
+    return bool(compile_kernel(expression, formats=fmts, dtype=dtype).shape_generic)
