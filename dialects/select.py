@@ -30,12 +30,12 @@ from sparse_mlir.dialects.native.gpu import (
     gpu_linear_2to4,
     gpu_spmm,
     gpu_spmm_2to4,
-    gpu_spmv,
 )
 from sparse_mlir.dialects.native.gpu_fibers import gpu_csf_fibers
 from sparse_mlir.dialects.native.gpu_formats import gpu_format_products
 from sparse_mlir.dialects.native.gpu_merge import gpu_spmv_merge
 from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
+from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
 from sparse_mlir.dialects.native.spgemm import native_spgemm
@@ -78,7 +78,7 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("spmm", lambda spec, shapes, bits: native_spmm(spec, spec.formats, shapes, bits)),
     Emitter("bsr_spmm", lambda spec, shapes, bits: native_bsr_spmm(spec, spec.formats, shapes, bits)),
     Emitter("linear", lambda spec, shapes, bits: native_linear(spec, spec.formats, shapes, bits)),
-    Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes)),
+    Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes, bits)),
     Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
     Emitter("spgemm", lambda spec, shapes, bits: native_spgemm(spec, spec.formats, shapes, bits)),
 )

@@ -1,0 +1,109 @@
+"""Small op-builder helpers the row-wise CPU emitters (``spmv``, ``sparse_add``) share: index constants and casts,
+``scf`` loops that carry values, a one-dimensional ``scf.parallel``, ``scf.if`` with results, and arithmetic that
+picks the float or integer op from the element type.
+
+Why a module: each emitter otherwise grows its own copy of these few lines
+(one idea, one piece of code).  Every helper builds at the current insertion
+point and location, like the bindings' own builders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, memref, scf
+
+__all__ = ["add", "as_index", "constant_like", "dynamic_vector", "for_each", "if_else", "index", "is_float",
+           "load_index", "mul", "parallel", "reduce_loop", "store_index", "sub"]
+
+
+def index(value: int) -> ir.Value:
+    """An ``index`` constant."""
+    return arith.constant(ir.IndexType.get(), value)
+
+
+def as_index(value: ir.Value) -> ir.Value:
+    """An unsigned integer (a position or coordinate of any width) as an ``index``."""
+    return arith.index_castui(ir.IndexType.get(), value)
+
+
+def load_index(buffer: ir.Value, at: ir.Value) -> ir.Value:
+    """``buffer[at]`` (an integer buffer: positions or coordinates) as an ``index``."""
+    return as_index(memref.load(buffer, [at]))
+
+
+def store_index(value: ir.Value, buffer: ir.Value, at: ir.Value) -> None:
+    """Store an ``index`` into an integer buffer of its own width (positions and coordinates)."""
+    memref.store(arith.index_castui(ir.MemRefType(buffer.type).element_type, value), buffer, [at])
+
+
+def dynamic_vector(element: ir.Type) -> ir.MemRefType:
+    """``memref<?xelement>``."""
+    return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], element)
+
+
+def is_float(element: ir.Type) -> bool:
+    """Whether ``element`` (a scalar or a vector type) holds floats."""
+    if isinstance(element, ir.VectorType):
+        element = element.element_type
+    return isinstance(element, ir.FloatType)
+
+
+def constant_like(element: ir.Type, value: float | int) -> ir.Value:
+    """``value`` as a constant of a scalar or vector (splat) type, float or integer."""
+    scalar = element.element_type if isinstance(element, ir.VectorType) else element
+    attr = ir.FloatAttr.get(scalar, float(value)) if is_float(scalar) else ir.IntegerAttr.get(scalar, int(value))
+    if isinstance(element, ir.VectorType):
+        return arith.constant(element, ir.DenseElementsAttr.get_splat(element, attr))
+    return arith.constant(element, attr)
+
+
+def add(x: ir.Value, y: ir.Value) -> ir.Value:
+    return arith.addf(x, y) if is_float(x.type) else arith.addi(x, y)
+
+
+def sub(x: ir.Value, y: ir.Value) -> ir.Value:
+    return arith.subf(x, y) if is_float(x.type) else arith.subi(x, y)
+
+
+def mul(x: ir.Value, y: ir.Value) -> ir.Value:
+    return arith.mulf(x, y) if is_float(x.type) else arith.muli(x, y)
+
+
+def for_each(lower: ir.Value, upper: ir.Value, body: Callable[[ir.Value], None], step: ir.Value | None = None) -> None:
+    """``scf.for`` without carried values: ``body(index)``."""
+    loop = scf.ForOp(lower, upper, step if step is not None else index(1))
+    with ir.InsertionPoint(loop.body):
+        body(loop.induction_variable)
+        scf.YieldOp([])
+
+
+def reduce_loop(lower: ir.Value, upper: ir.Value, inits: Sequence[ir.Value],
+                body: Callable[[ir.Value, list[ir.Value]], Sequence[ir.Value]],
+                step: ir.Value | None = None) -> list[ir.Value]:
+    """``scf.for`` carrying values: ``body(index, values)`` returns the next values; returns the last ones."""
+    loop = scf.ForOp(lower, upper, step if step is not None else index(1), list(inits))
+    with ir.InsertionPoint(loop.body):
+        scf.YieldOp(list(body(loop.induction_variable, list(loop.inner_iter_args))))
+    return list(loop.results)
+
+
+def parallel(upper: ir.Value, body: Callable[[ir.Value], None], step: ir.Value | None = None) -> None:
+    """A one-dimensional ``scf.parallel`` from 0 (the CPU pipeline threads it, guided schedule)."""
+    op = scf.ParallelOp([], [index(0)], [upper], [step if step is not None else index(1)], [])
+    block = op.regions[0].blocks.append(ir.IndexType.get())
+    with ir.InsertionPoint(block):
+        body(block.arguments[0])
+        scf.ReduceOp([], 0)
+
+
+def if_else(condition: ir.Value, then: Callable[[], Sequence[ir.Value]],
+            otherwise: Callable[[], Sequence[ir.Value]], types: Sequence[ir.Type]) -> list[ir.Value]:
+    """``scf.if`` with an else branch; each branch returns the values it yields (of ``types``)."""
+    op = scf.IfOp(condition, list(types), has_else=True)
+    with ir.InsertionPoint(op.then_block):
+        scf.YieldOp(list(then()))
+    with ir.InsertionPoint(op.else_block):
+        scf.YieldOp(list(otherwise()))
+    return list(op.results)
