@@ -314,3 +314,17 @@ def test_a_malformed_plan_is_refused_without_a_crash():
     assert plan.call({"x": 1}, None) is NotImplemented
     with pytest.raises(TypeError):
         plan.call([], None)
+
+
+def test_auto_schedule_is_never_bypassed(rng, monkeypatch):
+    """``schedule="auto"`` decides per operand structure what runs (dense BLAS, one thread, a BSR copy...): the
+    C-level call of the variant it timed last must not take over its later calls."""
+    kernel = sm.compile(SPMM, formats={"A": "csr"}, dtype="float64", schedule="auto")
+    dense = random_sparse(rng, (32, 32), 0.5, "float64")
+    b = random_values(rng, (32, 8), "float64")
+    for _ in range(3):
+        np.testing.assert_allclose(kernel(A=sp.csr_array(dense), B=b), dense @ b, rtol=1e-12)
+    assert kernel._native_fast is None
+    runs = []
+    monkeypatch.setattr(type(kernel), "_run", lambda self, choice, args, out: runs.append(choice) or "ran")
+    assert kernel(A=sp.csr_array(dense), B=b) == "ran" and runs == [kernel.schedule["choice"]]

@@ -109,6 +109,10 @@ class Specialization:
 class CpuKernel(Kernel):
     """A compiled tensor-index-notation kernel for the CPU; call it with keyword operands."""
 
+    # whether a call may go straight to the last specialization's C-level call (``fast_call``); a subclass that
+    # decides per call what to run (``AutoKernel``) must not be bypassed
+    direct_calls = True
+
     def __init__(self, spec: KernelSpec, options: BuildOptions):
         super().__init__()
         self.spec = spec
@@ -197,7 +201,8 @@ class CpuKernel(Kernel):
                 raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
             return special.native(args, None, out_shape)
         result = special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
-        self._native_fast = special.fast_call()  # the next call with operands like these skips all of the above
+        if self.direct_calls:  # the next call with operands like these skips all of the above
+            self._native_fast = special.fast_call()
         return result
 
     def _local_key(self, formats: Mapping[str, Format], extents: Mapping[str, int]) -> tuple:

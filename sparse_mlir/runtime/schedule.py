@@ -104,6 +104,8 @@ def matmul_form(subscripts: str) -> tuple[bool, bool, bool] | None:
 class AutoKernel(CpuKernel):
     """A ``CpuKernel`` that picks, per sparse operand, the fastest of its variants on first use."""
 
+    direct_calls = False  # every call looks up its decision: the C-level call of one variant must not bypass it
+
     def __init__(self, spec: KernelSpec, options: BuildOptions):
         super().__init__(spec, options)
         self._einsum = einsum_plan(spec)
