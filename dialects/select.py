@@ -30,12 +30,12 @@ from sparse_mlir.dialects.native.gpu import (
     gpu_linear_2to4,
     gpu_spmm,
     gpu_spmm_2to4,
-    gpu_spmv,
 )
 from sparse_mlir.dialects.native.gpu_fibers import gpu_csf_fibers
 from sparse_mlir.dialects.native.gpu_formats import gpu_format_products
 from sparse_mlir.dialects.native.gpu_merge import gpu_spmv_merge
 from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
+from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
 from sparse_mlir.dialects.native.spgemm import native_spgemm

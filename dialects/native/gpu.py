@@ -4,13 +4,8 @@ The sparsified kernels map one row to one thread: neighbouring threads read
 far-apart nonzeros (uncoalesced) and one long row stalls its warp.  These
 follow the vector-CSR, merge-path and Sputnik layouts instead:
 
-* **SpMV** ``y[i] = A[i,j] * x[j]`` (CSR): a row is a group of ``lanes``
-  threads (a power of two up to a warp, picked at launch from the mean row
-  length: ``LaneRule``) that read the row's nonzeros contiguously and
-  combine their partial sums with warp shuffles.  For skewed rows a second
-  kernel gives every thread 16 nonzeros, whatever rows they belong to, and
-  adds partial row sums atomically (``Launch.when`` picks one at launch;
-  ``deterministic`` drops it).
+* **SpMV** ``y[i] = A[i,j] * x[j]`` (CSR): a group of lanes per row, and
+  row splitting for skewed rows: ``gpu_spmv`` (its own module, shape-generic).
 * **SpMM** ``C[i,j] = A[i,k] * B[k,j] (+ bias)`` (CSR): a warp per row and
   column tile; lane ``l`` owns 16-byte vectors ``l, l+32, ...`` of the tile
   (single elements when the row length is not a multiple of 16 bytes), so
@@ -66,13 +61,11 @@ __all__ = [
     "gpu_linear_2to4",
     "gpu_spmm",
     "gpu_spmm_2to4",
-    "gpu_spmv",
 ]
 
 WARP = 32
 BLOCK = 128  # threads per block: four warps
 _TILE = 4  # most vectors a lane owns in one SpMM column tile
-SPLIT_CHUNK = 16  # nonzeros per thread in the row-splitting SpMV
 FEW_ROWS = 2048  # SpMM below this many rows: one vector per lane, more column tiles
 _BYTES = {"f16": 2, "f32": 4, "f64": 8}
 Shapes = dict[str, tuple[int | None, ...]]
@@ -104,38 +97,6 @@ def _types(spec: KernelSpec) -> tuple[str, str] | None:
     if spec.dtype.kind != "f":
         return None
     return TYPE_NAMES[spec.dtype.name], TYPE_NAMES[spec.output_dtype.name]
-
-
-def gpu_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, deterministic: bool = False
-             ) -> NativeKernels | None:
-    """CSR SpMV ``y[i] = A[i,j] * x[j]``: a group of lanes per row, or ``None`` when it does not apply.
-
-    Shape-generic: with ``None`` sizes (``compiler.driver.generic_shapes``)
-    ``x`` and ``y`` are ``memref<?x..>`` and the kernels read the rows from
-    ``y``, so one build takes every size.  Unless ``deterministic``, it also gets a row-splitting kernel for skewed
-    matrices, whose atomic additions make float sums run-to-run different
-    in their last bits.
-    """
-    types, found = _types(spec), spmv_operands(spec, formats)
-    if types is None or found is None:
-        return None
-    elt, out = types
-    split = not deterministic
-    a, x = found
-    fmt = formats[a]
-    rows, cols = shapes[a]
-    args = tuple(_args(spec, a, (x, (cols,)), (spec.output, (rows,))))
-    # rows compiled in, or (shape-generic) the length of y at the call
-    lanes = LaneRule(ref=args[1].ref, rows=rows, rows_of=None if rows is not None else args[-1].ref)
-    balanced = Launch("spmv", (1, 1, 1), (BLOCK, 1, 1), (*args, KernelArg("lanes", 0)), lanes=lanes,
-                      when="balanced" if split else "",
-                      fills_output=True)
-    launches, functions = (balanced,), [_spmv_text(elt, fmt, rows, cols, out)]
-    if split:  # skewed rows: fixed chunks of nonzeros per thread, partial row sums added atomically
-        chunks = GridRule(ref=args[1].ref, per_block=BLOCK * SPLIT_CHUNK)
-        launches += (Launch("spmv_split", chunks, (BLOCK, 1, 1), args, when="skewed"),)
-        functions.append(_spmv_split_text(elt, fmt, rows, cols, out))
-    return NativeKernels(ir.Module.parse(_module_of(*functions)), launches)
 
 
 def gpu_spmm_2to4(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
@@ -411,123 +372,6 @@ def _row_bounds(pos_t: str, row: str, valid: str) -> list[str]:
             f"%e_idx = arith.index_castui %e_raw : {pos_t} to index",
             f"%start = arith.select {valid}, %s_idx, %c0 : index",
             f"%end = arith.select {valid}, %e_idx, %c0 : index"]
-
-
-def _spmv_text(elt: str, fmt: Format, rows: int | None, cols: int | None, out: str) -> str:
-    pos_t, crd_t = _index_types(fmt)
-    acc = _accumulator(elt)
-    widen_a, a = _convert("%a_w", "%a", elt, acc)
-    widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
-    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
-            f"%rows = memref.dim %y, %c0 : {_memref((rows,), out)}", f"%zero = arith.constant 0.0 : {acc}",
-            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
-            "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
-            "%row = arith.divui %gtid, %lanes : index", "%lane = arith.remui %gtid, %lanes : index",
-            "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
-            "%k0 = arith.addi %start, %lane : index",
-            f"%partial = scf.for %k = %k0 to %end step %lanes iter_args(%acc = %zero) -> ({acc}) {{",
-            f"  %j_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
-            f"  %j = arith.index_castui %j_raw : {crd_t} to index",
-            f"  %a = memref.load %val[%k] : memref<?x{elt}>",
-            f"  %xj = memref.load %x[%j] : {_memref((cols,), elt)}",
-            *widen_a, *widen_x,
-            f"  %sum = math.fma {a}, {xj}, %acc : {acc}",
-            f"  scf.yield %sum : {acc}", "}",
-            "%width = arith.constant 32 : i32", "%lanes_i32 = arith.index_cast %lanes : index to i32"]
-    # butterfly over the group: every lane of the warp takes part, offsets below the group size stay inside it
-    value = "%partial"
-    for step, offset in enumerate((16, 8, 4, 2, 1)):
-        body += [f"%off{step} = arith.constant {offset} : i32",
-                 f"%other{step}, %ok{step} = gpu.shuffle xor {value}, %off{step}, %width : {acc}",
-                 f"%inside{step} = arith.cmpi ult, %off{step}, %lanes_i32 : i32",
-                 f"%add{step} = arith.addf {value}, %other{step} : {acc}",
-                 f"%red{step} = arith.select %inside{step}, %add{step}, {value} : {acc}"]
-        value = f"%red{step}"
-    narrow, value = _convert("%y_value", value, acc, out)
-    body += [*narrow, "%leader = arith.cmpi eq, %lane, %c0 : index", "%write = arith.andi %valid, %leader : i1",
-             "scf.if %write {", f"  memref.store {value}, %y[%row] : {_memref((rows,), out)}", "}", "gpu.return"]
-    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
-              f"%x: {_memref((cols,), elt)}, %y: {_memref((rows,), out)}, %lanes: index")
-    return _function("spmv", params, body)
-
-
-def _spmv_split_text(elt: str, fmt: Format, rows: int | None, cols: int | None, out: str) -> str:
-    """SpMV over fixed chunks of nonzeros: balanced whatever the row lengths (the merge-path idea, per thread).
-
-    Thread ``t`` takes nonzeros ``[16 t, 16 t + 16)``, finds the row of its
-    first one by binary search over the positions, and walks them, adding
-    each finished row's partial sum to ``y`` atomically (rows cut by a chunk
-    border get several additions); ``y`` starts zeroed.
-    """
-    pos_t, crd_t = _index_types(fmt)
-    acc = _accumulator(elt)
-    widen_a, a = _convert("%a_w", "%a", elt, acc)
-    widen_x, xj = _convert("%xj_w", "%xj", elt, acc)
-    y_t = _memref((rows,), out)
-
-    def pos(name: str, at: str) -> list[str]:
-        return [f"{name}_raw = memref.load %pos[{at}] : memref<?x{pos_t}>",
-                f"{name} = arith.index_castui {name}_raw : {pos_t} to index"]
-
-    def flush(tag: str, value: str, row: str) -> list[str]:
-        """Add a row's partial sum ``value`` to ``y[row]`` atomically."""
-        narrow, total = _convert(f"%{tag}_out", value, acc, out)
-        return [*narrow, f"%{tag}_old = memref.atomic_rmw addf {total}, %y[{row}] : ({out}, {y_t}) -> {out}"]
-
-    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index", "%c2 = arith.constant 2 : index",
-            f"%rows = memref.dim %y, %c0 : {y_t}", f"%chunk = arith.constant {SPLIT_CHUNK} : index",
-            f"%zero = arith.constant 0.0 : {acc}",
-            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
-            "%first_thread = arith.muli %bid, %bdim : index", "%gtid = arith.addi %first_thread, %tid : index",
-            f"%nnz = memref.dim %crd, %c0 : memref<?x{crd_t}>",
-            "%k0 = arith.muli %gtid, %chunk : index", "%k0c = arith.addi %k0, %chunk : index",
-            "%k1 = arith.minui %k0c, %nnz : index", "%work = arith.cmpi ult, %k0, %nnz : index",
-            "scf.if %work {",
-            # the last row r with pos[r] <= k0: binary search over [0, rows - 1]
-            "%rows1 = arith.subi %rows, %c1 : index",
-            "%found:2 = scf.while (%lo = %c0, %hi = %rows1) : (index, index) -> (index, index) {",
-            "  %more = arith.cmpi ult, %lo, %hi : index",
-            "  scf.condition(%more) %lo, %hi : index, index",
-            "} do {", "^bb0(%l: index, %h: index):",
-            "  %span = arith.subi %h, %l : index", "  %half = arith.addi %span, %c1 : index",
-            "  %half2 = arith.divui %half, %c2 : index", "  %mid = arith.addi %l, %half2 : index",
-            *("  " + line for line in pos("%pm", "%mid")),
-            "  %left = arith.cmpi ule, %pm, %k0 : index",
-            "  %mid1 = arith.subi %mid, %c1 : index",
-            "  %nl = arith.select %left, %mid, %l : index", "  %nh = arith.select %left, %h, %mid1 : index",
-            "  scf.yield %nl, %nh : index, index", "}",
-            "%r0 = arith.addi %found#0, %c1 : index", *pos("%end0", "%r0"),
-            # walk the chunk: (sum, row, end of row)
-            (f"%walk:3 = scf.for %k = %k0 to %k1 step %c1 iter_args(%s = %zero, %r = %found#0, %e = %end0) "
-             f"-> ({acc}, index, index) {{"),
-            f"  %j_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
-            f"  %j = arith.index_castui %j_raw : {crd_t} to index",
-            f"  %a = memref.load %val[%k] : memref<?x{elt}>",
-            f"  %xj = memref.load %x[%j] : {_memref((cols,), elt)}", *widen_a, *widen_x,
-            f"  %s1 = math.fma {a}, {xj}, %s : {acc}",
-            "  %k_next = arith.addi %k, %c1 : index", "  %row_done = arith.cmpi eq, %k_next, %e : index",
-            f"  %next:3 = scf.if %row_done -> ({acc}, index, index) {{",
-            *("    " + line for line in flush("done", "%s1", "%r")),
-            # the next row that holds nonzero k_next (skipping empty rows)
-            "    %adv:2 = scf.while (%rr = %r, %ee = %e) : (index, index) -> (index, index) {",
-            "      %rn = arith.addi %rr, %c1 : index", "      %in = arith.cmpi ult, %rn, %rows : index",
-            "      %at_end = arith.cmpi ule, %ee, %k_next : index", "      %go = arith.andi %in, %at_end : i1",
-            "      scf.condition(%go) %rr, %ee : index, index",
-            "    } do {", "    ^bb0(%rr2: index, %ee2: index):",
-            "      %rq = arith.addi %rr2, %c1 : index", "      %rq1 = arith.addi %rq, %c1 : index",
-            *("      " + line for line in pos("%eq", "%rq1")),
-            "      scf.yield %rq, %eq : index, index", "    }",
-            f"    scf.yield %zero, %adv#0, %adv#1 : {acc}, index, index",
-            "  } else {", f"    scf.yield %s1, %r, %e : {acc}, index, index", "  }",
-            f"  scf.yield %next#0, %next#1, %next#2 : {acc}, index, index", "}",
-            # what is left belongs to a row the chunk did not finish (a zero sum adds nothing)
-            f"%tail_sum = arith.cmpf one, %walk#0, %zero : {acc}",
-            "%tail_row = arith.cmpi ult, %walk#1, %rows : index", "%tail = arith.andi %tail_sum, %tail_row : i1",
-            "scf.if %tail {", *("  " + line for line in flush("tail", "%walk#0", "%walk#1")), "}",
-            "}", "gpu.return"]
-    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, "
-              f"%x: {_memref((cols,), elt)}, %y: {y_t}")
-    return _function("spmv_split", params, body)
 
 
 def _spmm_shape(elt: str, rows: int, cols: int) -> tuple[int, int]:

@@ -115,8 +115,10 @@ def level_buffer_types(fmt: Format, elt: ir.Type) -> list[ir.Type]:
     return types
 
 
-def dense_type(shape: Sequence[int], elt: ir.Type) -> ir.Type:
-    return ir.MemRefType.get(list(shape), elt, loc=ir.Location.unknown())
+def dense_type(shape: Sequence[int | None], elt: ir.Type) -> ir.Type:
+    """``memref<AxBxT>``; a ``None`` size (a shape-generic kernel's) is dynamic."""
+    return ir.MemRefType.get([ir.ShapedType.get_dynamic_size() if s is None else s for s in shape], elt,
+                             loc=ir.Location.unknown())
 
 
 def buffer_refs(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from ir_helpers import functions, op_counts, planned, static_shapes, verified
-from sparse_mlir.dialects.native import gpu
+from sparse_mlir.dialects.native import gpu, gpu_spmv
 from sparse_mlir.dialects.native.wgmma import HOPPER
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
@@ -14,7 +14,7 @@ EXTENTS = {"i": 64, "k": 64, "j": 32, "b": 16, "o": 48}
 
 # (emitter, expression, formats, dtype): one kernel each family builds
 FAMILIES = {
-    "spmv": (gpu.gpu_spmv, "y[i] = A[i,j] * x[j]", {"A": "csr"}, "float32"),
+    "spmv": (gpu_spmv.gpu_spmv, "y[i] = A[i,j] * x[j]", {"A": "csr"}, "float32"),
     "spmm": (gpu.gpu_spmm, "C[i,j] = A[i,k] * B[k,j] + bias[j]", {"A": "csr"}, "float32"),
     "spmm_2to4": (gpu.gpu_spmm_2to4, "C[i,j] = A[i,k] * B[k,j]", {"A": "2:4"}, "float16"),
     "gemm_f16": (gpu.gpu_gemm_f16, "C[i,j] = A[i,k] * B[k,j]", {}, "float16"),

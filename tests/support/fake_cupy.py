@@ -500,6 +500,9 @@ def install(monkeypatch: Any, capability: str = "90") -> types.SimpleNamespace:
     for module in ("sparse_mlir.tensor.device", "sparse_mlir.runtime.launch", "sparse_mlir.runtime.torch_tensors"):
         monkeypatch.setattr(f"{module}.cupy", lambda: cp)  # every module that imported the package's loader
     monkeypatch.setattr("sparse_mlir.runtime.tensor_maps.TENSOR_MAPS._encode", fake_tensor_map_encoder)
+    # a fresh stand-in is a fresh device: kernels compiled before it (sm.compile keeps them per process) hold
+    # modules loaded into an earlier stand-in, so this test starts from kernels of its own
+    monkeypatch.setattr("sparse_mlir.api._kernels", {})
     return record
 
 
