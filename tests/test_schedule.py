@@ -102,3 +102,34 @@ def test_blocky_csr_gets_a_bsr_candidate_and_scattered_csr_does_not():
     scattered = (rng.standard_normal((256, 256)) * (rng.random((256, 256)) < 0.1)).astype(np.float32)
     kernel(A=sm.SparseTensor.from_dense(scattered, "csr"), B=B, bias=bias)
     assert not any(c.startswith("sparse, bsr") for c in kernel.schedule["seconds"])
+
+
+def test_the_sparsifier_kernel_is_a_candidate_where_it_may_pay(monkeypatch):
+    import scipy.sparse as sp
+
+    from sparse_mlir.runtime import schedule
+
+    a = sp.random(300, 300, density=0.03, format="csr", random_state=np.random.default_rng(1))
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr", "B": "csr", "C": "csr"}, dtype="float64",
+                        schedule="auto")
+    kernel(A=a, B=a)  # a tiny product: not worth a per-shape build, and it says so
+    assert "sparsifier" not in kernel.schedule["seconds"] and kernel._sparsified is None
+    assert "ms per call" in kernel.schedule["skipped"]["sparsifier"]
+    monkeypatch.setattr(schedule, "SPARSIFIER_WORTH", 0.0)
+    b = sp.random(300, 300, density=0.03, format="csr", random_state=np.random.default_rng(2))
+    c = kernel(A=b, B=b)  # another structure: decided again, the sparsifier's kernel timed too
+    assert "sparsifier" in kernel.schedule["seconds"]
+    expected = (b @ b).toarray()
+    np.testing.assert_allclose(c.to_dense(), expected, rtol=1e-12)
+    np.testing.assert_allclose(kernel._run("sparsifier", {"A": sm.SparseTensor.from_scipy(b),
+                                                          "B": sm.SparseTensor.from_scipy(b)}, None).to_dense(),
+                               expected, rtol=1e-12)
+
+
+def test_a_sparsifier_kernel_has_no_sparsifier_candidate():
+    import scipy.sparse as sp
+
+    kernel = sm.compile("y[i] = A[i,k] * x[k]", formats={"A": "csc"}, dtype="float64", schedule="auto")
+    a = sp.random(50, 40, density=0.1, format="csc", random_state=np.random.default_rng(0))
+    np.testing.assert_allclose(kernel(A=a, x=np.ones(40)), a @ np.ones(40), rtol=1e-12)
+    assert "sparsifier" not in kernel.schedule["seconds"] and "sparsifier" not in kernel.schedule["skipped"]

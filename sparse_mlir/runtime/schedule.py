@@ -3,9 +3,14 @@
 Candidates are the generated sparse kernel with all threads, the same kernel
 on one thread (small problems lose to fork/join), for a CSR SpMM whose
 nonzeros come in blocks the BSR kernel on a BSR copy (dense register
-blocks), and dense BLAS on a dense copy of the sparse operands (for kernels
+blocks), dense BLAS on a dense copy of the sparse operands (for kernels
 that are a sum of products) so that a user never pays for sparsity that does
-not pay off.  Those copies are the conversions ``auto`` may make; they are
+not pay off, and, where a hand-scheduled emitter builds the kernel, the
+sparsifier's kernel for the same expression (it wins on some SpGEMM
+structures, where fewer, longer rows of ``B`` meet).  The sparsifier's
+kernel compiles once per sparse shape (0.2-1 s), so it is only tried when
+the hand-scheduled kernel takes at least ``SPARSIFIER_WORTH`` per call:
+below that, a compile could never pay for itself within a few hundred calls.  Those copies are the conversions ``auto`` may make; they are
 cached with the tensor and their cost is reported.  A dense copy is planned
 only when it fits ``knobs.dense_budget()`` (``SPARSE_MLIR_DENSE_BUDGET``): a 1M x
 1M SpMV must not ask for terabytes.  Decisions are cached per operand
@@ -31,9 +36,11 @@ from typing import Any
 import numpy as np
 
 from sparse_mlir.dsl.ast import Access, Binary, Expr, Literal
+from sparse_mlir.compiler import driver
 from sparse_mlir.compiler.driver import BuildOptions
 from sparse_mlir.dsl.patterns import is_csr, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.errors import SparseMLIRError
 from sparse_mlir.formats import BSR, Format
 from sparse_mlir.knobs import knobs
 from sparse_mlir.tensor.host import SparseTensor
@@ -51,6 +58,7 @@ BLOCKS = ((4, 4), (2, 2))  # BSR blocks tried for a CSR SpMM operand, the larges
 MAX_FILL = 1.25  # ... when storing whole blocks adds at most this many entries per nonzero
 MAX_BLOCK_DENSITY = 0.5  # ... and the blocks cover at most half the matrix (denser is dense BLAS's ground)
 MAX_DECISIONS = 256  # operand structures remembered per kernel (least recently used dropped)
+SPARSIFIER_WORTH = 0.02  # seconds per call of the hand-scheduled kernel from which the sparsifier's is tried too
 FINGERPRINT_SAMPLES = 256  # index entries hashed per buffer: O(1) per call, whatever the tensor's size
 _structures: weakref.WeakKeyDictionary[SparseTensor, tuple] = weakref.WeakKeyDictionary()
 
@@ -111,6 +119,7 @@ class AutoKernel(CpuKernel):
         self._einsum = einsum_plan(spec)
         self._matmul = matmul_form(self._einsum[0]) if self._einsum is not None else None
         self._blocked: dict[Format, CpuKernel] = {}  # the same expression over a BSR copy, per block format
+        self._sparsified: CpuKernel | None = None  # the sparsifier's kernel, where an emitter builds this one
         self._decisions: OrderedDict[tuple, dict[str, Any]] = OrderedDict()  # by operand structure, LRU
         self.schedule: dict[str, Any] | None = None
 
@@ -139,6 +148,9 @@ class AutoKernel(CpuKernel):
         if choice == "sparse, 1 thread":
             with threads.fixed(1):
                 return super().__call__(out=out, **args)
+        if choice == "sparsifier":
+            assert self._sparsified is not None
+            return self._sparsified(out=out, **args)
         return super().__call__(out=out, **args)
 
     def _dense(self, args: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
@@ -189,11 +201,32 @@ class AutoKernel(CpuKernel):
             candidates[f"sparse, {blocked}"] = lambda: self._run(f"sparse, {blocked}", args, None)
             conversion += time.perf_counter() - start
         times = {name: median_seconds(fn, 5) for name, fn in candidates.items()}
+        if (reason := self._sparsifier_candidate(args, times["sparse"])) is None:
+            times["sparsifier"] = median_seconds(lambda: self._run("sparsifier", args, None), 5)
+        elif reason:
+            skipped["sparsifier"] = reason
         choice = min(times, key=times.__getitem__)
         if choice != "dense":  # the copies made to time the dense candidate would only hold memory
             for value in sparse:
                 _dense_copies.pop(value, None)
         return {"choice": choice, "seconds": times, "conversion_seconds": conversion, "skipped": skipped}
+
+    def _sparsifier_candidate(self, args: dict[str, Any], hand_scheduled: float) -> str | None:
+        """``None`` when the sparsifier's kernel is to be timed too (built here, first); else why not (``""``:
+        not a choice at all, as the kernel already is the sparsifier's)."""
+        formats = {n: args[n].format for n in self._sparse_inputs}
+        if self.options.emitter != "auto" or not driver.shape_generic(self.spec, formats, self.options):
+            return ""
+        if hand_scheduled < SPARSIFIER_WORTH:
+            return (f"the hand-scheduled kernel takes {hand_scheduled * 1e3:.2f} ms per call, under the "
+                    f"{SPARSIFIER_WORTH * 1e3:.0f} ms a per-shape sparsifier build would need to pay off")
+        if self._sparsified is None:
+            self._sparsified = CpuKernel(self.spec, replace(self.options, emitter="sparsifier"))
+        try:
+            self._run("sparsifier", args, None)  # compiles it: not part of the timing
+        except SparseMLIRError as exc:
+            return f"the sparsifier cannot build it: {exc}"
+        return None
 
     def _block_candidate(self, args: dict[str, Any]) -> Format | None:
         """For a CSR SpMM operand whose nonzeros fill whole blocks: a cached BSR copy and its kernel's format."""
