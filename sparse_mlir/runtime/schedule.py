@@ -35,20 +35,20 @@ from typing import Any
 
 import numpy as np
 
-from sparse_mlir.dsl.ast import Access, Binary, Expr, Literal
 from sparse_mlir.compiler import driver
 from sparse_mlir.compiler.driver import BuildOptions
+from sparse_mlir.dsl.ast import Access, Binary, Expr, Literal
 from sparse_mlir.dsl.patterns import is_csr, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.errors import SparseMLIRError
 from sparse_mlir.formats import BSR, Format
 from sparse_mlir.knobs import knobs
-from sparse_mlir.tensor.host import SparseTensor
-from sparse_mlir.timing import median_seconds
 from sparse_mlir.runtime import threads
+from sparse_mlir.runtime.calls import kernel_call
 from sparse_mlir.runtime.cpu import CpuKernel
 from sparse_mlir.runtime.operands import dense_output, prepare
-from sparse_mlir.runtime.calls import kernel_call
+from sparse_mlir.tensor.host import SparseTensor
+from sparse_mlir.timing import median_seconds
 
 __all__ = ["AutoKernel", "einsum_plan"]
 
