@@ -17,7 +17,15 @@ from mlir import ir
 
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.formats import LevelKind
-from sparse_mlir.abi.c_signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, OperandABI, Signature
+from sparse_mlir.abi.c_signature import (
+    BAD_LEVELS,
+    NULL_POINTER,
+    RESULT_OVERFLOW,
+    SIZE_MISMATCH,
+    OperandABI,
+    Signature,
+)
+from sparse_mlir.dtypes import index_dtype
 
 __all__ = ["add_c_entry_point", "INTERNAL_ERROR"]
 
@@ -262,6 +270,8 @@ def wrapper_text(sig: Signature, kernel: str, zero_fill: bool = True) -> str:
     # 4. descriptors in the kernel's argument order
     out = sig.output
     if out.sparse:
+        _check_result_coordinates(t, sig, args)
+    if out.sparse:
         n_results = len(out.format.codegen_format.buffer_names)
         result = t(f"llvm.alloca {one} x !llvm.array<{5 * n_results} x i64> : (i64) -> !llvm.ptr")
     else:
@@ -292,6 +302,8 @@ def wrapper_text(sig: Signature, kernel: str, zero_fill: bool = True) -> str:
         _copy_sparse_result(t, sig, result, args[out.name], inputs)
     for ptr in temporaries:
         t.stmt(f"llvm.call @free({ptr}) : (!llvm.ptr) -> ()")
+    if out.sparse:
+        _check_result_entries(t, sig, args[out.name])
     if not out.sparse:
         returned = t(f"llvm.load {t(f'llvm.getelementptr {result}[1] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr')} "
                      f": !llvm.ptr -> !llvm.ptr")
@@ -302,6 +314,54 @@ def wrapper_text(sig: Signature, kernel: str, zero_fill: bool = True) -> str:
     if out.sparse:
         text += _free_text(sig)
     return text
+
+
+def _largest(width: int) -> int | None:
+    """The largest index a buffer of ``width`` bits holds (signed: see ``dtypes.index_dtype``); ``None``: 64."""
+    dtype = index_dtype(width)
+    return None if dtype.itemsize == 8 else int(np.iinfo(dtype).max)
+
+
+def _check_result_coordinates(t: _Text, sig: Signature, args: dict[str, str]) -> None:
+    """``RESULT_OVERFLOW`` before the kernel runs when a sparse result's coordinates could not fit its
+    coordinate width: a level that stores coordinates over a dimension longer than the width holds would wrap
+    them (a silently wrong result)."""
+    out = sig.output
+    largest = _largest(out.format.crd_width)
+    if largest is None:
+        return
+    extents = sig.extents()
+    for e, level in zip(out.format.dim_to_lvl, out.format.levels):
+        if level.kind is LevelKind.DENSE:
+            continue
+        static, carriers = extents[out.index[e.dim]]
+        if static is not None:
+            size = t.i64(static)
+        elif carriers:
+            name, d = carriers[0]
+            size = args[f"{name}_d{d}"]
+        else:
+            continue  # sized by nothing at run time: not a shape this signature can take
+        t.fail_if(t(f'llvm.icmp "sgt" {size}, {t.i64(largest + 1)} : i64'), RESULT_OVERFLOW)
+
+
+def _check_result_entries(t: _Text, sig: Signature, target: str) -> None:
+    """``RESULT_OVERFLOW`` after the kernel ran when the result has more entries than its position width
+    holds (its positions wrapped): the result's buffers are released first, so nothing leaks."""
+    largest = _largest(sig.output.format.pos_width)
+    if largest is None:
+        return
+    k = len(sig.result_buffers())
+    entries = t(f"llvm.load {t(f'llvm.getelementptr {target}[{2 * (k - 1) + 1}] : (!llvm.ptr) -> !llvm.ptr, i64')} "
+                f": !llvm.ptr -> i64")
+    t.blocks += 1
+    overflow, fits = f"^overflow{t.blocks}", f"^fits{t.blocks}"
+    too_many = t(f'llvm.icmp "sgt" {entries}, {t.i64(largest)} : i64')
+    t.stmt(f"llvm.cond_br {too_many}, {overflow}, {fits}")
+    t.lines.append(f"{overflow}:")
+    t.stmt(f"llvm.call @{sig.name}_free({target}) : (!llvm.ptr) -> ()")
+    t.stmt(f"llvm.return {t(f'llvm.mlir.constant({RESULT_OVERFLOW} : i32) : i32')} : i32")
+    t.lines.append(f"{fits}:")
 
 
 def _copy_sparse_result(t: _Text, sig: Signature, result: str, target: str, inputs: list[str]) -> None:

@@ -199,3 +199,14 @@ def test_source_hash_sees_file_boundaries(tmp_path):
     """Text moved from the end of one file to the start of the next changes two sources, so it changes the hash
     (hashing the files' bytes one after another would not see it)."""
     _source_hashes(tmp_path, ["move a line across a file boundary"])
+
+
+def test_the_key_tells_sparse_result_widths_apart():
+    """A sparse result's widths are in no operand's format, only in the spec: two outputs that differ only in
+    widths shared one library before (a 16-bit result ran the 8-bit kernel)."""
+    expression = "C[i,j] = A[i,k] * B[k,j]"
+    keys = set()
+    for width in (8, 16, 32, 64):
+        spec = plan(expression, {"A": CSR, "B": CSR, "C": CSR.with_widths(width, width)}, "float64")
+        keys.add(driver.cache_key(spec, {"A": CSR, "B": CSR}, {}, BuildOptions()))
+    assert len(keys) == 4

@@ -41,13 +41,17 @@ from sparse_mlir.dtypes import index_dtype
 # the format JSON is part of the signature JSON; it lives with the formats (tensor files use it too)
 from sparse_mlir.formats import Format, format_from_json, format_to_json
 
-__all__ = ["OK", "NULL_POINTER", "SIZE_MISMATCH", "BAD_LEVELS", "Param", "OperandABI", "Signature",
+__all__ = ["OK", "NULL_POINTER", "SIZE_MISMATCH", "BAD_LEVELS", "RESULT_OVERFLOW", "Param", "OperandABI", "Signature",
            "format_to_json", "format_from_json", "C_TYPES"]
 
 OK, NULL_POINTER, SIZE_MISMATCH, BAD_LEVELS = 0, 1, 2, 3
+# a sparse result whose entry count or coordinates do not fit its format's index widths (5: 4 is the C entry
+# point's internal error)
+RESULT_OVERFLOW = 5
 STATUS_TEXT = {NULL_POINTER: "a NULL pointer",
                SIZE_MISMATCH: "a size that disagrees with the kernel's shapes or another operand's",
-               BAD_LEVELS: "inconsistent level buffer lengths"}
+               BAD_LEVELS: "inconsistent level buffer lengths",
+               RESULT_OVERFLOW: "a sparse result too large for its format's index widths"}
 
 C_TYPES = {"float16": "_Float16", "float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
            "int32": "int32_t", "int64": "int64_t"}

@@ -168,8 +168,13 @@ _sources: dict[tuple, str] = {}
 
 def cache_key(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, options: BuildOptions,
               entry: str = "sparse_mlir_kernel") -> str:
-    """The content hash naming a compiled specialization."""
-    text = repr((spec.key(), sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
+    """The content hash naming a compiled specialization.
+
+    Every format is spelled with its index widths (a format's ``repr`` leaves them out): the declared ones
+    of the spec, a sparse output's included, and the operands' actual ones in ``formats``.
+    """
+    declared = sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in spec.formats.items())
+    text = repr((spec.key(), declared, sorted((n, repr(f), f.pos_width, f.crd_width) for n, f in formats.items()),
                  sorted(shapes.items()), options.key(), entry, source_hash(), tool_versions()))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -10,6 +10,7 @@ from sparse_mlir.abi.c_signature import (
     C_TYPES,
     NULL_POINTER,
     OK,
+    RESULT_OVERFLOW,
     SIZE_MISMATCH,
     Signature,
 )
@@ -25,7 +26,7 @@ def c_header(sig: Signature, openmp: Path | None = None) -> str:
              "#ifndef SPARSE_MLIR_STATUS", "#define SPARSE_MLIR_STATUS",
              f"#define SPARSE_MLIR_OK {OK}", f"#define SPARSE_MLIR_NULL_POINTER {NULL_POINTER}",
              f"#define SPARSE_MLIR_SIZE_MISMATCH {SIZE_MISMATCH}", f"#define SPARSE_MLIR_BAD_LEVELS {BAD_LEVELS}",
-             "#endif", ""]
+             f"#define SPARSE_MLIR_RESULT_OVERFLOW {RESULT_OVERFLOW}", "#endif", ""]
     lines.append("/* Operands:")
     for op in sig.operands:
         role = "output" if op.output else "input"
@@ -56,6 +57,11 @@ def c_header(sig: Signature, openmp: Path | None = None) -> str:
     lines[-1] += " */"
     lines.append("")
     if sig.output.sparse:
+        fmt = sig.output.format
+        lines += [f"/* The result's {fmt.pos_width or 64}-bit positions and {fmt.crd_width or 64}-bit coordinates "
+                  "must hold its "
+                  "entries and sizes:", " * SPARSE_MLIR_RESULT_OVERFLOW otherwise (before the kernel runs when a "
+                  "size is too large,", " * after it when the entries are too many; nothing is left to free). */", ""]
         lines.append(f"typedef struct {sig.name}_result {{")
         for buf, dtype in sig.result_buffers():
             lines += [f"  {C_TYPES[dtype.name]}* {buf};", f"  int64_t {buf}_len;"]

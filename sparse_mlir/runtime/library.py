@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from sparse_mlir.errors import FormatError, InvalidIndicesError, LoweringError, OperandError, ShapeError
-from sparse_mlir.abi.c_signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, STATUS_TEXT, Signature
+from sparse_mlir.abi.c_signature import (
+    BAD_LEVELS,
+    NULL_POINTER,
+    RESULT_OVERFLOW,
+    SIZE_MISMATCH,
+    STATUS_TEXT,
+    Signature,
+)
 from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.runtime import threads
 from sparse_mlir.runtime import descriptors as abi
@@ -89,6 +96,12 @@ class NativeFunction:
         if self.threaded:
             threads.set_threads(threads.for_work(entries))
         status = self.function(*params)
+        if status == RESULT_OVERFLOW:
+            out_op = self.signature.output
+            raise FormatError(f"the result {out_op.name} of {self.signature.expression!r} has more entries or larger "
+                              f"coordinates than its format {out_op.format} holds (index widths "
+                              f"{out_op.format.pos_width}/{out_op.format.crd_width} bits); declare it with wider "
+                              f"indices, e.g. formats={{'{out_op.name}': sm.CSR.with_widths(64, 64)}}")
         if status:
             raise _STATUS_ERRORS.get(status, LoweringError)(
                 f"kernel {self.signature.name} refused its arguments: {STATUS_TEXT.get(status, 'internal error')} "
