@@ -10,10 +10,14 @@ ones the MLIR pipeline generated.
 ``y = x W^T + b`` with ``W`` sparse of shape ``(out, in)``.  Every product
 is a compiled kernel:
 
-* forward: ``Yt[o,b] = W[o,i] * Xt[i,b] (+ bias[o])`` in ``W``'s own format
-  (the tiled SpMM for CSR and N:M);
+* forward: the Linear orientation ``Y[b,o] = X[b,i] * W[o,i] (+ bias[o])``
+  in ``W``'s own format, on ``x`` and ``y`` row-major as torch keeps them:
+  the kernel transposes blocks of the batch into cache-sized scratch for
+  its tiled SpMM (CSR and N:M) and writes ``y`` rows directly, so no copy
+  surrounds it and the next layers (attention above all) get contiguous
+  tensors;
 * input gradient ``dX = dY W``: the same Linear kernel on ``W^T`` stored as
-  CSR, ``dXt[i,b] = WT[i,o] * dYt[o,b]``.  ``W^T``'s pattern is computed
+  CSR, ``dX[b,i] = dY[b,o] * WT[i,o]``.  ``W^T``'s pattern is computed
   once per pattern (``TransposedPattern``); its values are ``W``'s values
   gathered into transposed order on each call (data movement, no
   arithmetic), which is 4x faster than a kernel scattering over ``W``'s
@@ -48,40 +52,12 @@ from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["TransposedPattern", "format_key", "linear", "transposed_pattern"]
 
-_LINEAR = "Yt[o,b] = W[o,i] * Xt[i,b]"
-_LINEAR_BIAS = "Yt[o,b] = W[o,i] * Xt[i,b] + bias[o]"
+# the Linear orientation: X and Y row-major as torch has them, no transposes or copies around the kernel
+# (its emitter blocks the batch so that each block's X^T stays in L2, dialects/native/linear.py)
+_LINEAR = "Y[b,o] = X[b,i] * W[o,i]"
+_LINEAR_BIAS = "Y[b,o] = X[b,i] * W[o,i] + bias[o]"
 _SDDMM = "D[o,i] = S[o,i] * Gt[o,b] * X[b,i]"
 _COLUMN_SUMS = "gb[o] = G[b,o]"
-
-
-# columns of Xt (rows of x) per Linear kernel call.  The kernel runs output rows in parallel and each
-# row streams its nonzeros' rows of Xt; a whole MiniLM FFN input (1536 x 4096 floats, 25 MB) left L2 for
-# every row block, so the same 2:4 FLOPs ran 2.1x slower than at 384 inputs.  Blocks of 128 columns keep
-# the Xt block (at most 768 KB at 1536 inputs) in cache for all rows; measured on this 2-core AVX2 machine,
-# 4096 rows: 1536 -> 384 at 2:4 39.6 -> 18.7 ms, 384 -> 1536 25.7 -> 17.0 ms (64-192 within 15%).
-# In the whole MiniLM forward (32 x 128 tokens, 2 threads) blocks took 2:4 from 840 to 608 ms but 90% from 412
-# to 479 ms: at low density the kernel does too little per call for 32x more parallel regions to pay, so
-# only weights at least BLOCK_DENSITY dense run blocked.
-BATCH_BLOCK = 128
-BLOCK_DENSITY = 0.25
-
-
-def _blocked(kernel: Kernel, xt: np.ndarray, out_features: int, density: float, **operands: Any) -> torch.Tensor:
-    """``kernel(Xt=..., **operands)`` over blocks of ``BATCH_BLOCK`` columns of the C-contiguous ``xt``
-    (``(in, rows)``), gathered into one ``(out, rows)`` tensor: every block's slice of ``Xt`` stays in cache.
-
-    Slicing columns of a row-major ``xt`` is a row-by-row copy; the per-block copies are numpy's, because
-    torch's own thread pool, woken between kernel calls, fought the kernels' OpenMP threads for the two
-    cores (a MiniLM forward ran twice as slowly with torch copies per block).
-    """
-    rows = xt.shape[1]
-    if rows <= BATCH_BLOCK or density < BLOCK_DENSITY:
-        return torch.from_numpy(kernel(Xt=np.ascontiguousarray(xt), **operands))
-    result = np.empty((out_features, rows), dtype=xt.dtype)
-    for start in range(0, rows, BATCH_BLOCK):
-        block = np.ascontiguousarray(xt[:, start:start + BATCH_BLOCK])
-        result[:, start:start + BATCH_BLOCK] = kernel(Xt=block, **operands)
-    return torch.from_numpy(result)
 
 
 @functools.cache
@@ -152,39 +128,36 @@ def transposed_pattern(weight: SparseTensor) -> TransposedPattern:
 @torch.library.custom_op("sparse_mlir::linear", mutates_args=())
 def _linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, levels: list[torch.Tensor],
             pattern: list[torch.Tensor], fmt: str, shape: list[int]) -> torch.Tensor:
-    """``x W^T + b`` for ``x`` of shape ``(rows, in)``: the result is ``(out, rows)`` in memory, seen transposed."""
+    """``x W^T + b`` for ``x`` of shape ``(rows, in)``: a row-major ``(rows, out)`` tensor."""
     del pattern  # the backward's (an input so that setup_context can save it)
     weight = SparseTensor(_format(fmt), tuple(shape), (*map(_numpy, levels), _numpy(values)), validate=False)
     operands: dict[str, Any] = {"W": weight}
     if bias is not None:
         operands["bias"] = _numpy(bias)
     kernel = _kernel(_LINEAR if bias is None else _LINEAR_BIAS, (("W", weight.format),), str(weight.dtype))
-    # one transpose of the whole input, by torch (its blocked transpose is 3x numpy's)
-    density = values.numel() / max(1, shape[0] * shape[1])
-    return _blocked(kernel, _numpy(x.t().contiguous()), shape[0], density, **operands).t()
+    return torch.from_numpy(kernel(X=_numpy(x.contiguous()), **operands))
 
 
 @_linear.register_fake
 def _(x, values, bias, levels, pattern, fmt, shape):
-    return x.new_empty((shape[0], x.shape[0])).t()
+    return x.new_empty((x.shape[0], shape[0]))
 
 
 @torch.library.custom_op("sparse_mlir::linear_grad_input", mutates_args=())
-def _grad_input(grad_t: torch.Tensor, values: torch.Tensor, t_pos: torch.Tensor, t_crd: torch.Tensor,
+def _grad_input(grad: torch.Tensor, values: torch.Tensor, t_pos: torch.Tensor, t_crd: torch.Tensor,
                 t_order: torch.Tensor, shape: list[int]) -> torch.Tensor:
-    """``dX = dY W`` as the Linear kernel on ``W^T`` (CSR): ``dXt[i,b] = WT[i,o] * dYt[o,b]``, given ``dYt``."""
+    """``dX = dY W`` as the Linear kernel on ``W^T`` (CSR): ``dX[b,i] = dY[b,o] * WT[i,o]``, row-major."""
     out_features, in_features = shape
     fmt = _csr_width(values.numel(), max(shape))
     gathered = np.take(_numpy(values), _numpy(t_order))  # numpy: torch's thread pool stalls on a busy machine
     w_t = SparseTensor(fmt, (in_features, out_features), (_numpy(t_pos), _numpy(t_crd), gathered), validate=False)
     kernel = _kernel(_LINEAR, (("W", fmt),), str(w_t.dtype))
-    density = values.numel() / max(1, out_features * in_features)
-    return _blocked(kernel, _numpy(grad_t.contiguous()), in_features, density, W=w_t).t()
+    return torch.from_numpy(kernel(X=_numpy(grad.contiguous()), W=w_t))
 
 
 @_grad_input.register_fake
-def _(grad_t, values, t_pos, t_crd, t_order, shape):
-    return grad_t.new_empty((shape[1], grad_t.shape[1])).t()
+def _(grad, values, t_pos, t_crd, t_order, shape):
+    return grad.new_empty((grad.shape[0], shape[1]))
 
 
 @torch.library.custom_op("sparse_mlir::linear_grad_values", mutates_args=())
@@ -228,10 +201,9 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad: torch.Tensor):
     x, values, pos, crd, stored, t_pos, t_crd, t_order = ctx.saved_tensors
     need_x, need_values, need_bias = ctx.needs_input_grad[:3]
-    # dY^T, read by both products: free when dY is itself a transposed view (a SparseLinear's input gradient)
-    grad_t = grad.t().contiguous() if need_x or need_values else grad
-    grad_x = _grad_input(grad_t, values, t_pos, t_crd, t_order, ctx.shape) if need_x else None
-    grad_values = _grad_values(grad_t, x, pos, crd, stored, ctx.shape) if need_values else None
+    grad_x = _grad_input(grad, values, t_pos, t_crd, t_order, ctx.shape) if need_x else None
+    # the SDDMM reads dY^T: its rows are W's rows
+    grad_values = _grad_values(grad.t().contiguous(), x, pos, crd, stored, ctx.shape) if need_values else None
     grad_bias = _grad_bias(grad) if need_bias and ctx.has_bias else None
     levels, pattern = ctx.lists
     return grad_x, grad_values, grad_bias, [None] * levels, [None] * pattern, None, None

@@ -76,7 +76,7 @@ def test_what_is_not_an_epilogue_is_left_to_the_planner():
 
 
 @pytest.mark.parametrize("fmt", ["csr", "2:4"])
-@pytest.mark.parametrize("batch", [1, 37])
+@pytest.mark.parametrize("batch", [1, 37, 300, 1100])  # one block of the batch, several in turn, in parallel
 def test_linear_layers_with_an_activation_run_their_epilogue_in_the_tiled_spmm(fmt, batch, rng):
     """``Y[b,o] = relu(X[b,i] * W[o,i] + bias[o])`` and friends: the epilogue rewritten over the middle SpMM's
     rows (o) and columns (b); operands over o or b only."""

@@ -33,6 +33,22 @@ def test_sparse_linear_matches_linear_on_pruned_weights(kw):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kw", [{"pattern": "2:4"}, {"sparsity": 0.9}])
+@pytest.mark.parametrize("rows", [1, 300, 1100])
+def test_the_output_is_row_major_over_batch_blocks(kw, rows):
+    """The Linear kernel writes ``y`` rows directly (no transposed view for the next layers to copy), whether the
+    batch runs as one block, blocks one after the other (300 rows) or blocks in parallel (1100 rows)."""
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(384, 200)
+    sparse = SparseLinear.from_linear(linear, **kw)
+    x = torch.randn(rows, 384)
+    with torch.no_grad():
+        want = x @ torch.from_numpy(sparse.weight.to_dense()).T + linear.bias
+        got = sparse(x)
+    assert got.is_contiguous()
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_sparsify_replaces_linears_in_place():
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 8, bias=False))
     returned = sparsify(model, pattern="2:4")

@@ -58,7 +58,8 @@ def test_gradcheck_with_block_storage_and_without_bias():
     assert torch.autograd.gradcheck(call(sparse), (x, values))
 
 
-@pytest.mark.parametrize("batch_rows", [7, 300], ids=["7 rows", "300 rows: kernels run on 128-row blocks"])
+@pytest.mark.parametrize("batch_rows", [7, 300, 1100],
+                         ids=["7 rows", "300 rows: batch blocks one after the other", "1100 rows: blocks in parallel"])
 @pytest.mark.parametrize("options, features", LAYOUTS[:2], ids=["csr", "2:4"])
 def test_gradients_match_a_masked_dense_linear(options, features, batch_rows):
     """Against torch's own autograd of the same pruned weight: the input and bias gradients, and the weight

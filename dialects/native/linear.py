@@ -19,12 +19,14 @@ The kernel function is built with the MLIR bindings' op builders.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mlir import ir
 from mlir.dialects import arith, func, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.dialects.native.spmm import SpmmProblem, spmm_module
+from sparse_mlir.dialects.native.spmm import ACCUMULATORS, SpmmProblem, spmm_module
 
 from sparse_mlir.dsl.ast import Access, Expr
 from sparse_mlir.dsl.patterns import linear_epilogue, linear_operands
@@ -34,6 +36,11 @@ from sparse_mlir.formats import Format
 __all__ = ["native_linear"]
 
 _CORE = "linear_spmm"
+# scratch bytes for a block's XT, the operand the SpMM re-reads for every row of W: most of a 512 KiB L2
+# (AMD Zen 2/3; Intel cores have 1-2 MiB), the rest for W's stream and the T rows being written
+BLOCK_BYTES = 384 * 1024
+MAX_TILES = 2  # column tiles of the SpMM per block at most
+PARALLEL_BLOCKS = 4  # fewer blocks than this run one after the other, each SpMM threaded over W's rows
 
 
 def native_linear(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
@@ -53,7 +60,8 @@ def native_linear(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str
 
 def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str, str | None], core: SpmmProblem,
             vector_bits: int) -> None:
-    """The kernel function at the insertion point: ``XT = X^T``, ``T = W @ XT`` (a call of ``_CORE``), ``Y = T^T``.
+    """The kernel function at the insertion point: ``Y = (W @ X^T)^T`` through ``_CORE``, block by block of the
+    batch when nothing reads the batch index, else ``XT = X^T``, ``T = W @ XT``, ``Y = T^T`` whole.
 
     Its inputs are the spec's (``W`` as its three level buffers, every other
     input but ``X`` a vector over ``o`` or ``b``), then ``Y``, which it returns.
@@ -81,40 +89,144 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
     (x_value,), y = values[x], block.arguments[-1]
     tile = vector_bits // 8 // spec.dtype.itemsize
     with ir.InsertionPoint(block):
-        c0, c1 = arith.constant(index, 0), arith.constant(index, 1)
-        step = arith.constant(index, tile)
-        pad = arith.constant(element, 0.0 if isinstance(element, ir.FloatType) else 0)
-        square = ir.VectorType.get([tile, tile], element)
-        identity = ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(2, 2))
-        masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)] * 2)  # not in bounds: edge tiles are masked
+        tiles = _Tiles(element, tile)
+        batch, inputs = memref.dim(x_value, tiles.c0), memref.dim(x_value, tiles.c1)
+        rows = arith.constant(index, outputs) if outputs is not None else memref.dim(y, tiles.c1)
 
-        def transpose(src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value) -> None:
-            """``dst = src^T`` in ``tile x tile`` register tiles (rows of tiles in parallel; edge tiles masked)."""
-            loop = scf.ParallelOp([], [c0], [rows], [step], [])
-            body = loop.regions[0].blocks.append(index)
-            with ir.InsertionPoint(body):
-                r = body.arguments[0]
-                columns = scf.ForOp(c0, cols, step)
-                with ir.InsertionPoint(columns.body):
-                    k = columns.induction_variable
-                    tile_in = vector.transfer_read(square, src, [r, k], identity, pad, masked)
-                    vector.transfer_write(None, vector.transpose(square, tile_in, [1, 0]), dst, [k, r], identity,
-                                          masked)
-                    scf.YieldOp([])
-                scf.ReduceOp([], 0)
+        def spmm(xt: ir.Value, t: ir.Value) -> None:
+            """``t = W @ xt`` (+ bias or epilogue): W's buffers, XT, then the bias or the epilogue's operands."""
+            core_args = [v for name, _ in core.inputs for v in ([xt] if name == roles["xt"] else values[name])]
+            func.CallOp([matrix], _CORE, [*core_args, t])
 
-        batch, inputs = memref.dim(x_value, c0), memref.dim(x_value, c1)
-        rows = arith.constant(index, outputs) if outputs is not None else memref.dim(y, c1)
-        xt = memref.alloc(matrix, [inputs, batch], [])
-        transpose(x_value, xt, batch, inputs)
-        # T = W @ XT (+ bias), the tiled SpMM: W's buffers, XT, then the bias or the epilogue's operands
-        t = memref.alloc(matrix, [rows, batch], [])
-        core_args = [v for name, _ in core.inputs for v in ([xt] if name == roles["xt"] else values[name])]
-        func.CallOp([matrix], _CORE, [*core_args, t])
-        transpose(t, y, rows, batch)
-        memref.dealloc(xt)
-        memref.dealloc(t)
+        if _reads_batch_index(core):
+            _whole(tiles, matrix, x_value, y, batch, inputs, rows, spmm)
+        else:
+            _batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, spec.dtype.itemsize,
+                          tile * ACCUMULATORS)
         func.ReturnOp([y])
+
+
+class _Tiles:
+    """Constants and the register-tile transpose shared by both kernel layouts (built at the insertion point)."""
+
+    def __init__(self, element: ir.Type, tile: int):
+        index = ir.IndexType.get()
+        self.c0, self.c1 = arith.constant(index, 0), arith.constant(index, 1)
+        self.tile = tile
+        self.step = arith.constant(index, tile)
+        self.pad = arith.constant(element, 0.0 if isinstance(element, ir.FloatType) else 0)
+        self.square = ir.VectorType.get([tile, tile], element)
+        self.identity = ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(2, 2))
+        self.masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)] * 2)  # not in bounds: edge tiles are masked
+
+    def transpose(self, src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value, parallel: bool,
+                  src_row: ir.Value | None = None, dst_row: ir.Value | None = None) -> None:
+        """``dst[dst_row + k, r] = src[src_row + r, k]`` for ``r < rows``, ``k < cols``, in ``tile x tile``
+        register tiles (rows of tiles in parallel or not; tiles past either memref's end are masked)."""
+        index = ir.IndexType.get()
+        if parallel:
+            loop = scf.ParallelOp([], [self.c0], [rows], [self.step], [])
+            body = loop.regions[0].blocks.append(index)
+        else:
+            loop = scf.ForOp(self.c0, rows, self.step)
+            body = loop.body
+        with ir.InsertionPoint(body):
+            r = body.arguments[0]
+            read_row = r if src_row is None else arith.addi(src_row, r)
+            columns = scf.ForOp(self.c0, cols, self.step)
+            with ir.InsertionPoint(columns.body):
+                k = columns.induction_variable
+                write_row = k if dst_row is None else arith.addi(dst_row, k)
+                tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad, self.masked)
+                vector.transfer_write(None, vector.transpose(self.square, tile_in, [1, 0]), dst, [write_row, r],
+                                      self.identity, self.masked)
+                scf.YieldOp([])
+            if parallel:
+                scf.ReduceOp([], 0)
+            else:
+                scf.YieldOp([])
+
+
+def _whole(tiles: _Tiles, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
+           rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None]) -> None:
+    """``XT = X^T``, ``T = W @ XT``, ``Y = T^T`` over the whole batch, each stage threaded (an epilogue or bias
+    that reads the batch index sees the SpMM's columns as batch rows)."""
+    xt = memref.alloc(matrix, [inputs, batch], [])
+    tiles.transpose(x, xt, batch, inputs, parallel=True)
+    t = memref.alloc(matrix, [rows, batch], [])
+    spmm(xt, t)
+    # Y[b, o] = T[o, b]: T's rows are Y's columns
+    tiles.transpose(t, y, rows, batch, parallel=True)
+    memref.dealloc(xt)
+    memref.dealloc(t)
+
+
+def _batch_blocks(tiles: _Tiles, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
+                  rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None], itemsize: int, full_tile: int) -> None:
+    """``Y = (W @ X^T)^T`` by blocks of the batch: each block of X's rows is transposed into a scratch ``XT``
+    that fits L2 (``BLOCK_BYTES``), multiplied into a scratch ``T`` and transposed into its rows of Y.
+
+    Why blocks: the SpMM streams, for every nonzero of ``W``, a row of
+    ``XT``; over the whole batch ``XT`` is far larger than any cache (1536 x
+    4096 floats for a MiniLM FFN), so every row of ``W`` read it from memory.
+    A block's ``XT`` stays in L2 for all of ``W``'s rows, and the block's X
+    rows and Y rows are contiguous memory.  Blocks run in parallel when there
+    are at least ``PARALLEL_BLOCKS`` of them (each with the SpMM's own row
+    loop run serially inside, as OpenMP serializes a nested region); fewer
+    blocks (a small batch) run one after the other with the SpMM's rows threaded.
+    """
+    index = ir.IndexType.get()
+    # columns per block: whole column tiles of the SpMM (``full_tile``: its widest register tile), as many as
+    # fit BLOCK_BYTES of XT, at least one, at most MAX_TILES (more columns only re-read W fewer times)
+    tile_bytes = arith.constant(index, full_tile * itemsize)
+    fit = arith.divui(arith.constant(index, BLOCK_BYTES), arith.muli(arith.maxui(inputs, tiles.c1), tile_bytes))
+    tile_count = arith.minui(arith.maxui(fit, tiles.c1), arith.constant(index, MAX_TILES))
+    columns = arith.muli(tile_count, arith.constant(index, full_tile))
+    count = arith.ceildivui(batch, columns)
+    threaded = arith.cmpi(arith.CmpIPredicate.uge, count, arith.constant(index, PARALLEL_BLOCKS))
+    branch = scf.IfOp(threaded, [], has_else=True)
+    for region, parallel in ((branch.then_block, True), (branch.else_block, False)):
+        with ir.InsertionPoint(region):
+            if parallel:
+                loop = scf.ParallelOp([], [tiles.c0], [count], [tiles.c1], [])
+                body = loop.regions[0].blocks.append(index)
+            else:
+                loop = scf.ForOp(tiles.c0, count, tiles.c1)
+                body = loop.body
+            with ir.InsertionPoint(body):
+                first = arith.muli(body.arguments[0], columns)
+                width = arith.minui(columns, arith.subi(batch, first))
+                xt = memref.alloc(matrix, [inputs, width], [])
+                tiles.transpose(x, xt, width, inputs, parallel=False, src_row=first)
+                t = memref.alloc(matrix, [rows, width], [])
+                spmm(xt, t)
+                # Y[first + c, o] = T[o, c]
+                tiles.transpose(t, y, rows, width, parallel=False, dst_row=first)
+                memref.dealloc(xt)
+                memref.dealloc(t)
+                if parallel:
+                    scf.ReduceOp([], 0)
+                else:
+                    scf.YieldOp([])
+            scf.YieldOp([])
+
+
+def _reads_batch_index(core: SpmmProblem) -> bool:
+    """Whether the bias or the epilogue reads an operand over the batch (the SpMM's column index): a block of the
+    batch would see its columns from 0, so such kernels run whole."""
+    if core.bias is not None:
+        return core.bias_dim == 1
+    if core.epilogue is None:
+        return False
+    return any(isinstance(node, Access) and node.tensor != core.epilogue.temp and core.epilogue.j in node.index
+               for node in _accesses(core.epilogue.expr))
+
+
+def _accesses(node: Expr) -> list[Access]:
+    """Every tensor access in ``node``, in order of appearance."""
+    if isinstance(node, Access):
+        return [node]
+    return [a for child in node.children() for a in _accesses(child)]
 
 
 def _core_problem(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]]
@@ -151,6 +263,4 @@ def _core_problem(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str
 
 def _tensors_in_order(node: Expr) -> list[str]:
     """Every tensor ``node`` reads, in order of appearance (repeats included)."""
-    if isinstance(node, Access):
-        return [node.tensor]
-    return [t for child in node.children() for t in _tensors_in_order(child)]
+    return [access.tensor for access in _accesses(node)]

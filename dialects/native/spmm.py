@@ -42,9 +42,9 @@ from sparse_mlir.dsl.patterns import is_csr, spmm_epilogue, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["SpmmProblem", "column_tiers", "multiply_add", "native_spmm", "spmm_module"]
+__all__ = ["ACCUMULATORS", "SpmmProblem", "column_tiers", "multiply_add", "native_spmm", "spmm_module"]
 
-_ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
+ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
 # N:M rows sharing each panel of B: more rows reuse a panel more, but each row streams its values from its own
 # place, and 16-64 rows outran the prefetchers (2:4 at 4096^2, N=32: 8 rows 1.6-1.9 ns per nonzero, 64 rows 2.5)
 ROW_BLOCK = 8
@@ -217,7 +217,7 @@ class SpmmProblem:
 
 
 def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                vector_bits: int = 256, accumulators: int = _ACCUMULATORS) -> ir.Module | None:
+                vector_bits: int = 256, accumulators: int = ACCUMULATORS) -> ir.Module | None:
     """The tiled SpMM module for ``spec`` in the current context, or ``None`` when it does not apply.
 
     ``vector_bits`` is the target's vector register width (``toolchain.vector_bits``).
@@ -237,7 +237,7 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     return spmm_module(problem, vector_bits, accumulators)
 
 
-def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int = _ACCUMULATORS,
+def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int = ACCUMULATORS,
                 function_name: str = KERNEL_NAME) -> ir.Module:
     """The tiled SpMM module of ``problem`` in the current context.
 

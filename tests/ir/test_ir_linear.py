@@ -38,15 +38,27 @@ def test_linear_transposes_around_a_call_of_the_tiled_spmm(fmt, bias):
     assert ir.StringAttr(core.attributes["sym_visibility"]).value == "private"
     assert FILLS_OUTPUT not in core.attributes
     ops = op_counts(module)
-    assert ops["vector.transpose"] == 2 and ops["vector.transfer_read"] == 2 and ops["vector.transfer_write"] == 2
-    assert ops["func.call"] == 1 and ops["memref.alloc"] == 2 and ops["memref.dealloc"] == 2
-    assert ops["scf.parallel"] == 3  # both transposes and the SpMM's rows
+    # blocks of the batch (two copies of the block: blocks in parallel, or one after the other), unless the
+    # bias reads the batch index: then the whole batch, each stage threaded
+    copies = 1 if bias == " + bias[b]" else 2
+    for op in ("vector.transpose", "vector.transfer_read", "vector.transfer_write", "memref.alloc", "memref.dealloc"):
+        assert ops[op] == 2 * copies, op
+    assert ops["func.call"] == copies and str(kernel).count("scf.if") == copies - 1
+    # whole: both transposes and the SpMM's rows; blocks: the blocks and the SpMM's rows
+    assert ops["scf.parallel"] == (3 if copies == 1 else 2)
     assert ops["vector.fma"] > 0
     inputs, results = _signature(module, KERNEL_NAME)
     crd = "i8" if fmt == "2:4" else "i32"
     assert inputs[:4] == ["memref<?x?xf32>", "memref<?xi32>", f"memref<?x{crd}>", "memref<?xf32>"]  # X, then W
     assert inputs[4:] == ["memref<?xf32>"] * bool(bias) + ["memref<?x?xf32>"] and results == ["memref<?x?xf32>"]
     assert "call @linear_spmm" in str(module)
+
+
+def test_an_epilogue_over_output_features_runs_in_batch_blocks():
+    module = verified(_build("Y[b,o] = relu(X[b,i]*W[o,i] + bias[o]) * s[o]", {"W": "csr"}))
+    ops = op_counts(module)
+    assert str(functions(module)[KERNEL_NAME]).count("scf.if") == 1
+    assert ops["scf.parallel"] == 2 and ops["memref.alloc"] == 4
 
 
 def test_the_transposes_use_register_tiles_of_the_vector_width():

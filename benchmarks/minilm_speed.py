@@ -1,0 +1,152 @@
+"""MiniLM forward speed (issue 18): the sparse model against the dense torch models a user would run instead.
+
+all-MiniLM-L6-v2 (sentence-transformers), a batch of sentences padded to
+128 tokens, ``torch.inference_mode``.  Compared side by side in this one
+process, at 2:4 and at 90% unstructured (magnitude pruning: the speed does
+not depend on how the weights were chosen):
+
+* the unpruned dense model (the issue's baseline);
+* the dense-pruned model: the same pruned weights in ordinary ``nn.Linear``
+  layers (what masked-dense pruning runs);
+* the sparse model: the 36 encoder Linears as ``SparseLinear``.
+
+``python benchmarks/minilm_speed.py [--threads 2 1] [--rounds 5] [--repeats 3] [--batch 32] [--profile]``.
+For each thread count (torch and our kernels get the same number) the
+models take turns, round after round, the order rotating each round, so a
+shared machine's drifting load falls on all of them alike; a model's time
+is the median over rounds of the median of ``repeats`` forwards, and each
+ratio is the median of the per-round ratios ``baseline time / sparse time``
+(above 1: the sparse model is faster), printed with its range over rounds
+as the noise.  ``--profile`` adds, per model, torch.profiler's self CPU time
+per operator (one forward), to see where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from sparse_mlir.models import minilm
+from sparse_mlir.timing import median_seconds
+
+SENTENCES = ["Sparse kernels close the efficiency gap.", "The weather is nice.", "The stock market rose on Tuesday.",
+             "Children are playing chess in the library.", "He cooked dinner for his friends.",
+             "A plane is landing at the airport.", "The museum opens at nine in the morning.",
+             "She fixed the bicycle with an old wrench."]
+PRUNINGS = (("2:4", {"pattern": "2:4"}), ("90%", {"sparsity": 0.9}))
+TOKENS = 128
+
+
+def host() -> str:
+    """The CPU model, cores and widest vector extension of this machine, read from the system, and the load."""
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    vector = next((name for name in ("avx512f", "avx2", "sse4_2") if name in flags), "unknown")
+    return (f"{model}, {os.cpu_count()} cores, widest vectors {vector}, "
+            f"load average {os.getloadavg()[0]:.2f}")
+
+
+def batch_features(model: Any, batch: int) -> dict[str, torch.Tensor]:
+    """``batch`` tokenized sentences padded (and masked) to ``TOKENS`` tokens, the length issue 18 measures at."""
+    sentences = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
+    features = (model.preprocess if hasattr(model, "preprocess") else model.tokenize)(sentences)
+    return {k: torch.nn.functional.pad(v, (0, TOKENS - v.shape[1])) if torch.is_tensor(v) and v.ndim == 2 else v
+            for k, v in features.items()}
+
+
+def forward(model: Any, features: dict[str, torch.Tensor]) -> Callable[[], object]:
+    def run() -> object:
+        with torch.inference_mode():
+            return model(features)
+    return run
+
+
+def interleaved(variants: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per forward of each variant, ``rounds`` times, taking turns in an order that rotates each round."""
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(median_seconds(variants[name], repeats=repeats))
+    return times
+
+
+def profile(name: str, run: Callable[[], object], top: int = 8) -> None:
+    """torch.profiler's self CPU time per operator over one forward (after a warm-up one)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) / 1e3
+    listed = ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3:.0f}" for e in rows[:top])
+    print(f"    profile {name} ({total:.0f} ms self CPU): {listed}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="forwards per round (their median is the round's)")
+    parser.add_argument("--batch", type=int, default=32, help="sentences per forward")
+    parser.add_argument("--profile", action="store_true", help="print where each model's forward spends its time")
+    args = parser.parse_args()
+    print(f"host: {host()}; torch {torch.__version__}")
+    dense = minilm.load()
+    features = batch_features(dense, args.batch)
+    variants: dict[str, Callable[[], object]] = {"dense": forward(dense, features)}
+    for label, options in PRUNINGS:
+        sparse = copy.deepcopy(dense)
+        report = minilm.prune_encoder(sparse, "magnitude", **options)
+        variants[f"dense-pruned {label}"] = forward(minilm.pruned_dense(dense, report), features)
+        variants[f"sparse {label}"] = forward(sparse, features)
+        # the same numbers on both paths, or the timing compares different work
+        got, want = variants[f"sparse {label}"](), variants[f"dense-pruned {label}"]()
+        error = (got["sentence_embedding"] - want["sentence_embedding"]).abs().max().item()
+        print(f"{label}: {report.layers} SparseLinear layers, {report.sparsity:.1%} sparse; max difference of the "
+              f"embeddings to the dense-pruned model {error:.1e}")
+    for threads in args.threads:  # both sides get the same count (our kernels read it at each call)
+        torch.set_num_threads(threads)
+        os.environ["SPARSE_MLIR_NUM_THREADS"] = str(threads)
+        for run in variants.values():
+            run()  # warm: kernels compiled and loaded, torch's pools started
+        started = time.strftime("%H:%M:%S", time.gmtime())
+        times = interleaved(variants, args.rounds, args.repeats)
+        print(f"{args.batch} x {TOKENS} tokens, {threads} thread(s), {started} UTC, {args.rounds} rounds of "
+              f"{args.repeats} forwards, load average now {os.getloadavg()[0]:.2f}; ratio = baseline time / sparse "
+              f"time (above 1: sparse faster), median of per-round ratios [range]")
+        for name, samples in times.items():
+            line = f"  {name}: {np.median(samples) * 1e3:.0f} ms [{min(samples) * 1e3:.0f}-{max(samples) * 1e3:.0f}]"
+            if name.startswith("sparse"):
+                label = name.split(" ", 1)[1]
+                for baseline in ("dense", f"dense-pruned {label}"):
+                    ratios = np.divide(times[baseline], samples)
+                    line += (f", {baseline}/sparse {np.median(ratios):.2f}x "
+                             f"[{ratios.min():.2f}-{ratios.max():.2f}]")
+            print(line, flush=True)
+        if args.profile:
+            for name, run in variants.items():
+                profile(name, run)
+
+
+if __name__ == "__main__":
+    main()
