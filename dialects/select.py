@@ -38,6 +38,7 @@ from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
 from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
+from sparse_mlir.dialects.native.sparse_add import native_sparse_add
 from sparse_mlir.dialects.native.spgemm import native_spgemm
 from sparse_mlir.dialects.native.spmm import native_spmm
 from sparse_mlir.dialects.native.spmv import native_spmv
@@ -81,6 +82,7 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes, bits)),
     Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
     Emitter("spgemm", lambda spec, shapes, bits: native_spgemm(spec, spec.formats, shapes, bits)),
+    Emitter("sparse_add", lambda spec, shapes, bits: native_sparse_add(spec, spec.formats, shapes, bits)),
 )
 
 # CUDA: build(spec, shapes, deterministic) -> NativeKernels | None, in the current context

@@ -31,6 +31,7 @@ from sparse_mlir.dsl.patterns import (
     linear_epilogue,
     linear_operands,
     sddmm_operands,
+    sparse_sum_operands,
     spgemm_operands,
     spmm_epilogue,
     spmm_operands,
@@ -68,6 +69,7 @@ SHAPE_GENERIC_CPU: tuple[tuple[str, Match], ...] = (
     ("spmv", lambda spec, formats: spmv_operands(spec, formats) is not None),
     ("sddmm", lambda spec, formats: sddmm_operands(spec, formats) is not None),
     ("spgemm", lambda spec, formats: spgemm_operands(spec, formats) is not None),
+    ("sparse_add", lambda spec, formats: sparse_sum_operands(spec, formats) is not None),
 )
 
 

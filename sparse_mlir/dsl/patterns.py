@@ -15,7 +15,8 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, CSR, Format
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
-           "spmm_epilogue", "linear_epilogue", "sddmm_operands", "spgemm_operands", "threads_sparse_output"]
+           "spmm_epilogue", "linear_epilogue", "sddmm_operands", "spgemm_operands", "sparse_sum_operands",
+           "SparseSum", "threads_sparse_output"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -300,8 +301,63 @@ def spgemm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, 
     return None
 
 
+class SparseSum(NamedTuple):
+    """``C[i,j] = alpha * A[i,j] + beta * B[i,j]``: the two operands and their coefficients (exact in the dtype)."""
+
+    a: str
+    b: str
+    alpha: float | int
+    beta: float | int
+
+
+def sparse_sum_operands(spec: KernelSpec, formats: dict[str, Format]) -> SparseSum | None:
+    """The sparse add ``C[i,j] = A[i,j] + B[i,j]`` with CSR ``A``, ``B`` and ``C`` (any index widths), or ``None``.
+
+    Also matched: differences, unary minus and numeric factors on either
+    operand (``2*A[i,j] - B[i,j]*0.5``, ``-(A[i,j] - 3*B[i,j])``), which
+    fold into the two coefficients; for an integer dtype only integral
+    factors.  ``A`` and ``B`` are two different tensors, each read at
+    ``[i,j]`` in the output's index order.
+    """
+    if not spec.sparse_output or len(spec.stages) != 1 or spec.output_dtype != spec.dtype:
+        return None
+    stage = spec.stages[0]
+    if stage.reduce or stage.indices != spec.output_indices or len(stage.indices) != 2:
+        return None
+    terms = _linear_terms(stage.body, 1)
+    if terms is None or len(terms) != 2 or not is_csr(formats.get(spec.output)):
+        return None
+    (a, alpha), (b, beta) = terms
+    if a.tensor == b.tensor or a.index != stage.indices or b.index != stage.indices:
+        return None
+    if not all(is_csr(formats.get(t.tensor)) for t in (a, b)):
+        return None
+    if spec.dtype.kind in "iu" and not all(float(c).is_integer() for c in (alpha, beta)):
+        return None
+    return SparseSum(a.tensor, b.tensor, alpha, beta)
+
+
+def _linear_terms(node: Expr, factor: float | int) -> list[tuple[Access, float | int]] | None:
+    """``node * factor`` as ``[(access, coefficient), ...]`` in reading order, or ``None`` when it is not a sum
+    of accesses each times numeric literals."""
+    if isinstance(node, Access):
+        return [(node, factor)]
+    if isinstance(node, Unary) and node.op == "-":
+        return _linear_terms(node.operand, -factor)
+    if isinstance(node, Binary) and node.op in "+-":
+        left = _linear_terms(node.lhs, factor)
+        right = _linear_terms(node.rhs, factor if node.op == "+" else -factor)
+        return None if left is None or right is None else left + right
+    if isinstance(node, Binary) and node.op == "*":
+        for scale, term in ((node.lhs, node.rhs), (node.rhs, node.lhs)):
+            if isinstance(scale, Literal):
+                return _linear_terms(term, factor * scale.value)
+    return None
+
+
 def threads_sparse_output(spec: KernelSpec, formats: dict[str, Format]) -> bool:
-    """Whether a hand-scheduled kernel writes this sparse result with rows in parallel (SDDMM, SpGEMM); the
-    sparsifier never threads insertion into a sparse output."""
+    """Whether a hand-scheduled kernel writes this sparse result with rows in parallel (SDDMM, SpGEMM, the sparse
+    add); the sparsifier never threads insertion into a sparse output."""
     return spec.sparse_output and (sddmm_operands(spec, formats) is not None
-                                   or spgemm_operands(spec, formats) is not None)
+                                   or spgemm_operands(spec, formats) is not None
+                                   or sparse_sum_operands(spec, formats) is not None)

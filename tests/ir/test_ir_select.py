@@ -42,6 +42,10 @@ DISPATCH = [
     ("C[i,j] = S[i,j] * A[i,k] * B[k,j]", {"S": "csr", "C": "csr"}, "float32", "sddmm", None),
     ("C[i,j] = S[i,j] * A[i,k] * B[k,j]", {"S": "csr"}, "float32", "sparsifier", None),
     ("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "C": "csr"}, "float64", "sparsifier", None),
+    ("C[i,j] = A[i,j] + B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}, "float32", "sparse_add", None),
+    ("C[i,j] = 2*A[i,j] - B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}, "int64", "sparse_add", None),
+    ("C[i,j] = A[i,j] + B[i,j]", {"A": "csr", "B": "csr", "C": "dcsr"}, "float32", "sparsifier", None),
+    ("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}, "float32", "sparsifier", None),
 ]
 IDS = [f"{expression} {formats} {dtype}" for expression, formats, dtype, *_ in DISPATCH]
 

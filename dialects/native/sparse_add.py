@@ -1,0 +1,282 @@
+"""The sparse add, ``C[i,j] = alpha * A[i,j] + beta * B[i,j]`` with CSR ``A``, ``B`` and ``C`` (any index widths),
+emitted instead of sparsified.
+
+The sparsifier co-iterates the two rows in one scalar loop nest that
+inserts into ``C`` one entry at a time, serially (it never threads
+insertion into a sparse output).  Here the rows are merged in two passes,
+both threaded over *chunks* of rows that hold about equal numbers of
+entries of ``A`` and ``B`` (``MAX_CHUNKS`` at most, none under
+``CHUNK_ENTRIES``): chunk ``c`` starts at the first row whose entries
+before it reach ``c / chunks`` of the total, found by a binary search over
+``A``'s and ``B``'s positions, which are already prefix sums.
+
+1. count: each chunk merges the column lists of its rows and counts the
+   distinct columns (an entry of both counts once);
+2. a prefix sum over the chunks' counts (a few dozen numbers) gives each
+   chunk's first entry in ``C`` and ``C``'s size;
+3. fill: each chunk merges its rows again, writing coordinates and values
+   and each row's end position.
+
+The merge step is branch-free (both columns loaded, the smaller written,
+each pointer advanced by a comparison), since the order in which two rows'
+columns interleave is data and would mispredict a branch half the time;
+when one row runs out the other's rest is copied.  Coordinates are
+compared unsigned at the index width.  Rows come out sorted with unique
+columns (the SparseTensor invariant), given sorted, duplicate-free operand
+rows, which every valid CSR operand has.  Entries are structural: a sum
+that cancels to zero stays stored (as in the sparsifier's kernel; scipy
+drops it).  The coefficients come from the expression
+(``dsl.patterns.sparse_sum_operands``): ``A - B``, ``2*A + B*0.5``.
+
+The function has the sparse assembler's signature (level buffers in,
+``C``'s level buffers out, allocated with ``malloc`` so the C entry point
+hands them to the caller).  A ``None`` row count (a shape-generic build) is
+read from ``A``'s positions.  Built with the MLIR bindings' op builders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mlir import ir
+from mlir.dialects import arith, func, memref, scf
+from sparse_mlir.dialects.encoding import TYPE_NAMES
+from sparse_mlir.dialects.linalg import KERNEL_NAME
+from sparse_mlir.dialects.native.loops import (
+    add,
+    constant_like,
+    dynamic_vector,
+    for_each,
+    index,
+    load_index,
+    mul,
+    parallel,
+    reduce_loop,
+    store_index,
+)
+
+from sparse_mlir.dsl.patterns import SparseSum, sparse_sum_operands
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import Format
+
+__all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "native_sparse_add"]
+
+MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
+CHUNK_ENTRIES = 4096  # operand entries per chunk at least: below that a chunk's set-up outweighs its merging
+
+Shapes = dict[str, tuple[int | None, ...]]
+
+
+def native_sparse_add(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes,
+                      vector_bits: int = 256) -> ir.Module | None:
+    """The sparse-add module for ``spec`` in the current context, or ``None`` when it does not apply.
+
+    ``vector_bits`` is unused (merging is scalar); it keeps the table's signature.
+    """
+    found = sparse_sum_operands(spec, formats)
+    if found is None:
+        return None
+    with ir.Location.unknown():
+        return _module(spec, formats, shapes, found)
+
+
+def _levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
+    """The memref types of a CSR tensor's positions, coordinates and values."""
+    widths = (fmt.pos_width or 64, fmt.crd_width or 64)
+    return [dynamic_vector(t) for t in (*(ir.IntegerType.get_signless(w) for w in widths), element)]
+
+
+def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, found: SparseSum) -> ir.Module:
+    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
+    types = {name: _levels(formats[name], element) for name in spec.inputs}
+    out_types = _levels(formats[spec.output], element)
+    module = ir.Module.create()
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]], out_types))
+        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        block = fn.add_entry_block()
+        args = iter(block.arguments)
+        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
+        with ir.InsertionPoint(block):
+            merge = _Merge(buffers[found.a], buffers[found.b], found.alpha, found.beta, element, out_types)
+            func.ReturnOp(merge.emit(shapes[spec.output][0]))
+    module.operation.verify()
+    return module
+
+
+class _Operand:
+    """One operand's level buffers and coefficient."""
+
+    def __init__(self, buffers: list[ir.Value], coefficient: float | int, element: ir.Type) -> None:
+        self.pos, self.crd, self.val = buffers
+        self.coefficient = coefficient
+        self.scale = None if coefficient == 1 else constant_like(element, coefficient)
+
+    def row(self, i: ir.Value) -> tuple[ir.Value, ir.Value]:
+        return load_index(self.pos, i), load_index(self.pos, arith.addi(i, index(1)))
+
+    def value(self, p: ir.Value) -> ir.Value:
+        """The coefficient times the value at ``p``."""
+        value = memref.load(self.val, [p])
+        return value if self.scale is None else mul(self.scale, value)
+
+
+def _while(inits: list[ir.Value], condition: Callable[[list[ir.Value]], ir.Value],
+           body: Callable[[list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+    """``scf.while`` whose carried values pass to ``body`` while ``condition`` holds; returns the last ones."""
+    types = [v.type for v in inits]
+    loop = scf.WhileOp(types, inits)
+    before = loop.before.blocks.append(*types)
+    with ir.InsertionPoint(before):
+        scf.ConditionOp(condition(list(before.arguments)), list(before.arguments))
+    after = loop.after.blocks.append(*types)
+    with ir.InsertionPoint(after):
+        scf.YieldOp(body(list(after.arguments)))
+    return list(loop.results)
+
+
+def _ule(x: ir.Value, y: ir.Value) -> ir.Value:
+    return arith.cmpi(arith.CmpIPredicate.ule, x, y)
+
+
+def _as_step(flag: ir.Value) -> ir.Value:
+    """A comparison as 0 or 1, to advance a pointer by without a branch."""
+    return arith.index_castui(ir.IndexType.get(), arith.extui(ir.IntegerType.get_signless(64), flag))
+
+
+class _Merge:
+    """The body of the kernel over ``A``'s and ``B``'s level buffers; ``emit`` returns ``C``'s."""
+
+    def __init__(self, a: list[ir.Value], b: list[ir.Value], alpha: float | int, beta: float | int,
+                 element: ir.Type, out_types: list[ir.Type]) -> None:
+        self.a, self.b = _Operand(a, alpha, element), _Operand(b, beta, element)
+        self.element, self.out_types = element, out_types
+        self.index = ir.IndexType.get()
+
+    def emit(self, rows: int | None) -> list[ir.Value]:
+        c0, c1 = index(0), index(1)
+        n_rows = index(rows) if rows is not None else arith.subi(memref.dim(self.a.pos, c0), c1)
+        total = self._entries_before(n_rows)
+        chunks = arith.minui(arith.minui(index(MAX_CHUNKS), n_rows), arith.divui(total, index(CHUNK_ENTRIES)))
+        chunks = arith.maxui(chunks, c1)
+        bounds = _Chunks(self, n_rows, total, chunks)
+        # 1. each chunk's entries of C, into firsts[c + 1]; 2. their prefix sum: firsts[c] is chunk c's first
+        firsts = memref.alloc(dynamic_vector(self.index), [arith.addi(chunks, c1)], [])
+        memref.store(c0, firsts, [c0])
+        parallel(chunks, lambda c: memref.store(self._count(bounds, c), firsts, [arith.addi(c, c1)]))
+
+        def running(c: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
+            at = arith.addi(c, c1)
+            so_far = arith.addi(sums[0], memref.load(firsts, [at]))
+            memref.store(so_far, firsts, [at])
+            return [so_far]
+
+        (nnz,) = reduce_loop(c0, chunks, [c0], running)
+        out_pos = memref.alloc(self.out_types[0], [arith.addi(n_rows, c1)], [])
+        store_index(c0, out_pos, c0)
+        out = (out_pos, memref.alloc(self.out_types[1], [nnz], []), memref.alloc(self.out_types[2], [nnz], []))
+        # 3. fill
+        parallel(chunks, lambda c: self._fill(bounds, c, memref.load(firsts, [c]), out))
+        memref.dealloc(firsts)
+        return list(out)
+
+    def _entries_before(self, row: ir.Value) -> ir.Value:
+        """Entries of ``A`` and ``B`` in the rows before ``row``: the sum of their positions there."""
+        return arith.addi(load_index(self.a.pos, row), load_index(self.b.pos, row))
+
+    def _merge(self, i: ir.Value, inits: list[ir.Value],
+               step: Callable[[ir.Value, ir.Value, ir.Value, ir.Value, list[ir.Value]], list[ir.Value]]
+               ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value, list[ir.Value]]:
+        """Walk row ``i`` of both operands while both have entries left: ``step(p, q, take_a, take_b, carried)``
+        returns the next carried values, and ``p`` (``A``'s position) and ``q`` (``B``'s) advance past the
+        column written.  Returns where each stopped, each row's end, and the carried values."""
+        p0, p_end = self.a.row(i)
+        q0, q_end = self.b.row(i)
+
+        def both_left(values: list[ir.Value]) -> ir.Value:
+            p, q = values[:2]
+            return arith.andi(arith.cmpi(arith.CmpIPredicate.ult, p, p_end),
+                              arith.cmpi(arith.CmpIPredicate.ult, q, q_end))
+
+        def advance(values: list[ir.Value]) -> list[ir.Value]:
+            p, q, *carried = values
+            ja, jb = load_index(self.a.crd, p), load_index(self.b.crd, q)
+            take_a, take_b = _ule(ja, jb), _ule(jb, ja)
+            carried = step(p, q, take_a, take_b, carried)
+            return [arith.addi(p, _as_step(take_a)), arith.addi(q, _as_step(take_b)), *carried]
+
+        p, q, *carried = _while([p0, q0, *inits], both_left, advance)
+        return p, q, p_end, q_end, carried
+
+    def _count(self, bounds: _Chunks, chunk: ir.Value) -> ir.Value:
+        """How many entries of ``C`` the rows of ``chunk`` hold."""
+        def row(i: ir.Value, count: list[ir.Value]) -> list[ir.Value]:
+            p, q, p_end, q_end, (count,) = self._merge(
+                i, count, lambda p, q, take_a, take_b, carried: [arith.addi(carried[0], index(1))])
+            rest = arith.addi(arith.subi(p_end, p), arith.subi(q_end, q))
+            return [arith.addi(count, rest)]
+
+        begin, end = bounds.rows(chunk)
+        return reduce_loop(begin, end, [index(0)], row)[0]
+
+    def _fill(self, bounds: _Chunks, chunk: ir.Value, first: ir.Value, out: tuple[ir.Value, ...]) -> None:
+        """Write the rows of ``chunk`` from entry ``first`` of ``C`` on, and each row's end position."""
+        out_pos, out_crd, out_val = out
+
+        def both(p: ir.Value, q: ir.Value, take_a: ir.Value, take_b: ir.Value, carried: list[ir.Value]
+                 ) -> list[ir.Value]:
+            (o,) = carried
+            ja, jb = load_index(self.a.crd, p), load_index(self.b.crd, q)
+            va, vb = self.a.value(p), self.b.value(q)
+            value = arith.select(take_a, arith.select(take_b, add(va, vb), va), vb)
+            store_index(arith.minui(ja, jb), out_crd, o)
+            memref.store(value, out_val, [o])
+            return [arith.addi(o, index(1))]
+
+        def rest(operand: _Operand, start: ir.Value, stop: ir.Value, o: ir.Value) -> ir.Value:
+            """Copy ``operand``'s entries ``start..stop`` to ``C`` from ``o`` on; returns where they end."""
+            def copy(k: ir.Value) -> None:
+                at = arith.addi(o, arith.subi(k, start))
+                store_index(load_index(operand.crd, k), out_crd, at)
+                memref.store(operand.value(k), out_val, [at])
+
+            for_each(start, stop, copy)
+            return arith.addi(o, arith.subi(stop, start))
+
+        def row(i: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
+            p, q, p_end, q_end, (o,) = self._merge(i, carried, both)
+            o = rest(self.b, q, q_end, rest(self.a, p, p_end, o))
+            store_index(o, out_pos, arith.addi(i, index(1)))
+            return [o]
+
+        begin, end = bounds.rows(chunk)
+        reduce_loop(begin, end, [first], row)
+
+
+class _Chunks:
+    """Chunk ``c`` of ``chunks`` is the rows from the first whose entries before it reach ``c * total / chunks``
+    to the next chunk's first; the last chunk ends at the last row (trailing empty rows included)."""
+
+    def __init__(self, merge: _Merge, n_rows: ir.Value, total: ir.Value, chunks: ir.Value) -> None:
+        self.merge, self.n_rows, self.total, self.chunks = merge, n_rows, total, chunks
+
+    def rows(self, chunk: ir.Value) -> tuple[ir.Value, ir.Value]:
+        next_chunk = arith.addi(chunk, index(1))
+        end = arith.select(arith.cmpi(arith.CmpIPredicate.eq, next_chunk, self.chunks), self.n_rows,
+                           self._first_row(next_chunk))
+        return self._first_row(chunk), end
+
+    def _first_row(self, chunk: ir.Value) -> ir.Value:
+        """The first row whose entries before it reach ``chunk * total / chunks`` (binary search; row 0 for
+        chunk 0)."""
+        target = arith.divui(arith.muli(chunk, self.total), self.chunks)
+
+        def halve(values: list[ir.Value]) -> list[ir.Value]:
+            low, high = values
+            middle = arith.divui(arith.addi(low, high), index(2))
+            below = arith.cmpi(arith.CmpIPredicate.ult, self.merge._entries_before(middle), target)
+            return [arith.select(below, arith.addi(middle, index(1)), low), arith.select(below, high, middle)]
+
+        low, _ = _while([index(0), self.n_rows],
+                        lambda values: arith.cmpi(arith.CmpIPredicate.ult, values[0], values[1]), halve)
+        return low
