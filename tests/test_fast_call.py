@@ -28,7 +28,7 @@ LINEAR = "Y[n,o] = X[n,i] * W[o,i] + b[o]"
 
 def _plan(kernel):
     """The C-level call object of a kernel's most recent specialization."""
-    return getattr(kernel, "_current", kernel)._last._fast
+    return getattr(kernel, "_current", kernel)._last.planner.current
 
 
 def _python_path(kernel, **operands):
@@ -257,7 +257,7 @@ def test_eviction_closes_the_plan_and_the_kernel_reloads(rng, monkeypatch):
             kernel(A=matrix, x=x)
             np.testing.assert_allclose(kernel(A=matrix, x=x), dense @ x, rtol=1e-12)
     assert len(cpu._loaded) == 1
-    closed = [k._last._fast for k in (first, second) if k._last.key not in cpu._loaded]
+    closed = [k._last.planner.current for k in (first, second) if k._last.key not in cpu._loaded]
     assert closed and not closed[0].open
 
 
@@ -328,3 +328,21 @@ def test_auto_schedule_is_never_bypassed(rng, monkeypatch):
     runs = []
     monkeypatch.setattr(type(kernel), "_run", lambda self, choice, args, out: runs.append(choice) or "ran")
     assert kernel(A=sp.csr_array(dense), B=b) == "ran" and runs == [kernel.schedule["choice"]]
+
+
+def test_a_loaded_shape_generic_export_calls_in_c(rng, tmp_path):
+    kernel = sm.compile(SPMM, formats={"A": "csr"}, dtype="float64")
+    sm.export(kernel, tmp_path, "spmm_any")
+    loaded = sm.load_kernel(tmp_path / "spmm_any.json")
+    assert loaded.shape_generic
+    for m, k, n in [(5, 7, 3), (40, 33, 9)]:
+        dense = random_sparse(rng, (m, k), 0.3, "float64")
+        b = random_values(rng, (k, n), "float64")
+        for a in (sp.csr_array(dense), sm.SparseTensor.from_dense(dense, "csr")):
+            loaded(A=a, B=b)
+            plan = loaded._planner.current
+            calls = plan.calls
+            np.testing.assert_allclose(loaded(A=a, B=b), dense @ b, rtol=1e-12)
+            assert plan.calls == calls + 1
+    with pytest.raises(ShapeError):
+        loaded(A=sp.csr_array(np.eye(3)), B=np.ones((4, 2)))

@@ -13,7 +13,6 @@ process, least recently used first out (``SPARSE_MLIR_MAX_LOADED_KERNELS``).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -67,34 +66,24 @@ class Specialization:
         self.formats = formats
         self.native = NativeFunction(artifact.path, artifact.signature, threaded=bool(artifact.options.openmp))
         self.fresh = True  # not yet counted in a kernel's stats
-        self._fast: Any | None = None  # the C-level call (``fast_call.plan``), built on first use
-        self._fast_built = False
-        self._fast_with_scipy = False  # whether scipy was loaded when it was built (then it takes scipy operands)
-        self._calls_seen = 0  # its calls when eviction last looked at it
+        self.planner = fast_call.Planner(self.native)  # its C-level call, built on first use
+        self._calls_seen = 0  # the C-level calls when eviction last looked at it
 
     def fast_call(self) -> Callable[[dict[str, Any], Any], Any] | None:
-        """The C-level call of this specialization (``fast_call``), or ``None`` where it does not apply.
-
-        Built once, and again once scipy has been loaded, so that scipy operands are then taken in place.
-        """
-        scipy_loaded = "scipy.sparse" in sys.modules
-        if not self._fast_built or (scipy_loaded and not self._fast_with_scipy):
-            self._fast = fast_call.plan(self.native, self.formats)
-            self._fast_built, self._fast_with_scipy = True, scipy_loaded
-        return None if self._fast is None else self._fast.call
+        """The C-level call of this specialization (``fast_call``), or ``None`` where it does not apply."""
+        return self.planner.call_for(self.formats)
 
     def used_since_last_look(self) -> bool:
         """Whether its C-level call ran since the last time this was asked (such calls do not reorder the
         table of loaded libraries, so eviction asks before it unloads: a second chance, as in CLOCK)."""
-        calls = 0 if self._fast is None else self._fast.calls
+        calls = self.planner.calls
         used, self._calls_seen = calls != self._calls_seen, calls
         return used
 
     def unload(self) -> None:
         """Leaving the table of loaded libraries: the C-level call stops, so the library can be unmapped once
         no call runs it (``NativeFunction.__del__``)."""
-        if self._fast is not None:
-            self._fast.close()
+        self.planner.close()
 
     @property
     def shapes(self) -> dict[str, tuple[int | None, ...]]:

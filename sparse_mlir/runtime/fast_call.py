@@ -145,3 +145,37 @@ def plan(native: NativeFunction, formats: dict[str, Format]) -> Any | None:
                            SparseTensor, tuple(operands), extents,
                            (np.dtype(sig.output.dtype.name), out_extents))
 
+
+
+class Planner:
+    """The C-level call of one ``NativeFunction``, built on first use and built again when what it was built
+    for changed: the operands' ``Format`` objects, or scipy loaded since (its matrices are then taken in place).
+    """
+
+    def __init__(self, native: NativeFunction):
+        self.native = native
+        self._plan: Any | None = None
+        self._built_for: tuple | None = None
+
+    def call_for(self, formats: dict[str, Format]) -> Any | None:
+        """The plan's ``call`` for operands of these formats, or ``None`` where the C path does not apply."""
+        built_for = (tuple((name, id(fmt)) for name, fmt in formats.items()), "scipy.sparse" in sys.modules)
+        if built_for != self._built_for:
+            self.close()
+            self._plan, self._built_for = plan(self.native, formats), built_for
+        return None if self._plan is None else self._plan.call
+
+    @property
+    def calls(self) -> int:
+        """Calls the current plan ran (0 without one)."""
+        return 0 if self._plan is None else self._plan.calls
+
+    @property
+    def current(self) -> Any | None:
+        """The current plan object (``None`` before the first call or where the C path does not apply)."""
+        return self._plan
+
+    def close(self) -> None:
+        """Stop the current plan (its library is about to be unloaded, or it is being replaced)."""
+        if self._plan is not None:
+            self._plan.close()

@@ -17,6 +17,7 @@ import numpy as np
 from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.abi.gpu_program import GpuProgram
 from sparse_mlir.errors import OperandError, ShapeError
+from sparse_mlir.runtime import fast_call
 from sparse_mlir.runtime.calls import kernel_call
 from sparse_mlir.runtime.device_operands import checked_device_output, device_operands
 from sparse_mlir.runtime.kernel import Kernel, extent_sources
@@ -80,6 +81,7 @@ class LoadedKernel(_Exported):
         sig = self._signature
         self.native = NativeFunction(folder / manifest["library"], sig, threaded=bool(manifest.get("threads")))
         self._sources = extent_sources(sig.inputs)
+        self._planner = fast_call.Planner(self.native)  # the C-level call of a shape-generic export
 
     @kernel_call
     def __call__(self, out: np.ndarray | None = None, **operands: Any) -> Any:
@@ -94,7 +96,11 @@ class LoadedKernel(_Exported):
             if out is not None:
                 raise OperandError(f"out= is only for dense results; {out_op.name} is sparse")
             return self.native(args, None, out_shape)
-        return self.native(args, dense_output(out_op.name, out, out_shape, out_op.dtype, args), out_shape)
+        result = self.native(args, dense_output(out_op.name, out, out_shape, out_op.dtype, args), out_shape)
+        # the next call with operands like these goes straight to the library (``fast_call``): planned for the
+        # operands' own format objects, which a SparseTensor operand must then carry
+        self._native_fast = self._planner.call_for({op.name: args[op.name].format for op in sig.inputs if op.sparse})
+        return result
 
 
 class LoadedCudaKernel(_Exported):
