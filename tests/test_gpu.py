@@ -62,8 +62,9 @@ def _entry_params(ptx: str) -> dict[str, int]:
 
 
 def _function(expr: str, fmt: str, shapes: dict, dtype: str = "float32"):
+    """The build for ``shapes`` (fixed: shape-generic kernels too; ``test_shape_generic_gpu`` has their generic one)."""
     expr = expr.replace("A_", "Z")
-    return sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda").specialize(shapes)
+    return sm.compile(expr, formats={"A": fmt}, dtype=dtype, target="cuda").specialize(shapes, fixed=True)
 
 
 @pytest.mark.parametrize(("expr", "fmt", "shapes"), CASES, ids=[f"{e}|{f}" for e, f, _ in CASES])
@@ -100,7 +101,7 @@ def test_reduction_outer_loops_run_as_one_thread():
 def test_csr_spmv_and_spmm_take_the_load_balanced_kernels():
     spmv = _function("y[i] = A[i,j]*x[j]", "csr", {"A": (1000, 500), "x": (500,)}).program
     launch, split = spmv.launches
-    assert spmv.notes == ("native",) and launch.kernel == "spmv" and launch.lanes == LaneRule(1, None, rows_of=4)  # y's length
+    assert spmv.notes == ("native",) and launch.kernel == "spmv" and launch.lanes == LaneRule(1, 1000)
     assert (launch.when, split.kernel, split.when, split.grid) == ("balanced", "spmv_split", "skewed",
                                                                    GridRule(ref=1, per_block=128 * 16))
     spmm = _function("C[i,j] = A[i,k]*B[k,j] + b[j]", "csr", {"A": (1000, 500), "B": (500, 300), "b": (300,)})
@@ -303,8 +304,8 @@ def test_calls_pack_device_pointers_and_zero_only_outputs_kernels_accumulate_int
     bias = fake_cupy.device(np.ones(64, np.float32))
     out = kernel(A=A, B=B, b=bias)
     assert out.shape == (50, 64)
-    ((name, grid, block, words, shared),) = record.launches
-    assert (name, grid, block, shared) == ("spmm", (13, 1, 1), (128, 1, 1), 0)
+    ((name, grid, block, words, shared),) = record.launches  # the generic build's variant for 64 columns, 50 rows
+    assert (name, grid, block, shared) == ("spmm_w4_t1", (13, 1, 1), (128, 1, 1), 0)
     pos, crd, values = A.buffers
     assert words[:15] == [pos.data.ptr, pos.data.ptr, 0, 51, 1, crd.data.ptr, crd.data.ptr, 0, a.nnz, 1,
                           values.data.ptr, values.data.ptr, 0, a.nnz, 1]
@@ -586,8 +587,8 @@ def launcher_run(tmp_path: Path, name: str, shapes: dict[str, tuple[int, ...]], 
             pointer, length = given[(op.name, buf if op.sparse else "")]
             buffers.append((pointer, length if op.sparse else int(np.prod(shape_of[op.name]))))
         arg_shapes.append((buffers[-1][1],) if op.sparse else tuple(shape_of[op.name]))
-    launches = [launch for launch in program.launches if launch.runs(skewed)]
-    if len(launches) < len(program.launches):
+    launches = [launch for launch in program.launches if launch.runs(skewed) and launch.fits(arg_shapes)]
+    if any(launch.when for launch in program.launches):
         c_args.append("1" if skewed else "0")
     counts = "".join(f"fake_param_count[{i}] = {launch.param_count()}; " for i, launch in enumerate(launches))
     (tmp_path / f"{main}.c").write_text(

@@ -1,10 +1,11 @@
 """Shape-generic GPU kernels: one build (PTX + launches) per index widths takes every size at run time.
 
 The hand-scheduled CSR SpMV (its lanes-per-row kernel and the row-splitting
-one for skewed rows) reads its sizes from the buffers' descriptors and has
-its grids sized at launch from the operands (``LaneRule.rows_of``,
-``GridRule``), so ``CudaKernel``, exports, the C launcher and the CPU
-emulation of the program take any size from one build.  Numbers come from
+one for skewed rows) and CSR SpMM (a kernel per tiling, the launch whose
+``SizeTest``s the sizes pass runs) read their sizes from the buffers'
+descriptors and have their grids sized at launch from the operands
+(``LaneRule.rows_of``, ``GridRule``), so ``CudaKernel``, exports, the C
+launcher and the CPU emulation of the program take any size from one build.  Numbers come from
 the emulation (the very ``gpu.func`` bodies and launch records, run thread
 by thread); the runtime and the launcher run against the CuPy and cuda.h
 stand-ins, which record launches and compute nothing.
@@ -24,12 +25,19 @@ from test_gpu import _entry_params, _ptxas, check_launches, launcher_run
 import sparse_mlir as sm
 from sparse_mlir.abi.gpu_program import GpuProgram, GridRule, KernelArg, LaneRule, Launch, ParamPacker
 from sparse_mlir.compiler import driver
-from sparse_mlir.compiler.driver import BuildOptions
 from sparse_mlir.compiler.emitters import SHAPE_GENERIC_CUDA, shape_generic_cuda_emitter
 from sparse_mlir.errors import LoweringError, ShapeError
 
 SPMV = "y[i] = A[i,j]*x[j]"
+SPMM = "C[i,j] = A[i,k]*B[k,j]"
 SIZES = [(40, 30), (7, 100), (300, 5), (1, 1)]
+
+
+def spmm_sizes(vector: int) -> list[tuple[int, int, int]]:
+    """(rows, inner, cols) picking every tiling of the SpMM with ``vector``-element vectors: few rows or not,
+    vectors or single elements, 1 to 4 of them per lane (each at the bottom of its column range)."""
+    many = [(2049, 3, 32 * w * (t - 1) + w) for w in (vector, 1) for t in (1, 2, 3, 4)]
+    return [(5, 7, 4 * vector), (30, 20, 33), (3, 4, 1), (2048, 2, 32 * vector), *many]
 
 
 def _kernel(expr: str = SPMV, fmt: str = "csr", dtype: str = "float32", **options):
@@ -38,11 +46,14 @@ def _kernel(expr: str = SPMV, fmt: str = "csr", dtype: str = "float32", **option
 
 # which kernels are generic: one decision, without MLIR, that agrees with the emitter table -------------------------
 GENERIC = [(SPMV, "csr", "float32", {}), (SPMV, "csr", "float64", {}), (SPMV, "csr", "float16", {}),
-           (SPMV, "csr", "float16", {"out_dtype": "float32"}), (SPMV, "csr", "float16", {"deterministic": True})]
+           (SPMV, "csr", "float16", {"out_dtype": "float32"}), (SPMV, "csr", "float16", {"deterministic": True}),
+           (SPMM, "csr", "float32", {}), (SPMM, "csr", "float16", {"out_dtype": "float32"}),
+           (SPMM + " + b[i]", "csr", "float64", {}), (SPMM + " + b[j]", "csr", "float32", {"deterministic": True})]
 PER_SHAPE = [(SPMV, "csr", "float32", {"deterministic": True}),  # the merge path: carries sized by the rows
              (SPMV, "csr", "float32", {"emitter": "sparsifier"}),
-             (SPMV, "coo", "float32", {}), ("C[i,j] = A[i,k]*B[k,j]", "csr", "float32", {}),
-             ("C[i,j] = A[i,k]*B[k,j]", "2:4", "float16", {}), (SPMV, "csr", "int32", {})]
+             (SPMV, "coo", "float32", {}), (SPMM, "2:4", "float16", {}), (SPMV, "csr", "int32", {}),
+             ("C[i,j] = relu(A[i,k]*B[k,j] + b[i])", "csr", "float32", {}),  # sparsified
+             ("Y[b,o] = X[b,i]*A[o,i]", "csr", "float32", {})]  # Linear: transposes around the SpMM
 
 
 @pytest.mark.parametrize(("expr", "fmt", "dtype", "options"), GENERIC + PER_SHAPE,
@@ -74,7 +85,7 @@ def test_a_generic_build_of_a_per_shape_kernel_is_refused_not_sparsified_with_un
     from sparse_mlir.abi.c_signature import Signature
     from sparse_mlir.compiler import build
 
-    spec = _kernel("C[i,j] = A[i,k]*B[k,j]").spec
+    spec = _kernel("C[i,j] = A[i,k]*B[k,j]", "csc").spec
     shapes = driver.generic_shapes(spec)
     with ir.Context(), pytest.raises(LoweringError, match="no shape-generic GPU kernel"):
         build.gpu_program(spec, shapes, Signature.from_spec(spec, spec.formats, shapes, "k"), (), "auto", False)
@@ -99,9 +110,39 @@ def test_one_emulated_build_computes_every_size(dtype, tmp_path, rng):
     assert [launch.kernel for launch in program.launches] == ["spmv", "spmv_split"]
 
 
-def test_the_generic_ptx_assembles_for_sm80_and_sm90a(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_one_emulated_spmm_build_runs_the_right_tiling_at_every_size(dtype, tmp_path, rng):
+    """Every variant of the SpMM (vector width, vectors per lane, few rows) against scipy, from one build; the
+    output starts as NaN, so a size no variant takes (or a variant that misses columns) fails."""
+    bias_by = {"float32": None, "float64": "i", "float16": "j"}[dtype]
+    expression = SPMM + (f" + b[{bias_by}]" if bias_by else "")
+    spec = _kernel(expression, dtype=dtype, **({"out_dtype": "float32"} if dtype == "float16" else {})).spec
+    emulation = GenericEmulation(spec, tmp_path)
+    kernels = set()
+    vector = 16 // np.dtype(dtype).itemsize
+    for rows, inner, cols in spmm_sizes(vector):
+        dense = sp.random(rows, inner, density=0.3, random_state=rows).toarray().astype(dtype)
+        b = rng.standard_normal((inner, cols)).astype(dtype)
+        a = sm.SparseTensor.from_dense(dense, "csr")
+        args = {"A": a, "B": b}
+        want = dense.astype(np.float64) @ b.astype(np.float64)
+        if bias_by:
+            args["b"] = rng.standard_normal(rows if bias_by == "i" else cols).astype(dtype)
+            want = want + (args["b"][:, None] if bias_by == "i" else args["b"][None, :])
+        got, program = emulation(args)
+        np.testing.assert_allclose(got, want, rtol=1e-3 if dtype == "float16" else 1e-5, atol=1e-3)
+        shapes = [(n,) for n in (rows + 1, a.nnz, a.nnz)] + [(inner, cols)] + \
+            ([(len(args["b"]),)] if bias_by else []) + [(rows, cols)]
+        (picked,) = [launch for launch in program.launches if launch.fits(shapes)]  # exactly one variant runs
+        kernels.add(picked.kernel)
+    assert emulation.builds == 1
+    assert kernels == {f"spmm_w{w}_t{t}" for w in (1, vector) for t in (1, 2, 3, 4)}
+
+
+@pytest.mark.parametrize("expression", [SPMV, SPMM, SPMM + " + b[j]"])
+def test_the_generic_ptx_assembles_for_sm80_and_sm90a(expression, tmp_path):
     tool = _ptxas()
-    kernel = _kernel().specialize({})
+    kernel = _kernel(expression).specialize({})
     program = kernel.program
     assert all(None in op.shape for op in kernel.signature.operands)  # nothing compiled in
     for chip, arch in (("sm_80", "sm_80"), ("sm_90", "sm_90a")):
@@ -139,6 +180,33 @@ def test_cuda_kernel_builds_once_and_sizes_each_launch_from_the_call(monkeypatch
         kernel(A=tensor, x=fake_cupy.device(np.ones(11, np.float32)))
     with pytest.raises(ShapeError, match="out= has shape"):
         kernel(A=tensor, x=fake_cupy.device(np.ones(10, np.float32)), out=fake_cupy.device(np.zeros(21, np.float32)))
+
+
+def test_the_spmm_runs_the_variant_its_sizes_pick_and_checks_alignment_only_for_vectors(monkeypatch):
+    import support.fake_cupy as fake_cupy
+
+    record = fake_cupy.install(monkeypatch)
+    kernel = _kernel(SPMM + " + b[j]")
+    assert kernel.shape_generic
+    for rows, inner, cols, picked, grid in ((50, 40, 64, "spmm_w4_t1", (13, 1, 1)),
+                                            (3000, 40, 301, "spmm_w1_t4", (750, 3, 1)),
+                                            (2048, 40, 200, "spmm_w4_t2", (512, 1, 1))):
+        a = sp.random(rows, inner, density=0.2, format="csr", dtype=np.float32, random_state=0)
+        b, bias = fake_cupy.device(np.ones((inner, cols), np.float32)), fake_cupy.device(np.ones(cols, np.float32))
+        c = kernel(A=sm.SparseTensor.from_scipy(a).to("cuda"), B=b, b=bias)
+        name, got_grid, _, words, _ = record.launches[-1]
+        assert (name, got_grid, c.shape) == (picked, grid, (rows, cols))
+        assert words[15:22] == [b.data.ptr, b.data.ptr, 0, inner, cols, cols, 1]  # B's descriptor from the call
+    assert kernel.stats["specializations"] == 1 and len(record.launches) == 3  # one build, one launch per call
+    a = sm.SparseTensor.from_scipy(sp.random(50, 40, density=0.2, format="csr", dtype=np.float32)).to("cuda")
+    for cols, refused in ((64, True), (63, False)):  # single elements need no 16-byte alignment
+        offset = np.ones(40 * cols + 1, np.float32)[1:].reshape(40, cols).view(fake_cupy.FakeArray)
+        bias = fake_cupy.device(np.ones(cols, np.float32))
+        if refused:
+            with pytest.raises(sm.errors.OperandError, match="16-byte boundary"):
+                kernel(A=a, B=offset, b=bias)
+        else:
+            assert kernel(A=a, B=offset, b=bias).shape == (50, cols)
 
 
 def test_specialize_needs_no_shapes_and_fixed_builds_per_shape():
@@ -192,6 +260,19 @@ def test_one_exported_launcher_takes_two_sizes_and_refuses_inconsistent_buffers(
         assert status == 1 and "launch" not in out and "memset" not in out, case  # CUDA_ERROR_INVALID_VALUE
     status, out, _ = launcher_run(tmp_path, "k", shapes, main="bad", values_off=1, skewed=skewed)
     assert status == 1 and "launch" not in out  # crd and values of different lengths
+
+
+def test_one_exported_spmm_launcher_picks_each_sizes_variant_in_c(tmp_path):
+    sm.export(_kernel(SPMM + " + b[i]"), tmp_path, "k")
+    for n, (rows, inner, cols) in enumerate(((40, 64, 16), (3000, 9, 301), (2048, 5, 200))):
+        status, out, found = launcher_run(tmp_path, "k", {"A": (rows, inner), "B": (inner, cols), "b": (rows,),
+                                                          "C": (rows, cols)}, main=f"size{n}")
+        assert status == 0, out
+        assert len(found["launches"]) == 1  # exactly one variant
+        check_launches(out, found)
+    status, out, _ = launcher_run(tmp_path, "k", {"A": (40, 64), "B": (64, 16), "b": (41,), "C": (40, 16)},
+                                  main="bad")
+    assert status == 1 and "launch" not in out
 
 
 # the launch data: rules over a dimension, per axis, through JSON ---------------------------------------------------

@@ -7,12 +7,8 @@ follow the vector-CSR, merge-path and Sputnik layouts instead:
 * **SpMV** ``y[i] = A[i,j] * x[j]`` (CSR): a group of lanes per row, and
   row splitting for skewed rows: ``gpu_spmv`` (its own module, shape-generic).
 * **SpMM** ``C[i,j] = A[i,k] * B[k,j] (+ bias)`` (CSR): a warp per row and
-  column tile; lane ``l`` owns 16-byte vectors ``l, l+32, ...`` of the tile
-  (single elements when the row length is not a multiple of 16 bytes), so
-  every load of a B row and every store of C is one coalesced 128-bit access
-  per lane, and each nonzero is read once per warp (a broadcast).  The bias
-  seeds the sums.  Vector accesses need 16-byte aligned B, C and bias
-  (``Launch.aligned``; the runtime checks).
+  column tile, 16-byte vectors per lane (``gpu_spmm``, its own module,
+  shape-generic: a kernel per tiling, picked at launch).
 * **float16**: the kernels above sum in float32; a 2:4 ``A`` runs on Sparse
   Tensor Cores (``mma.sp``) and a dense one on Tensor Cores, with the same
   tiling (``_tensor_core_text``).
@@ -33,6 +29,8 @@ from typing import NamedTuple
 
 from mlir import ir
 from sparse_mlir.dialects.encoding import TYPE_NAMES
+from sparse_mlir.dialects.native.gpu_build import KernelModule, float_type
+from sparse_mlir.dialects.native.gpu_spmm import spmm_launches
 from sparse_mlir.dialects.native.wgmma import (
     HOPPER,
     HopperGemm,
@@ -41,7 +39,7 @@ from sparse_mlir.dialects.native.wgmma import (
     wgmma_gemm,
 )
 
-from sparse_mlir.abi.gpu_program import CHIPS, GridRule, KernelArg, LaneRule, Launch
+from sparse_mlir.abi.gpu_program import CHIPS, KernelArg, Launch
 from sparse_mlir.dsl.patterns import (
     dense_matmul_operands,
     is_csr,
@@ -65,8 +63,6 @@ __all__ = [
 
 WARP = 32
 BLOCK = 128  # threads per block: four warps
-_TILE = 4  # most vectors a lane owns in one SpMM column tile
-FEW_ROWS = 2048  # SpMM below this many rows: one vector per lane, more column tiles
 _BYTES = {"f16": 2, "f32": 4, "f64": 8}
 Shapes = dict[str, tuple[int | None, ...]]
 
@@ -77,11 +73,6 @@ class NativeKernels(NamedTuple):
     module: ir.Module
     launches: tuple[Launch, ...]
     scratch: tuple[tuple[tuple[int, ...], str], ...] = ()
-
-
-def _accumulator(elt: str) -> str:
-    """float16 data is summed in float32."""
-    return "f32" if elt == "f16" else elt
 
 
 def _convert(name: str, value: str, source: str, target: str) -> tuple[list[str], str]:
@@ -132,32 +123,25 @@ def gpu_linear_2to4(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes
 
 
 def gpu_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
-    """CSR SpMM ``C[i,j] = A[i,k] * B[k,j] (+ bias)``: a warp per row and column tile, or ``None``."""
+    """CSR SpMM ``C[i,j] = A[i,k] * B[k,j] (+ bias)``: a warp per row and column tile (``gpu_spmm``), or ``None``.
+
+    Shape-generic with ``None`` sizes: one kernel per tiling, the launch that
+    fits the call's sizes runs (``gpu_spmm.spmm_launches``).
+    """
     types, spmm = _types(spec), spmm_operands(spec, formats)
     if types is None or spmm is None or not is_csr(formats[spmm[0]]):
         return None
-    elt, out = types
+    elt, out = (float_type(t) for t in types)
     a, b, bias, bias_dim = spmm
     rows, inner = shapes[a]
     cols = shapes[spec.output][1]
-    if cols is None:
+    if (rows is None) != (cols is None):  # the tiling needs both sizes, or neither (shape-generic)
         return None
     dense = [(b, (inner, cols))] + ([(bias, (rows,) if bias_dim == 0 else (cols,))] if bias else [])
     args = tuple(_args(spec, a, *dense, (spec.output, (rows, cols))))
-    text, launch = _spmm_launch(elt, formats[a], rows, inner, cols, bias_dim if bias else -1, out, args)
-    return NativeKernels(ir.Module.parse(_module_of(text)), (launch,))
-
-
-def _spmm_launch(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int, out: str,
-                 args: tuple[KernelArg, ...]) -> tuple[str, Launch]:
-    """The warp-per-row SpMM ``gpu.func`` and its launch over ``args`` (A's three buffers, B, [bias], C)."""
-    width, per_lane = _spmm_shape(elt, rows, cols)
-    tiles = math.ceil(cols / (WARP * width * per_lane))
-    # vector accesses need 16-byte aligned user buffers (scratch buffers are fresh allocations)
-    aligned = tuple(arg.ref for arg in args[3:] if arg.kind == "buffer") if width > 1 else ()
-    return (_spmm_text(elt, fmt, rows, inner, cols, bias_dim, out),
-            Launch("spmm", (math.ceil(rows / (BLOCK // WARP)), tiles, 1), (BLOCK, 1, 1), args, aligned=aligned,
-                   fills_output=True))
+    kernels = KernelModule()
+    launches = spmm_launches(kernels, elt, out, formats[a], rows, inner, cols, bias_dim if bias else -1, args)
+    return NativeKernels(kernels.module, launches)
 
 
 def _linear(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Format, roles: dict[str, str | None],
@@ -176,13 +160,14 @@ def _linear(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Fo
     dense = [(x, (batch, inputs))] + ([(bias, (outputs,) if bias_dim == 0 else (batch,))] if bias else [])
     args = _args(spec, w, *dense, (spec.output, (batch, outputs)))  # W's buffers, X, [bias], Y
     xt, t = KernelArg("scratch", 0, (inputs, batch)), KernelArg("scratch", 1, (outputs, batch))
-    spmm, product = _spmm_launch(elt, fmt, outputs, inputs, batch, bias_dim, out, (*args[:3], xt, *args[4:-1], t))
+    kernels = KernelModule(ir.Module.parse(_module_of(_transpose_text("transpose_in", elt, (batch, inputs)),
+                                                      _transpose_text("transpose_out", out, (outputs, batch)))))
+    (product,) = spmm_launches(kernels, float_type(elt), float_type(out), fmt, outputs, inputs, batch, bias_dim,
+                               (*args[:3], xt, *args[4:-1], t))
     launches = (_transpose_launch("transpose_in", args[3], xt, (batch, inputs)), product,
                 _transpose_launch("transpose_out", t, args[-1], (outputs, batch)))
-    functions = [_transpose_text("transpose_in", elt, (batch, inputs)), spmm,
-                 _transpose_text("transpose_out", out, (outputs, batch))]
     scratch = (((inputs, batch), spec.dtype.name), ((outputs, batch), spec.output_dtype.name))
-    return NativeKernels(ir.Module.parse(_module_of(*functions)), launches, scratch)
+    return NativeKernels(kernels.module, launches, scratch)
 
 
 def _linear_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Format,
@@ -362,107 +347,6 @@ def _index_types(fmt: Format) -> tuple[str, str]:
     return f"i{fmt.pos_width or 64}", f"i{fmt.crd_width or 64}"
 
 
-def _row_bounds(pos_t: str, row: str, valid: str) -> list[str]:
-    """``%start``/``%end`` of ``row``'s nonzeros, both 0 when ``valid`` is false (the row is past the end)."""
-    return [f"%safe_row = arith.select {valid}, {row}, %c0 : index",
-            f"%s_raw = memref.load %pos[%safe_row] : memref<?x{pos_t}>",
-            "%next_row = arith.addi %safe_row, %c1 : index",
-            f"%e_raw = memref.load %pos[%next_row] : memref<?x{pos_t}>",
-            f"%s_idx = arith.index_castui %s_raw : {pos_t} to index",
-            f"%e_idx = arith.index_castui %e_raw : {pos_t} to index",
-            f"%start = arith.select {valid}, %s_idx, %c0 : index",
-            f"%end = arith.select {valid}, %e_idx, %c0 : index"]
-
-
-def _spmm_shape(elt: str, rows: int, cols: int) -> tuple[int, int]:
-    """``(width, per_lane)``: elements per vector access (16 bytes when the rows allow it) and vectors per lane.
-
-    Under ``FEW_ROWS`` rows a lane owns one vector, so more warps share the
-    columns: a 512-row layer otherwise leaves SMs idle behind its longest
-    rows (DLMC ffn layers at 0.7x cuSPARSE on an H200).
-    """
-    width = 16 // _BYTES[elt]
-    if cols % width:
-        width = 1
-    return width, 1 if rows < FEW_ROWS else max(1, min(_TILE, math.ceil(cols / (WARP * width))))
-
-
-def _spmm_text(elt: str, fmt: Format, rows: int, inner: int, cols: int, bias_dim: int, out: str) -> str:
-    pos_t, crd_t = _index_types(fmt)
-    width, per_lane = _spmm_shape(elt, rows, cols)
-    b_t, c_t = _memref((inner, cols), elt), _memref((rows, cols), out)
-    acc = _accumulator(elt)
-
-    def typed(element: str) -> str:
-        return element if width == 1 else f"vector<{width}x{element}>"
-
-    vec, acc_t, out_t = typed(elt), typed(acc), typed(out)
-
-    def load(name: str, buffer: str, index: str, memref: str) -> list[str]:
-        """``name`` = the data at ``index``, widened to the accumulator type."""
-        op = (f"memref.load {buffer}[{index}] : {memref}" if width == 1 else
-              f"vector.load {buffer}[{index}] {{alignment = 16}} : {memref}, {vec}")
-        widen, _value = _convert(name, f"{name}_raw", vec, acc_t)
-        return [f"{name}_raw = {op}", *widen] if widen else [f"{name} = {op}"]
-
-    body = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index",
-            f"%rows = arith.constant {rows} : index", f"%cols = arith.constant {cols} : index",
-            f"%warp = arith.constant {WARP} : index", f"%zero = arith.constant 0.0 : {acc}",
-            f"%zeros = arith.constant {'0.0' if width == 1 else f'dense<0.0> : {acc_t}'}"
-            + (f" : {acc}" if width == 1 else ""),
-            f"%width = arith.constant {width} : index",
-            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%tile = gpu.block_id y",
-            f"%warps = arith.constant {BLOCK // WARP} : index",
-            "%warp_in_block = arith.divui %tid, %warp : index", "%lane = arith.remui %tid, %warp : index",
-            "%lane_col = arith.muli %lane, %width : index",
-            "%first_row = arith.muli %bid, %warps : index", "%row = arith.addi %first_row, %warp_in_block : index",
-            "%valid = arith.cmpi ult, %row, %rows : index", *_row_bounds(pos_t, "%row", "%valid"),
-            f"%tile_cols = arith.constant {WARP * width * per_lane} : index",
-            "%tile_col = arith.muli %tile, %tile_cols : index"]
-    seeds = ["%zeros"] * per_lane  # where each accumulator starts: zero, or the bias
-    if bias_dim == 0:
-        body.append(f"%bias_raw = memref.load %bias[%safe_row] : {_memref((rows,), elt)}")
-        widen, seeds[0] = _convert("%bias_w", "%bias_raw", elt, acc)
-        body += widen
-        if width > 1:
-            body.append(f"%bias_seed = vector.broadcast {seeds[0]} : {acc} to {acc_t}")
-            seeds[0] = "%bias_seed"
-        seeds = [seeds[0]] * per_lane
-    # lane's columns (whole vectors: cols is a multiple of the width), clamped for loads and guarded for stores
-    for t in range(per_lane):
-        body += [f"%off{t} = arith.constant {t * WARP * width} : index",
-                 f"%cb{t} = arith.addi %tile_col, %off{t} : index",
-                 f"%col{t} = arith.addi %cb{t}, %lane_col : index", f"%in{t} = arith.cmpi ult, %col{t}, %cols : index",
-                 f"%safe{t} = arith.select %in{t}, %col{t}, %c0 : index"]
-        if bias_dim == 1:
-            body += load(f"%seed{t}", "%bias", f"%safe{t}", _memref((cols,), elt))
-            seeds[t] = f"%seed{t}"
-    accs = ", ".join(f"%acc{t} = {seeds[t]}" for t in range(per_lane))
-    types = ", ".join([acc_t] * per_lane)
-    widen_a, a = _convert("%a_w", "%a", elt, acc)
-    body += [f"%sums:{per_lane} = scf.for %k = %start to %end step %c1 iter_args({accs}) -> ({types}) {{",
-             f"  %k_raw = memref.load %crd[%k] : memref<?x{crd_t}>",
-             f"  %kk = arith.index_castui %k_raw : {crd_t} to index",
-             f"  %a = memref.load %val[%k] : memref<?x{elt}>", *widen_a]
-    if width > 1:
-        body.append(f"  %av = vector.broadcast {a} : {acc} to {acc_t}")
-        a = "%av"
-    for t in range(per_lane):
-        body += [*load(f"%b{t}", "%b", f"%kk, %safe{t}", b_t),
-                 f"  %n{t} = math.fma {a}, %b{t}, %acc{t} : {acc_t}"]
-    body += [f"  scf.yield {', '.join(f'%n{t}' for t in range(per_lane))} : {types}", "}"]
-    for t in range(per_lane):
-        narrow, value = _convert(f"%out{t}", f"%sums#{t}", acc_t, out_t)
-        store = (f"  memref.store {value}, %c[%row, %col{t}] : {c_t}" if width == 1 else
-                 f"  vector.store {value}, %c[%row, %col{t}] {{alignment = 16}} : {c_t}, {out_t}")
-        body += [*narrow, f"%w{t} = arith.andi %valid, %in{t} : i1", f"scf.if %w{t} {{", store, "}"]
-    body.append("gpu.return")
-    bias = "" if bias_dim < 0 else f"%bias: {_memref((rows,) if bias_dim == 0 else (cols,), elt)}, "
-    params = (f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>, %b: {b_t}, {bias}"
-              f"%c: {c_t}")
-    return _function("spmm", params, body)
-
-
 _ACC = "vector<2x2xf32>"  # an m16n8 MMA's float32 accumulator fragment
 _FRAG = "vector<4x2xf16>"
 
@@ -629,7 +513,3 @@ def _function(name: str, params: str, body: list[str]) -> str:
 
 def _module_of(*functions: str) -> str:
     return "module attributes {gpu.container_module} {\n  gpu.module @kernels {\n" + "".join(functions) + "  }\n}\n"
-
-
-def _module(name: str, params: str, body: list[str]) -> str:
-    return _module_of(_function(name, params, body))

@@ -23,7 +23,9 @@ __all__ = [
     "BLOCK",
     "WARP",
     "KernelModule",
+    "accumulator",
     "add",
+    "as_float",
     "atomic_add",
     "buffer_refs",
     "const",
@@ -36,6 +38,7 @@ __all__ = [
     "level_buffer_types",
     "load_index",
     "mul",
+    "row_bounds",
     "search",
     "sum_range",
     "when",
@@ -100,6 +103,31 @@ def atomic_add(value: ir.Value, target: ir.Value, indices: Sequence[ir.Value]) -
     """``target[indices] += value`` atomically (``addf`` or ``addi``)."""
     kind = arith.AtomicRMWKind.addf if _is_float(value) else arith.AtomicRMWKind.addi
     memref.atomic_rmw(kind, value, target, list(indices))
+
+
+def accumulator(elt: ir.Type) -> ir.Type:
+    """The type float sums are kept in: float16 data is summed in float32 (the CSR SpMV and SpMM)."""
+    return ir.F32Type.get() if isinstance(elt, ir.F16Type) else elt
+
+
+def as_float(value: ir.Value, target: ir.Type) -> ir.Value:
+    """A float ``value`` (scalar or vector) widened or narrowed to ``target`` (unchanged if it is that type)."""
+    if value.type == target:
+        return value
+
+    def width(kind: ir.Type) -> int:
+        return ir.FloatType(ir.VectorType(kind).element_type if isinstance(kind, ir.VectorType) else kind).width
+
+    return arith.extf(target, value) if width(target) > width(value.type) else arith.truncf(target, value)
+
+
+def row_bounds(pos: ir.Value, row: ir.Value, valid: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``(row or 0, start, end)`` of ``row``'s entries in a CSR ``pos``; start and end are 0 (nothing to sum)
+    when ``valid`` is false (a thread past the last row reads row 0's bounds, never beyond ``pos``)."""
+    safe = arith.select(valid, row, const(0))
+    start = arith.select(valid, load_index(pos, safe), const(0))
+    end = arith.select(valid, load_index(pos, arith.addi(safe, const(1))), const(0))
+    return safe, start, end
 
 
 def level_buffer_types(fmt: Format, elt: ir.Type) -> list[ir.Type]:

@@ -30,6 +30,8 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.native.gpu import BLOCK, WARP, NativeKernels
 from sparse_mlir.dialects.native.gpu_build import (
     KernelModule,
+    accumulator,
+    as_float,
     buffer_refs,
     const,
     dense_type,
@@ -38,6 +40,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     index_type,
     level_buffer_types,
     load_index,
+    row_bounds,
     search,
     when,
 )
@@ -81,35 +84,21 @@ def gpu_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, deter
     return NativeKernels(kernels.module, launches)
 
 
-def _accumulator(elt: ir.Type) -> ir.Type:
-    """float16 data is summed in float32."""
-    return ir.F32Type.get() if isinstance(elt, ir.F16Type) else elt
-
-
-def _as(value: ir.Value, target: ir.Type) -> ir.Value:
-    """``value`` widened or narrowed to the float type ``target`` (unchanged if it is that type)."""
-    if value.type == target:
-        return value
-    wider = ir.FloatType(target).width > ir.FloatType(value.type).width
-    return arith.extf(target, value) if wider else arith.truncf(target, value)
-
-
 def _product(val: ir.Value, crd: ir.Value, x: ir.Value, acc: ir.Type) -> Callable[[ir.Value, ir.Value], ir.Value]:
     """``sum + val[k] * x[crd[k]]`` in the accumulator type (one fused multiply-add)."""
     def step(k: ir.Value, total: ir.Value) -> ir.Value:
-        return math.fma(_as(memref.load(val, [k]), acc), _as(memref.load(x, [load_index(crd, k)]), acc), total)
+        a, xj = memref.load(val, [k]), memref.load(x, [load_index(crd, k)])
+        return math.fma(as_float(a, acc), as_float(xj, acc), total)
     return step
 
 
 def _lanes_per_row(pos: ir.Value, crd: ir.Value, val: ir.Value, x: ir.Value, y: ir.Value, lanes: ir.Value) -> None:
     """Thread ``t`` is lane ``t % lanes`` of row ``t / lanes``; lane 0 stores the group's sum."""
-    acc = _accumulator(ir.MemRefType(val.type).element_type)
+    acc = accumulator(ir.MemRefType(val.type).element_type)
     thread = global_thread()
     row, lane = arith.divui(thread, lanes), arith.remui(thread, lanes)
     valid = arith.cmpi(arith.CmpIPredicate.ult, row, memref.dim(y, const(0)))
-    safe = arith.select(valid, row, const(0))  # rows past the end read row 0's bounds, then sum nothing
-    start = arith.select(valid, load_index(pos, safe), const(0))
-    end = arith.select(valid, load_index(pos, arith.addi(safe, const(1))), const(0))
+    _, start, end = row_bounds(pos, row, valid)
     step = _product(val, crd, x, acc)
     loop = scf.ForOp(arith.addi(start, lane), end, lanes, [arith.constant(acc, 0.0)])
     with ir.InsertionPoint(loop.body):
@@ -124,12 +113,12 @@ def _lanes_per_row(pos: ir.Value, crd: ir.Value, val: ir.Value, x: ir.Value, y: 
         value = arith.select(arith.cmpi(arith.CmpIPredicate.ult, shift, group), arith.addf(value, other), value)
     leader = arith.cmpi(arith.CmpIPredicate.eq, lane, const(0))
     with when(arith.andi(valid, leader)):
-        memref.store(_as(value, ir.MemRefType(y.type).element_type), y, [row])
+        memref.store(as_float(value, ir.MemRefType(y.type).element_type), y, [row])
 
 
 def _split_rows(pos: ir.Value, crd: ir.Value, val: ir.Value, x: ir.Value, y: ir.Value) -> None:
     """Thread ``t`` walks nonzeros ``[16 t, min(16 t + 16, nnz))``, adding each row's part to ``y`` atomically."""
-    idx, acc = index_type(), _accumulator(ir.MemRefType(val.type).element_type)
+    idx, acc = index_type(), accumulator(ir.MemRefType(val.type).element_type)
     out = ir.MemRefType(y.type).element_type
     rows, nnz = memref.dim(y, const(0)), memref.dim(crd, const(0))
     zero = arith.constant(acc, 0.0)
@@ -137,7 +126,7 @@ def _split_rows(pos: ir.Value, crd: ir.Value, val: ir.Value, x: ir.Value, y: ir.
     last = arith.minui(arith.addi(first, const(SPLIT_CHUNK)), nnz)
 
     def flush(total: ir.Value, row: ir.Value) -> None:
-        memref.atomic_rmw(arith.AtomicRMWKind.addf, _as(total, out), y, [row])
+        memref.atomic_rmw(arith.AtomicRMWKind.addf, as_float(total, out), y, [row])
 
     with when(arith.cmpi(arith.CmpIPredicate.ult, first, nnz)):
         # the row holding nonzero ``first``: the last r with pos[r] <= first (the first with pos[r] > first, less 1)

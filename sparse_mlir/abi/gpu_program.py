@@ -10,6 +10,8 @@ data, not code:
   time (a sparse operand's number of stored entries, or in a shape-generic
   program a dimension of an operand: a grid may mix constants and rules per
   axis), or a ``LaneRule`` (threads per row from the mean row length);
+  a launch with ``only_if`` tests (``SizeTest``) runs only for the sizes
+  that pass them: a shape-generic program's variants of one kernel;
 * ``args``: one ``KernelArg`` per parameter of the outlined ``gpu.func``,
   each a buffer of the kernel function (``Signature.kernel_arguments()``
   order), a scratch buffer the runtime allocates per call, or a constant.
@@ -30,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["KernelArg", "GridRule", "LaneRule", "Launch", "GpuProgram", "ParamPacker", "TensorMapGeometry",
+__all__ = ["KernelArg", "GridRule", "SizeTest", "LaneRule", "Launch", "GpuProgram", "ParamPacker", "TensorMapGeometry",
            "descriptor_words", "is_skewed", "CHIPS"]
 
 CHIPS = ("sm_80", "sm_90")
@@ -80,6 +82,33 @@ class GridRule:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GridRule:
         return cls(data["ref"], data["per_block"], data.get("dim"))
+
+
+@dataclass(frozen=True)
+class SizeTest:
+    """A condition on a size known only at launch: dimension ``dim`` of kernel argument ``ref`` is a ``multiple``
+    of ``value``, ``not_multiple`` of it, ``below`` it or ``at_least`` it.
+
+    A shape-generic program holds one variant of a kernel per tiling its
+    sizes may call for (the SpMM's vector width and vectors per lane); each
+    variant's launch carries the tests that pick it, and exactly one runs.
+    """
+
+    ref: int
+    dim: int
+    kind: str
+    value: int
+
+    KINDS = ("multiple", "not_multiple", "below", "at_least")
+
+    def holds(self, size: int) -> bool:
+        return {"multiple": size % self.value == 0, "not_multiple": size % self.value != 0,
+                "below": size < self.value, "at_least": size >= self.value}[self.kind]
+
+    def c_condition(self, size: str) -> str:
+        """The test in C over the expression ``size`` (the launcher's)."""
+        return {"multiple": f"({size}) % {self.value} == 0", "not_multiple": f"({size}) % {self.value} != 0",
+                "below": f"({size}) < {self.value}", "at_least": f"({size}) >= {self.value}"}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -137,9 +166,18 @@ class Launch:
     # fills its scratch arguments from a sparse operand's level buffers alone (the 2:4 wgmma metadata): a runtime
     # may keep them with the operand and skip the launch while the operand's buffers are the same
     derives: bool = False
+    # runs only when every test holds (one variant among several of a shape-generic program)
+    only_if: tuple[SizeTest, ...] = ()
 
     def runs(self, skewed: bool) -> bool:
         return not self.when or (self.when == "skewed") == skewed
+
+    def fits(self, shapes: list[tuple[int, ...]] | None) -> bool:
+        """Whether the sizes of this call (each kernel argument's shape) pass every ``only_if`` test."""
+        if not self.only_if:
+            return True
+        assert shapes is not None, "a launch with size tests needs the call's shapes"
+        return all(test.holds(shapes[test.ref][test.dim]) for test in self.only_if)
 
     def on(self, chip: str) -> bool:
         """Whether this launch is part of the program when it runs from ``chip``'s code."""
@@ -210,6 +248,7 @@ class GpuProgram:
                                               "aligned": list(k.aligned), "when": k.when,
                                               "fills_output": k.fills_output, "chips": list(k.chips),
                                               "derives": k.derives,
+                                              "only_if": [[t.ref, t.dim, t.kind, t.value] for t in k.only_if],
                                               "args": [[a.kind, a.ref, list(a.shape)] for a in k.args]}
                                              for k in self.launches]}
         if include_ptx:
@@ -227,7 +266,8 @@ class GpuProgram:
                                 tuple(KernelArg(kind, ref, tuple(shape)) for kind, ref, shape in k["args"]),
                                 k.get("shared_bytes", 0), LaneRule(*k["lanes"]) if k.get("lanes") else None,
                                 tuple(k.get("aligned", ())), k.get("when", ""), k.get("fills_output", False),
-                                tuple(k.get("chips", ())), bool(k.get("derives", False)))
+                                tuple(k.get("chips", ())), bool(k.get("derives", False)),
+                                tuple(SizeTest(*t) for t in k.get("only_if", ())))
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))

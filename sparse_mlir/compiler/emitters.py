@@ -13,9 +13,10 @@ shape-generic build that the emitter it ran is the one named here, and
 ``tests/ir/test_ir_select.py`` that the rows agree, so the two cannot drift
 apart silently.  No MLIR here.
 
-On CUDA the hand-scheduled CSR SpMV kernels (``dialects.native.gpu``) read
-their sizes from the buffers' descriptors and size their grids at launch
-(``abi.gpu_program.GridRule`` / ``LaneRule``), so they are shape-generic
+On CUDA the hand-scheduled CSR SpMV and SpMM kernels (``dialects.native.gpu_spmv``,
+``gpu_spmm``) read their sizes from the buffers' descriptors and size their
+grids at launch (``abi.gpu_program.GridRule`` / ``LaneRule``; the SpMM
+picks its tiling's variant by ``SizeTest``s), so they are shape-generic
 too: ``SHAPE_GENERIC_CUDA`` names them in the order of
 ``dialects.select.CUDA_EMITTERS``; ``build.gpu_program`` refuses a
 shape-generic build that another emitter would take.
@@ -94,9 +95,17 @@ def _cuda_spmv(spec: KernelSpec, formats: dict[str, Format], deterministic: bool
     return not (deterministic and spec.dtype.name in ("float32", "float64") and spec.output_dtype == spec.dtype)
 
 
+def _cuda_spmm(spec: KernelSpec, formats: dict[str, Format], deterministic: bool) -> bool:
+    # CSR only (2:4 is the Tensor Core rows, before it), and not a Linear layer (its own row, before it)
+    found = spmm_operands(spec, formats)
+    return spec.dtype.kind == "f" and found is not None and is_csr(formats[found[0]]) and \
+        linear_operands(spec, formats) is None
+
+
 # the shape-generic rows of ``dialects.select.CUDA_EMITTERS``, by emitter name, in the table's order
 SHAPE_GENERIC_CUDA: tuple[tuple[str, CudaMatch], ...] = (
     ("spmv", _cuda_spmv),
+    ("spmm", _cuda_spmm),
 )
 
 

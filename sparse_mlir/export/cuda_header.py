@@ -106,6 +106,7 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
                        sig.inputs[0].dtype.name if sig.inputs else "float16")
         condition = f"m->functions[{i}]" + (f" && {'' if launch.when == 'skewed' else '!'}skewed" if launch.when
                                             else "")
+        condition += "".join(f" && {test.c_condition(str(shapes[test.ref][test.dim]))}" for test in launch.only_if)
         lines += [f"  if ({condition})", *body]
     lines += ["done:", *(f"  if (s{s}) cuMemFreeAsync(s{s}, stream);" for s in range(len(program.scratch))),
               *(f"  if ({n}) cuMemFreeAsync({n}, stream);" for n in maps.values()),

@@ -94,10 +94,9 @@ class GpuFunction:
         self._zeroed = {s: program.needs_zeroed_output(s) for s in (False, True)}  # by skew
         # the deterministic SpMV's merge path for skewed rows runs only where enabled (``knobs.merge_spmv``)
         self._merge = any(launch.kernel == "spmv_merge" for launch in program.launches)
-        # TMA reads need 16-byte aligned buffers too
-        self._aligned = sorted({ref for launch in program.launches for ref in launch.aligned} |
-                               {arg.ref for launch in program.launches for arg in launch.args
-                                if arg.kind == "tensormap"})
+        # per launch, the arguments it needs 16-byte aligned (vector accesses; TMA reads too)
+        self._aligned = {id(launch): sorted({*launch.aligned, *(a.ref for a in launch.args if a.kind == "tensormap")})
+                         for launch in program.launches}
 
     def _functions(self, cp: Any) -> list[tuple[Launch, Any]]:
         """The launches of the chip this device runs, each with its loaded function."""
@@ -150,7 +149,8 @@ class GpuFunction:
                 value = args[op.name].buffers[index]
             buffers.append((value.data.ptr, value.size))
             shapes.append(tuple(value.shape))
-        for ref in self._aligned:  # before anything is launched
+        running = {id(launch) for launch, _ in functions if launch.runs(skewed) and launch.fits(shapes)}
+        for ref in sorted({r for launch in running for r in self._aligned[launch]}):  # before anything is launched
             if buffers[ref][0] % 16:
                 raise OperandError(f"{self._arguments[ref][0].name} must start on a 16-byte boundary for this "
                                    f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
@@ -166,7 +166,7 @@ class GpuFunction:
             return TENSOR_MAPS(cp, pointer, geometry, dtype)
 
         for (launch, function), block in zip(functions, blocks):
-            if launch.runs(skewed) and id(launch) not in skip:
+            if id(launch) in running and id(launch) not in skip:
                 block.words[:] = self._packers[id(launch)](buffers, scratch_ptrs, tensor_map=tensor_map,
                                                             shapes=shapes)
                 cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths, shapes), *launch.block,

@@ -143,13 +143,24 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
             else:
                 lines.append(f"%dim{n}_{k} = arith.constant {d} : index")
             bounds.append(f"%dim{n}_{k}")
+        tests = 0
+        for t, test in enumerate(launch.only_if):  # a variant: only for the sizes that pass its tests
+            size = f"%sz{n}_{t}"
+            lines += [f"%tdim{n}_{t} = arith.constant {test.dim} : index",
+                      f"{size} = memref.dim %k{test.ref}, %tdim{n}_{t} : {types[test.ref]}",
+                      f"%tv{n}_{t} = arith.constant {test.value} : index",
+                      f"%rem{n}_{t} = arith.remui {size}, %tv{n}_{t} : index"]
+            predicate = {"multiple": f"eq, %rem{n}_{t}, %c0", "not_multiple": f"ne, %rem{n}_{t}, %c0",
+                         "below": f"ult, {size}, %tv{n}_{t}", "at_least": f"uge, {size}, %tv{n}_{t}"}[test.kind]
+            lines += [f"%test{n}_{t} = arith.cmpi {predicate} : index", f"scf.if %test{n}_{t} {{"]
+            tests += 1
         ivs = [f"%iv{n}_{k}" for k in range(6)]
         for k in range(6):
             lines.append(f"scf.for {ivs[k]} = %c0 to {bounds[k]} step %c1 {{")
         call_args = ", ".join([*args, *ivs[:3], *ivs[3:], *bounds[:3], *bounds[3:]])
         call_types = ", ".join([*(str(t) for t in param_types), *["index"] * 12])
         lines.append(f"func.call @{launch.kernel}({call_args}) : ({call_types}) -> ()")
-        lines += ["}"] * 6
+        lines += ["}"] * (6 + tests)
     lines += [f"return %k{len(types) - 1} : {types[-1]}", "}"]
     return "\n".join(lines) + "\n"
 
