@@ -5,8 +5,8 @@ Writes ``OUT/`` (default ``benchmarks/gpu/bundle``, git-ignored):
 * ``sparse_mlir-*.whl``: the package as a pure-Python wheel (the device
   script imports it straight from the zip, without pip);
 * ``kernels/<name>/``: exported PTX/cubin + manifests, one per kernel and
-  shape the device script runs (the shape-generic SpMV also once without
-  shapes, run at several sizes), in both emitters where they differ
+  shape the device script runs (the shape-generic SpMV and SpMM also once
+  without shapes, run at several sizes), in both emitters where they differ
   (``auto``: the load-balanced kernels, ``sparsifier``: the mapped
   sparsified loops) so the device run picks the faster without recompiling;
 * ``dlmc/``: the DLMC transformer matrices at 90% sparsity (``$SPARSE_MLIR_DATA``,
@@ -157,8 +157,8 @@ def main() -> None:
         plan["dlmc"].append({"file": path.name, "kernel": shapes_done[shape]})
     plan["tiny"].append(export(out, "tiny_spmv", "spmv", "csr", "float32", {"A": (64, 64), "x": (64,)}))
     # shape-generic: one export without shapes, run by the device script at several sizes (device_check.check_generic)
-    plan["generic"] = [export(out, f"generic_spmv_{dtype}", "spmv", "csr", dtype, {}) for dtype in ("float32",
-                                                                                                  "float16")]
+    plan["generic"] = [{"name": export(out, f"generic_{kind}_{dtype}", kind, "csr", dtype, {}), "kind": kind}
+                       for kind in ("spmv", "spmm_bias") for dtype in ("float32", "float16")]
     (out / "plan.json").write_text(json.dumps({**plan, "dlmc_n": DLMC_N}, indent=1))
     shutil.copy(Path(__file__).with_name("device_check.py"), out / "device_check.py")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

@@ -5,17 +5,17 @@
 #       EXPR "C[i,j] = A[i,k] * B[k,j]"
 #       FORMATS A=csr [B=...]
 #       [SHAPES A=4096x4096 ...]          # optional for shape-generic kernels (hand-scheduled CPU ones:
-#                                         # CSR SpMV, CSR/N:M/BSR SpMM, Linear, SDDMM), which then take
-#                                         # every size at run time (A_d0, A_d1 after A's buffers);
-#                                         # required for the others (sparsifier, TARGET cuda): every
-#                                         # sparse operand, whose shape is compiled in
+#                                         # CSR SpMV, CSR/N:M/BSR SpMM, Linear, SDDMM; TARGET cuda: CSR
+#                                         # SpMV and SpMM), which then take every size at run time
+#                                         # (A_d0, A_d1 after A's buffers); required for the others
+#                                         # (sparsifier; TARGET cuda: every input), whose shapes are compiled in
 #       [DTYPE float32] [OUT_DTYPE float32] [TARGET cpu] [CPU x86-64-v2] [THREADS])
 #
 # generates the kernel at build time (like Halide's add_halide_library) and
 # makes <name> a static library target: link it, include "<name>.h", call
 # int32_t <name>(...).  Needs the sparse-mlir command at build time only.
 #
-# With TARGET cuda (SHAPES for every input), <name> is an interface target
+# With TARGET cuda (SHAPES for every input unless shape-generic), <name> is an interface target
 # instead: "<name>.h" is a launcher over the CUDA Driver API (links
 # CUDA::cuda_driver when the toolkit is found) and <NAME>_CODE_DIR names the
 # folder of <name>.<chip>.cubin / .ptx to pass to <name>_load.
