@@ -110,8 +110,10 @@ class NativeFunction:
             return out
         return self._sparse_result(words, out_shape)
 
-    def __del__(self) -> None:
-        # nothing can call the library any more (a running call holds a reference to self): unmap it
+    def __del__(self, _dlclose: Any = _dlclose) -> None:
+        # nothing can call the library any more (a running call, or a C-level call's plan, holds a reference to
+        # self): unmap it.  ``_dlclose`` is bound here because a plan may let go of it during interpreter
+        # shutdown, after this module's globals are gone
         handle = getattr(getattr(self, "library", None), "_handle", None)
         if handle:
             _dlclose(handle)
