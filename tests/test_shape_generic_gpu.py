@@ -48,10 +48,14 @@ def _kernel(expr: str = SPMV, fmt: str = "csr", dtype: str = "float32", **option
 GENERIC = [(SPMV, "csr", "float32", {}), (SPMV, "csr", "float64", {}), (SPMV, "csr", "float16", {}),
            (SPMV, "csr", "float16", {"out_dtype": "float32"}), (SPMV, "csr", "float16", {"deterministic": True}),
            (SPMM, "csr", "float32", {}), (SPMM, "csr", "float16", {"out_dtype": "float32"}),
-           (SPMM + " + b[i]", "csr", "float64", {}), (SPMM + " + b[j]", "csr", "float32", {"deterministic": True})]
+           (SPMM + " + b[i]", "csr", "float64", {}), (SPMM + " + b[j]", "csr", "float32", {"deterministic": True}),
+           (SPMV, "coo", "float32", {}), (SPMV, "dcsr", "int64", {"deterministic": True}), (SPMM, "csc", "float64", {}),
+           ("y[j] = A[i,j]*x[i]", "csr", "int32", {"deterministic": True}), ("y[i] = A[i,j]", "csc", "float32", {})]
 PER_SHAPE = [(SPMV, "csr", "float32", {"deterministic": True}),  # the merge path: carries sized by the rows
-             (SPMV, "csr", "float32", {"emitter": "sparsifier"}),
-             (SPMV, "coo", "float32", {}), (SPMM, "2:4", "float16", {}), (SPMV, "csr", "int32", {}),
+             (SPMV, "csr", "float32", {"emitter": "sparsifier"}), (SPMV, "bsr2x2", "float32", {}),
+             (SPMV, "coo", "float32", {"deterministic": True}),  # segments: carries sized by the rows
+             (SPMM, "csc", "float32", {"deterministic": True}),  # float scatter: sparsified
+             (SPMM, "2:4", "float16", {}), (SPMV, "csr", "int32", {}),
              ("C[i,j] = relu(A[i,k]*B[k,j] + b[i])", "csr", "float32", {}),  # sparsified
              ("Y[b,o] = X[b,i]*A[o,i]", "csr", "float32", {})]  # Linear: transposes around the SpMM
 
@@ -85,7 +89,7 @@ def test_a_generic_build_of_a_per_shape_kernel_is_refused_not_sparsified_with_un
     from sparse_mlir.abi.c_signature import Signature
     from sparse_mlir.compiler import build
 
-    spec = _kernel("C[i,j] = A[i,k]*B[k,j]", "csc").spec
+    spec = _kernel("C[i,j] = A[i,k]*B[k,j]", "bsr2x2").spec
     shapes = driver.generic_shapes(spec)
     with ir.Context(), pytest.raises(LoweringError, match="no shape-generic GPU kernel"):
         build.gpu_program(spec, shapes, Signature.from_spec(spec, spec.formats, shapes, "k"), (), "auto", False)
@@ -139,10 +143,39 @@ def test_one_emulated_spmm_build_runs_the_right_tiling_at_every_size(dtype, tmp_
     assert kernels == {f"spmm_w{w}_t{t}" for w in (1, vector) for t in (1, 2, 3, 4)}
 
 
-@pytest.mark.parametrize("expression", [SPMV, SPMM, SPMM + " + b[j]"])
-def test_the_generic_ptx_assembles_for_sm80_and_sm90a(expression, tmp_path):
+FORMATS = [(SPMV, "coo"), (SPMV, "csc"), (SPMV, "dcsr"), (SPMM, "coo"), (SPMM, "csc"), (SPMM, "dcsr"),
+           ("y[j] = A[i,j]*x[i]", "csr"), ("y[j] = A[i,j]*x[i]", "csc"), ("C[j,n] = A[i,j]*B[i,n]", "csc"),
+           ("y[i] = A[i,j]", "coo"), ("y[j] = A[i,j]", "csc")]
+
+
+@pytest.mark.parametrize(("expression", "fmt"), FORMATS, ids=[f"{e}|{f}" for e, f in FORMATS])
+def test_one_emulated_build_of_each_format_kernel_computes_every_size(expression, fmt, tmp_path, rng):
+    """COO, CSC and DCSR products and sums (threads or warps per outer entry, chunks of entries): their sizes come
+    from the result's descriptor and the positions' length, so one build serves all."""
+    spec = _kernel(expression, fmt, "float64").spec
+    emulation = GenericEmulation(spec, tmp_path)
+    operands = [n for n in spec.inputs if n != "A"]
+    for rows, cols, n in ((30, 20, 5), (7, 100, 40), (200, 3, 1)):
+        dense = sp.random(rows, cols, density=0.3, random_state=rows).toarray()
+        args, sizes = {"A": sm.SparseTensor.from_dense(dense, fmt)}, dict(zip(spec.operand_index("A"), (rows, cols)))
+        for name in operands:
+            index = spec.operand_index(name)
+            sizes.setdefault(index[-1], n)
+            args[name] = rng.standard_normal(tuple(sizes[i] for i in index))
+        subscripts = ",".join("".join(spec.operand_index(name)) for name in ("A", *operands))
+        want = np.einsum(f"{subscripts}->{''.join(spec.output_indices)}", dense, *(args[n] for n in operands))
+        np.testing.assert_allclose(emulation(args)[0], want, rtol=1e-12, atol=1e-12)
+    assert emulation.builds == 1
+
+
+ASSEMBLED = [(SPMV, "csr"), (SPMM, "csr"), (SPMM + " + b[j]", "csr"), (SPMV, "coo"), (SPMM, "csc"),
+             ("y[i] = A[i,j]", "dcsr")]
+
+
+@pytest.mark.parametrize(("expression", "fmt"), ASSEMBLED, ids=[f"{e}|{f}" for e, f in ASSEMBLED])
+def test_the_generic_ptx_assembles_for_sm80_and_sm90a(expression, fmt, tmp_path):
     tool = _ptxas()
-    kernel = _kernel(expression).specialize({})
+    kernel = _kernel(expression, fmt).specialize({})
     program = kernel.program
     assert all(None in op.shape for op in kernel.signature.operands)  # nothing compiled in
     for chip, arch in (("sm_80", "sm_80"), ("sm_90", "sm_90a")):

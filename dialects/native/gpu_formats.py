@@ -60,72 +60,36 @@ from sparse_mlir.dialects.native.gpu_build import (
 from sparse_mlir.dialects.native.gpu_segments import segmented_spmv
 
 from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch
-from sparse_mlir.dsl.ast import Access, Binary
+from sparse_mlir.dsl.patterns import format_kind, product_operands, scatters
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import COO, CSC, CSR, DCSR, Format
+from sparse_mlir.formats import Format
 
-__all__ = ["CHUNK", "gpu_format_products", "product_operands"]
+__all__ = ["CHUNK", "gpu_format_products"]
 
 CHUNK = 16  # nonzeros per thread in the atomic COO SpMV (as the row-splitting CSR SpMV)
 Shapes = dict[str, tuple[int | None, ...]]
-_KINDS = {"coo": COO, "csc": CSC, "dcsr": DCSR, "csr": CSR}
-
-
-def _kind(fmt: Format | None) -> str | None:
-    """``coo``, ``csc``, ``dcsr`` or ``csr`` for those formats at any index widths, else ``None``."""
-    if fmt is None:
-        return None
-    return next((name for name, preset in _KINDS.items() if fmt.with_widths(32, 32) == preset.with_widths(32, 32)),
-                None)
-
-
-def product_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str | None] | None:
-    """``(A, dense)`` when the kernel is ``y[i] = A[i,j] * x[j]`` or ``C[i,j] = A[i,k] * B[k,j]`` (factors in
-    either order) with a dense result, a dense second factor and a COO, CSC or DCSR ``A``, or with ``A``
-    transposed (``y[j] = A[i,j] * x[i]``) when it is CSR or CSC; ``(A, None)`` for the sums ``y[i] = A[i,j]``
-    of the same operands; else ``None`` (CSR ``A[i,k]``: ``gpu.py``, the sparsifier's parallel rows)."""
-    if spec.sparse_output or len(spec.stages) != 1:
-        return None
-    stage = spec.stages[0]
-    body = stage.body
-    if len(stage.reduce) != 1 or stage.indices != spec.output_indices or len(stage.indices) not in (1, 2):
-        return None
-    (k,) = stage.reduce
-    i = stage.indices[0]
-    dense_index = (k,) if len(stage.indices) == 1 else (k, stage.indices[1])
-    allowed = {"coo": ((i, k),), "dcsr": ((i, k),), "csc": ((i, k), (k, i)), "csr": ((k, i),)}
-    if isinstance(body, Access) and len(stage.indices) == 1:  # a row (or column) sum
-        kind = _kind(formats.get(body.tensor))
-        return (body.tensor, None) if kind is not None and body.index in allowed[kind] else None
-    if not isinstance(body, Binary) or body.op != "*":
-        return None
-    for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
-        kind = _kind(formats.get(a.tensor)) if isinstance(a, Access) else None
-        if kind is not None and isinstance(b, Access) and b.tensor not in formats and a.tensor != b.tensor \
-                and a.index in allowed[kind] and b.index == dense_index:
-            return a.tensor, b.tensor
-    return None
 
 
 def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, deterministic: bool
                         ) -> NativeKernels | None:
     """The parallel SpMV or SpMM for a COO, CSC or DCSR ``A`` (module docstring), or ``None`` when it does not apply.
 
-    ``None`` too for float16 (summed in float16 otherwise), for dynamic
-    sizes, and for float CSC when ``deterministic`` (its kernels add
-    atomically; integer sums do not depend on the order).
+    ``None`` too for float16 (summed in float16 otherwise) and for float CSC
+    when ``deterministic`` (its kernels add atomically; integer sums do not
+    depend on the order).  Shape-generic with ``None`` sizes: the kernels
+    read the rows and columns from the result's descriptor and the outer
+    entries of a CSC from its positions, and the grids come from those at
+    launch; the deterministic COO SpMV (its carries fill scratch sized by the
+    rows) needs static sizes.
     """
     elt, found = element_type(spec), product_operands(spec, formats)
     if elt is None or found is None:
         return None
     a, b = found
-    fmt, kind = formats[a], _kind(formats[a])
+    fmt, kind = formats[a], format_kind(formats[a])
     out_shape = shapes[spec.output]
     # the scatter kernels add atomically; integer sums are the same in any order, float sums are not
-    scatter = kind in ("csc", "csr") and spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]
-    dense_shape = shapes[b] if b is not None else ()
-    if any(s is None for s in (*shapes[a], *dense_shape, *out_shape)) or \
-            (scatter and deterministic and spec.dtype.kind == "f"):
+    if scatters(spec, formats, a) and deterministic and spec.dtype.kind == "f":
         return None
     refs = buffer_refs(spec, formats)
     buffers = tuple(KernelArg("buffer", refs[a] + n, (None,)) for n in range(len(fmt.buffer_names)))
@@ -134,38 +98,51 @@ def gpu_format_products(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
     params = [*level_buffer_types(fmt, elt), *((dense_type(shapes[b], elt),) if b is not None else ()),
               dense_type(out_shape, elt)]
     rows = shapes[a][0]
-    cols = out_shape[1] if len(out_shape) == 2 else 0
+    matrix = len(out_shape) == 2  # an SpMM (C has columns), else an SpMV or a row sum
     kernels = KernelModule()
     args = (*buffers, *dense)
+    out = dense[-1]
 
     def spmv(build: Callable[..., None]) -> Callable[..., None]:
         return build if b is not None else _without_x(build)
 
-    if kind == "coo" and not cols and not deterministic:
+    if kind == "coo" and not matrix and not deterministic:
         kernels.kernel("coo_spmv_chunks", params, spmv(_coo_spmv_chunks))
         launch = Launch("coo_spmv_chunks", GridRule(buffers[1].ref, BLOCK * CHUNK), (BLOCK, 1, 1), args)
-    elif kind == "coo" and not cols:
+    elif kind == "coo" and not matrix:
+        if rows is None:
+            return None
         launches, scratch = segmented_spmv(kernels, params, args, rows, has_x=b is not None)
         return NativeKernels(kernels.module, launches, scratch)
     elif kind == "coo":
-        kernels.kernel("coo_spmm", params, _coo_spmm(rows, cols))
-        launch = Launch("coo_spmm", _threads(rows * WARP), (BLOCK, 1, 1), args, fills_output=True)
+        kernels.kernel("coo_spmm", params, _coo_spmm)
+        launch = Launch("coo_spmm", _per_unit(out, 0, rows, BLOCK // WARP), (BLOCK, 1, 1), args,
+                        fills_output=True)
     elif kind == "dcsr":
-        name = "dcsr_spmm" if cols else "dcsr_spmv"
-        kernels.kernel(name, params, _dcsr_spmm(cols) if cols else spmv(_dcsr_spmv))
-        launch = Launch(name, GridRule(buffers[1].ref, BLOCK // WARP if cols else BLOCK), (BLOCK, 1, 1), args)
-    elif spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]:
-        # CSC, or CSR transposed: the outer level is the sum's index, so each outer entry scatters into the result
-        name = "csc_spmm" if cols else "csc_spmv"
+        name = "dcsr_spmm" if matrix else "dcsr_spmv"
+        kernels.kernel(name, params, _dcsr_spmm if matrix else spmv(_dcsr_spmv))
+        launch = Launch(name, GridRule(buffers[1].ref, BLOCK // WARP if matrix else BLOCK), (BLOCK, 1, 1), args)
+    else:
+        # CSC, or CSR transposed (scatter: the outer level is the sum's index, each outer entry scatters into the
+        # result), or CSC transposed (gather: the outer level is the result's index, each outer entry sums)
+        name = ("csc" if scatters(spec, formats, a) else "gather") + ("_spmm" if matrix else "_spmv")
+        builders = {"csc_spmm": _csc_spmm, "csc_spmv": spmv(_csc_spmv), "gather_spmm": _gather_spmm,
+                    "gather_spmv": spmv(_gather_spmv)}
+        kernels.kernel(name, params, builders[name])
         outer = shapes[a][fmt.dim_to_lvl[0].dim]
-        kernels.kernel(name, params, _csc_spmm(outer, cols) if cols else spmv(_csc_spmv(outer)))
-        launch = Launch(name, _threads(outer * (WARP if cols else 1)), (BLOCK, 1, 1), args)
-    else:  # CSC transposed: the outer level is the result's index, each outer entry gathers its sum
-        name = "gather_spmm" if cols else "gather_spmv"
-        outer = shapes[a][fmt.dim_to_lvl[0].dim]
-        kernels.kernel(name, params, _gather_spmm(outer, cols) if cols else spmv(_gather_spmv(outer)))
-        launch = Launch(name, _threads(outer * (WARP if cols else 1)), (BLOCK, 1, 1), args, fills_output=True)
+        per_block = BLOCK // WARP if matrix else BLOCK  # a warp, or a thread, per outer entry
+        # the outer entries: compiled in, or (shape-generic) one fewer than the positions' length
+        grid = _threads(outer * (BLOCK // per_block)) if outer is not None else GridRule(buffers[0].ref, per_block)
+        launch = Launch(name, grid, (BLOCK, 1, 1), args, fills_output=name.startswith("gather"))
     return NativeKernels(kernels.module, (launch,))
+
+
+def _per_unit(out: KernelArg, dim: int, count: int | None, per_block: int) -> tuple[int, int, int] | GridRule:
+    """Blocks of ``per_block`` units (warps or threads) over dimension ``dim`` of ``out``: constant when
+    ``count`` (its size) is compiled in, else a ``GridRule`` over it."""
+    if count is not None:
+        return _threads(count * (BLOCK // per_block))
+    return GridRule(out.ref, per_block, dim=dim)
 
 
 def _threads(count: int) -> tuple[int, int, int]:
@@ -233,46 +210,44 @@ def _dcsr_spmv(pos0, crd0, pos1, crd1, val, x, y) -> None:
                      [load_index(crd0, stored)])
 
 
-def _gather_spmv(outer: int) -> Callable[..., None]:
+def _outer_entries(pos1: ir.Value) -> ir.Value:
+    """The entries of a CSC's outer level: one fewer than its positions (so no size is compiled in)."""
+    return arith.subi(memref.dim(pos1, const(0)), const(1))
+
+
+def _gather_spmv(pos1, crd1, val, x, y) -> None:
     """A thread per outer entry ``o`` (CSC read as ``A[j,i]``): ``y[o] = sum over its stored entries``."""
-    def build(pos1, crd1, val, x, y) -> None:
-        at = global_thread()
-        with when(_below(at, const(outer))):
-            start, end = load_index(pos1, at), load_index(pos1, arith.addi(at, const(1)))
-            memref.store(sum_range(start, end, const(1), _zero(y), _product(val, crd1, x)), y, [at])
-    return build
+    at = global_thread()
+    with when(_below(at, _outer_entries(pos1))):
+        start, end = load_index(pos1, at), load_index(pos1, arith.addi(at, const(1)))
+        memref.store(sum_range(start, end, const(1), _zero(y), _product(val, crd1, x)), y, [at])
 
 
-def _gather_spmm(outer: int, cols: int) -> Callable[..., None]:
+def _gather_spmm(pos1, crd1, val, b, c) -> None:
     """A warp per outer entry ``o``, lanes over consecutive columns: ``C[o,j] = sum of A * B[crd, j]``."""
-    def build(pos1, crd1, val, b, c) -> None:
-        at = _warp()
-        with when(_below(at, const(outer))):
-            start, end = load_index(pos1, at), load_index(pos1, arith.addi(at, const(1)))
-            _warp_columns(cols, lambda j: memref.store(_row_times_b(val, crd1, b, start, end, j, _zero(c)), c,
-                                                       [at, j]))
-    return build
+    at = _warp()
+    with when(_below(at, _outer_entries(pos1))):
+        start, end = load_index(pos1, at), load_index(pos1, arith.addi(at, const(1)))
+        _warp_columns(c, lambda j: memref.store(_row_times_b(val, crd1, b, start, end, j, _zero(c)), c, [at, j]))
 
 
-def _csc_spmv(columns: int) -> Callable[..., None]:
+def _csc_spmv(pos1, crd1, val, x, y) -> None:
     """A thread per column ``j``: ``y[i] += A[i,j] * x[j]`` atomically for each stored ``i``."""
-    def build(pos1, crd1, val, x, y) -> None:
-        column = global_thread()
-        with when(_below(column, const(columns))):
-            xj = None if x is None else memref.load(x, [column])
-            loop = scf.ForOp(load_index(pos1, column), load_index(pos1, arith.addi(column, const(1))), const(1))
-            with ir.InsertionPoint(loop.body):
-                k = loop.induction_variable
-                value = memref.load(val, [k])
-                atomic_add(value if xj is None else mul(value, xj), y, [load_index(crd1, k)])
-                scf.YieldOp([])
-    return build
+    column = global_thread()
+    with when(_below(column, _outer_entries(pos1))):
+        xj = None if x is None else memref.load(x, [column])
+        loop = scf.ForOp(load_index(pos1, column), load_index(pos1, arith.addi(column, const(1))), const(1))
+        with ir.InsertionPoint(loop.body):
+            k = loop.induction_variable
+            value = memref.load(val, [k])
+            atomic_add(value if xj is None else mul(value, xj), y, [load_index(crd1, k)])
+            scf.YieldOp([])
 
 
-def _warp_columns(cols: int, body: Callable[[ir.Value], None]) -> None:
-    """``body(j)`` for this lane's columns ``lane, lane + 32, ...`` below ``cols``."""
+def _warp_columns(c: ir.Value, body: Callable[[ir.Value], None]) -> None:
+    """``body(j)`` for this lane's columns ``lane, lane + 32, ...`` below the columns of ``c``."""
     lane = arith.remui(gpu.thread_id(gpu.Dimension.x), const(WARP))
-    loop = scf.ForOp(lane, const(cols), const(WARP))
+    loop = scf.ForOp(lane, memref.dim(c, const(1)), const(WARP))
     with ir.InsertionPoint(loop.body):
         body(loop.induction_variable)
         scf.YieldOp([])
@@ -290,42 +265,34 @@ def _row_times_b(val: ir.Value, crd: ir.Value, b: ir.Value, start: ir.Value, end
                      lambda k: (memref.load(val, [k]), memref.load(b, [load_index(crd, k), j])))
 
 
-def _coo_spmm(rows: int, cols: int) -> Callable[..., None]:
+def _coo_spmm(pos0, crd0, crd1, val, b, c) -> None:
     """A warp per row (binary search over ``crd0``), lanes over consecutive columns; every ``C[i,j]`` stored."""
-    def build(pos0, crd0, crd1, val, b, c) -> None:
-        row = _warp()
-        with when(_below(row, const(rows))):
-            start, end = _coo_row(crd0, row)
-            _warp_columns(cols, lambda j: memref.store(_row_times_b(val, crd1, b, start, end, j, _zero(c)), c,
-                                                       [row, j]))
-    return build
+    row = _warp()
+    with when(_below(row, memref.dim(c, const(0)))):
+        start, end = _coo_row(crd0, row)
+        _warp_columns(c, lambda j: memref.store(_row_times_b(val, crd1, b, start, end, j, _zero(c)), c, [row, j]))
 
 
-def _dcsr_spmm(cols: int) -> Callable[..., None]:
+def _dcsr_spmm(pos0, crd0, pos1, crd1, val, b, c) -> None:
     """A warp per stored row, lanes over consecutive columns; rows not stored stay zero."""
-    def build(pos0, crd0, pos1, crd1, val, b, c) -> None:
-        stored = _warp()
-        with when(_below(stored, load_index(pos0, const(1)))):
-            row = load_index(crd0, stored)
-            start, end = load_index(pos1, stored), load_index(pos1, arith.addi(stored, const(1)))
-            _warp_columns(cols, lambda j: memref.store(_row_times_b(val, crd1, b, start, end, j, _zero(c)), c,
-                                                       [row, j]))
-    return build
+    stored = _warp()
+    with when(_below(stored, load_index(pos0, const(1)))):
+        row = load_index(crd0, stored)
+        start, end = load_index(pos1, stored), load_index(pos1, arith.addi(stored, const(1)))
+        _warp_columns(c, lambda j: memref.store(_row_times_b(val, crd1, b, start, end, j, _zero(c)), c, [row, j]))
 
 
-def _csc_spmm(inner: int, cols: int) -> Callable[..., None]:
+def _csc_spmm(pos1, crd1, val, b, c) -> None:
     """A warp per column ``k`` of ``A``: ``C[i,j] += A[i,k] * B[k,j]`` atomically, lanes over ``j``."""
-    def build(pos1, crd1, val, b, c) -> None:
-        column = _warp()
-        with when(_below(column, const(inner))):
-            loop = scf.ForOp(load_index(pos1, column), load_index(pos1, arith.addi(column, const(1))), const(1))
-            with ir.InsertionPoint(loop.body):
-                k = loop.induction_variable
-                a, row = memref.load(val, [k]), load_index(crd1, k)
+    column = _warp()
+    with when(_below(column, _outer_entries(pos1))):
+        loop = scf.ForOp(load_index(pos1, column), load_index(pos1, arith.addi(column, const(1))), const(1))
+        with ir.InsertionPoint(loop.body):
+            k = loop.induction_variable
+            a, row = memref.load(val, [k]), load_index(crd1, k)
 
-                def scatter(j: ir.Value) -> None:
-                    atomic_add(mul(a, memref.load(b, [column, j])), c, [row, j])
+            def scatter(j: ir.Value) -> None:
+                atomic_add(mul(a, memref.load(b, [column, j])), c, [row, j])
 
-                _warp_columns(cols, scatter)
-                scf.YieldOp([])
-    return build
+            _warp_columns(c, scatter)
+            scf.YieldOp([])

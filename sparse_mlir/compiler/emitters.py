@@ -16,7 +16,8 @@ apart silently.  No MLIR here.
 On CUDA the hand-scheduled CSR SpMV and SpMM kernels (``dialects.native.gpu_spmv``,
 ``gpu_spmm``) read their sizes from the buffers' descriptors and size their
 grids at launch (``abi.gpu_program.GridRule`` / ``LaneRule``; the SpMM
-picks its tiling's variant by ``SizeTest``s), so they are shape-generic
+picks its tiling's variant by ``SizeTest``s), and so do the COO, CSC and
+DCSR SpMV/SpMM and row sums (``gpu_formats``); they are shape-generic
 too: ``SHAPE_GENERIC_CUDA`` names them in the order of
 ``dialects.select.CUDA_EMITTERS``; ``build.gpu_program`` refuses a
 shape-generic build that another emitter would take.
@@ -28,9 +29,12 @@ from collections.abc import Callable
 
 from sparse_mlir.dsl.patterns import (
     bsr_blocks,
+    format_kind,
     is_csr,
     linear_epilogue,
     linear_operands,
+    product_operands,
+    scatters,
     sddmm_operands,
     sparse_sum_operands,
     spgemm_operands,
@@ -102,10 +106,23 @@ def _cuda_spmm(spec: KernelSpec, formats: dict[str, Format], deterministic: bool
         linear_operands(spec, formats) is None
 
 
+def _cuda_format_products(spec: KernelSpec, formats: dict[str, Format], deterministic: bool) -> bool:
+    found = product_operands(spec, formats)
+    # summed in the data's own type (``gpu_build.element_type``: no float16, no out_dtype)
+    if found is None or spec.dtype.name not in ("float32", "float64", "int32", "int64") or \
+            spec.output_dtype != spec.dtype:
+        return False
+    if scatters(spec, formats, found[0]) and deterministic and spec.dtype.kind == "f":
+        return False  # left to the sparsifier: its atomic float sums are not deterministic
+    # the deterministic COO SpMV's carries fill scratch sized by the rows: one build per shape
+    return not (format_kind(formats[found[0]]) == "coo" and len(spec.output_indices) == 1 and deterministic)
+
+
 # the shape-generic rows of ``dialects.select.CUDA_EMITTERS``, by emitter name, in the table's order
 SHAPE_GENERIC_CUDA: tuple[tuple[str, CudaMatch], ...] = (
     ("spmv", _cuda_spmv),
     ("spmm", _cuda_spmm),
+    ("format_products", _cuda_format_products),
 )
 
 

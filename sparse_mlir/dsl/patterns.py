@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 
 from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import BSR, CSR, Format
+from sparse_mlir.formats import BSR, COO, CSC, CSR, DCSR, Format
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
            "spmm_epilogue", "linear_epilogue", "sddmm_operands", "spgemm_operands", "sparse_sum_operands",
-           "SparseSum", "threads_sparse_output"]
+           "SparseSum", "threads_sparse_output", "format_kind", "product_operands", "scatters"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -361,3 +361,51 @@ def threads_sparse_output(spec: KernelSpec, formats: dict[str, Format]) -> bool:
     return spec.sparse_output and (sddmm_operands(spec, formats) is not None
                                    or spgemm_operands(spec, formats) is not None
                                    or sparse_sum_operands(spec, formats) is not None)
+
+
+_KINDS = {"coo": COO, "csc": CSC, "dcsr": DCSR, "csr": CSR}
+
+
+def format_kind(fmt: Format | None) -> str | None:
+    """``coo``, ``csc``, ``dcsr`` or ``csr`` for those formats at any index widths, else ``None``."""
+    if fmt is None:
+        return None
+    return next((name for name, preset in _KINDS.items() if fmt.with_widths(32, 32) == preset.with_widths(32, 32)),
+                None)
+
+
+def product_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str | None] | None:
+    """``(A, dense)`` when the kernel is ``y[i] = A[i,j] * x[j]`` or ``C[i,j] = A[i,k] * B[k,j]`` (factors in
+    either order) with a dense result, a dense second factor and a COO, CSC or DCSR ``A``, or with ``A``
+    transposed (``y[j] = A[i,j] * x[i]``) when it is CSR or CSC; ``(A, None)`` for the sums ``y[i] = A[i,j]``
+    of the same operands; else ``None`` (CSR ``A[i,k]``: the GPU's CSR kernels).  The GPU's format kernels
+    (``dialects.native.gpu_formats``) take these."""
+    if spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or stage.indices != spec.output_indices or len(stage.indices) not in (1, 2):
+        return None
+    (k,) = stage.reduce
+    i = stage.indices[0]
+    dense_index = (k,) if len(stage.indices) == 1 else (k, stage.indices[1])
+    allowed = {"coo": ((i, k),), "dcsr": ((i, k),), "csc": ((i, k), (k, i)), "csr": ((k, i),)}
+    if isinstance(body, Access) and len(stage.indices) == 1:  # a row (or column) sum
+        kind = format_kind(formats.get(body.tensor))
+        return (body.tensor, None) if kind is not None and body.index in allowed[kind] else None
+    if not isinstance(body, Binary) or body.op != "*":
+        return None
+    for a, b in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        kind = format_kind(formats.get(a.tensor)) if isinstance(a, Access) else None
+        if kind is not None and isinstance(b, Access) and b.tensor not in formats and a.tensor != b.tensor \
+                and a.index in allowed[kind] and b.index == dense_index:
+            return a.tensor, b.tensor
+    return None
+
+
+def scatters(spec: KernelSpec, formats: dict[str, Format], a: str) -> bool:
+    """Whether ``product_operands``' ``A`` (CSC, or CSR transposed) has the sum's index as its outer level, so
+    each outer entry scatters into the result (atomic additions)."""
+    fmt = formats[a]
+    return format_kind(fmt) in ("csc", "csr") and \
+        spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]
