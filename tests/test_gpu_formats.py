@@ -207,7 +207,7 @@ def test_deterministic_csc_products_stay_on_the_sparsifier_and_other_inputs_are_
     assert _program(SPMV, "csc", {"A": (30, 20), "x": (20,)}, True).notes == ("serial",)
     # float16, a bias stage, and a transposed access are not these kernels' products
     from sparse_mlir.dsl.patterns import product_operands
-    from sparse_mlir.dialects.native.gpu_reduce import total_reduction_operands
+    from sparse_mlir.dsl.patterns import total_reduction_operands
 
     from sparse_mlir.dsl.plan import plan
 

@@ -50,7 +50,9 @@ GENERIC = [(SPMV, "csr", "float32", {}), (SPMV, "csr", "float64", {}), (SPMV, "c
            (SPMM, "csr", "float32", {}), (SPMM, "csr", "float16", {"out_dtype": "float32"}),
            (SPMM + " + b[i]", "csr", "float64", {}), (SPMM + " + b[j]", "csr", "float32", {"deterministic": True}),
            (SPMV, "coo", "float32", {}), (SPMV, "dcsr", "int64", {"deterministic": True}), (SPMM, "csc", "float64", {}),
-           ("y[j] = A[i,j]*x[i]", "csr", "int32", {"deterministic": True}), ("y[i] = A[i,j]", "csc", "float32", {})]
+           ("y[j] = A[i,j]*x[i]", "csr", "int32", {"deterministic": True}), ("y[i] = A[i,j]", "csc", "float32", {}),
+           ("s[] = A[i,j]*x[j]", "coo", "float64", {"deterministic": True}), ("s[] = A[i,j]", "dcsr", "int32", {}),
+           ("Z[i,j] = A[i,j,k]*D[k,j]", "csf", "float32", {})]
 PER_SHAPE = [(SPMV, "csr", "float32", {"deterministic": True}),  # the merge path: carries sized by the rows
              (SPMV, "csr", "float32", {"emitter": "sparsifier"}), (SPMV, "bsr2x2", "float32", {}),
              (SPMV, "coo", "float32", {"deterministic": True}),  # segments: carries sized by the rows
@@ -145,13 +147,13 @@ def test_one_emulated_spmm_build_runs_the_right_tiling_at_every_size(dtype, tmp_
 
 FORMATS = [(SPMV, "coo"), (SPMV, "csc"), (SPMV, "dcsr"), (SPMM, "coo"), (SPMM, "csc"), (SPMM, "dcsr"),
            ("y[j] = A[i,j]*x[i]", "csr"), ("y[j] = A[i,j]*x[i]", "csc"), ("C[j,n] = A[i,j]*B[i,n]", "csc"),
-           ("y[i] = A[i,j]", "coo"), ("y[j] = A[i,j]", "csc")]
+           ("y[i] = A[i,j]", "coo"), ("y[j] = A[i,j]", "csc"), ("s[] = A[i,j]*x[j]", "csr"), ("s[] = A[i,j]", "coo")]
 
 
 @pytest.mark.parametrize(("expression", "fmt"), FORMATS, ids=[f"{e}|{f}" for e, f in FORMATS])
 def test_one_emulated_build_of_each_format_kernel_computes_every_size(expression, fmt, tmp_path, rng):
-    """COO, CSC and DCSR products and sums (threads or warps per outer entry, chunks of entries): their sizes come
-    from the result's descriptor and the positions' length, so one build serves all."""
+    """COO, CSC and DCSR products and sums (threads or warps per outer entry, chunks of entries) and total
+    reductions: their sizes come from the descriptors and the positions' length, so one build serves all."""
     spec = _kernel(expression, fmt, "float64").spec
     emulation = GenericEmulation(spec, tmp_path)
     operands = [n for n in spec.inputs if n != "A"]
@@ -169,7 +171,7 @@ def test_one_emulated_build_of_each_format_kernel_computes_every_size(expression
 
 
 ASSEMBLED = [(SPMV, "csr"), (SPMM, "csr"), (SPMM + " + b[j]", "csr"), (SPMV, "coo"), (SPMM, "csc"),
-             ("y[i] = A[i,j]", "dcsr")]
+             ("y[i] = A[i,j]", "dcsr"), ("s[] = A[i,j]*x[j]", "csr"), ("Z[i,j] = A[i,j,k]*D[k,j]", "csf")]
 
 
 @pytest.mark.parametrize(("expression", "fmt"), ASSEMBLED, ids=[f"{e}|{f}" for e, f in ASSEMBLED])
@@ -177,7 +179,7 @@ def test_the_generic_ptx_assembles_for_sm80_and_sm90a(expression, fmt, tmp_path)
     tool = _ptxas()
     kernel = _kernel(expression, fmt).specialize({})
     program = kernel.program
-    assert all(None in op.shape for op in kernel.signature.operands)  # nothing compiled in
+    assert all(s is None for op in kernel.signature.operands for s in op.shape)  # nothing compiled in
     for chip, arch in (("sm_80", "sm_80"), ("sm_90", "sm_90a")):
         src = tmp_path / f"{chip}.ptx"
         src.write_text(program.ptx[chip])

@@ -45,7 +45,6 @@ from sparse_mlir.dsl.patterns import (
     is_csr,
     linear_operands,
     spmm_operands,
-    spmv_operands,
 )
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format

@@ -34,34 +34,13 @@ from sparse_mlir.dialects.native.gpu_build import (
 )
 
 from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch
-from sparse_mlir.dsl.ast import Access, Binary
+from sparse_mlir.dsl.patterns import fiber_operands
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import CSF, Format
+from sparse_mlir.formats import Format
 
-__all__ = ["fiber_operands", "gpu_csf_fibers"]
+__all__ = ["gpu_csf_fibers"]
 
 Shapes = dict[str, tuple[int | None, ...]]
-
-
-def fiber_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
-    """``(A, D)`` when the kernel is ``Z[i,j] = A[i,j,k] * D[...]`` (either order) with CSF ``A``, a dense ``D``
-    indexed by ``k`` and any of ``i``, ``j`` (each once), and a dense ``Z``; else ``None``."""
-    if spec.sparse_output or len(spec.stages) != 1:
-        return None
-    stage = spec.stages[0]
-    body = stage.body
-    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices \
-            or not isinstance(body, Binary) or body.op != "*":
-        return None
-    (k,), (i, j) = stage.reduce, stage.indices
-    for a, d in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
-        fmt = formats.get(a.tensor) if isinstance(a, Access) else None
-        if fmt is None or fmt.with_widths(32, 32) != CSF.with_widths(32, 32) or a.index != (i, j, k):
-            continue
-        if isinstance(d, Access) and d.tensor not in formats and d.tensor != a.tensor and k in d.index \
-                and set(d.index) <= {i, j, k} and len(set(d.index)) == len(d.index):
-            return a.tensor, d.tensor
-    return None
 
 
 def gpu_csf_fibers(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
@@ -70,9 +49,7 @@ def gpu_csf_fibers(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes)
     if elt is None or found is None:
         return None
     a, d = found
-    out_shape = shapes[spec.output]
-    if any(s is None for s in (*shapes[d], *out_shape)):
-        return None
+    out_shape = shapes[spec.output]  # shape-generic with None sizes: the kernel reads no size but the positions'
     fmt = formats[a]
     stage = spec.stages[0]
     names = (*stage.indices, *stage.reduce)

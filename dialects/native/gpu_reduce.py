@@ -42,40 +42,16 @@ from sparse_mlir.dialects.native.gpu_build import (
 )
 
 from sparse_mlir.abi.gpu_program import KernelArg, Launch
-from sparse_mlir.dsl.ast import Access, Binary
+from sparse_mlir.dsl.patterns import total_reduction_operands
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import Format, LevelKind
+from sparse_mlir.formats import Format
 
-__all__ = ["COMBINE", "PARTIALS", "gpu_total_reduction", "total_reduction_operands"]
+__all__ = ["COMBINE", "PARTIALS", "gpu_total_reduction"]
 
 PARTIAL_BLOCKS = 256
 PARTIALS = PARTIAL_BLOCKS * BLOCK  # threads of the first pass: 32768 running sums, 128 KiB of float32
 COMBINE = 256  # threads of the second pass, each summing PARTIALS / COMBINE = 128 partials
 Shapes = dict[str, tuple[int | None, ...]]
-
-
-def total_reduction_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str | None] | None:
-    """``(A, x or None)`` when the kernel sums every entry of a sparse ``A`` (times ``x`` at the coordinate of
-    ``A``'s last level) into a scalar; else ``None``."""
-    if spec.sparse_output or len(spec.stages) != 1 or spec.output_indices:
-        return None
-    stage = spec.stages[0]
-    body = stage.body
-    pairs = [(body, None)] if isinstance(body, Access) else \
-        [(body.lhs, body.rhs), (body.rhs, body.lhs)] if isinstance(body, Binary) and body.op == "*" else []
-    for a, x in pairs:
-        if not isinstance(a, Access) or a.tensor not in formats or set(a.index) != set(stage.reduce) \
-                or len(set(a.index)) != len(a.index):
-            continue
-        fmt = formats[a.tensor]
-        if x is None:
-            return a.tensor, None
-        last = fmt.dim_to_lvl[-1]
-        if isinstance(x, Access) and x.tensor not in formats and x.tensor != a.tensor and not last.op \
-                and fmt.levels[-1].kind in (LevelKind.COMPRESSED, LevelKind.SINGLETON) \
-                and x.index == (a.index[last.dim],):
-            return a.tensor, x.tensor
-    return None
 
 
 def gpu_total_reduction(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, deterministic: bool
@@ -85,9 +61,7 @@ def gpu_total_reduction(spec: KernelSpec, formats: dict[str, Format], shapes: Sh
     if elt is None or found is None:
         return None
     a, x = found
-    fmt = formats[a]
-    if x is not None and any(s is None for s in shapes[x]):
-        return None
+    fmt = formats[a]  # shape-generic with None sizes: x's size is its descriptor's, nothing else has one
     names = fmt.codegen_format.buffer_names
     refs = buffer_refs(spec, formats)
     buffer_types = level_buffer_types(fmt, elt)

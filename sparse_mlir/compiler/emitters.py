@@ -17,8 +17,9 @@ On CUDA the hand-scheduled CSR SpMV and SpMM kernels (``dialects.native.gpu_spmv
 ``gpu_spmm``) read their sizes from the buffers' descriptors and size their
 grids at launch (``abi.gpu_program.GridRule`` / ``LaneRule``; the SpMM
 picks its tiling's variant by ``SizeTest``s), and so do the COO, CSC and
-DCSR SpMV/SpMM and row sums (``gpu_formats``); they are shape-generic
-too: ``SHAPE_GENERIC_CUDA`` names them in the order of
+DCSR SpMV/SpMM and row sums (``gpu_formats``), the total reductions
+(``gpu_reduce``) and the CSF fiber kernel (``gpu_fibers``); they are
+shape-generic too: ``SHAPE_GENERIC_CUDA`` names them in the order of
 ``dialects.select.CUDA_EMITTERS``; ``build.gpu_program`` refuses a
 shape-generic build that another emitter would take.
 """
@@ -29,6 +30,7 @@ from collections.abc import Callable
 
 from sparse_mlir.dsl.patterns import (
     bsr_blocks,
+    fiber_operands,
     format_kind,
     is_csr,
     linear_epilogue,
@@ -41,6 +43,7 @@ from sparse_mlir.dsl.patterns import (
     spmm_epilogue,
     spmm_operands,
     spmv_operands,
+    total_reduction_operands,
 )
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
@@ -108,9 +111,7 @@ def _cuda_spmm(spec: KernelSpec, formats: dict[str, Format], deterministic: bool
 
 def _cuda_format_products(spec: KernelSpec, formats: dict[str, Format], deterministic: bool) -> bool:
     found = product_operands(spec, formats)
-    # summed in the data's own type (``gpu_build.element_type``: no float16, no out_dtype)
-    if found is None or spec.dtype.name not in ("float32", "float64", "int32", "int64") or \
-            spec.output_dtype != spec.dtype:
+    if found is None or not _own_type_sums(spec):
         return False
     if scatters(spec, formats, found[0]) and deterministic and spec.dtype.kind == "f":
         return False  # left to the sparsifier: its atomic float sums are not deterministic
@@ -118,11 +119,19 @@ def _cuda_format_products(spec: KernelSpec, formats: dict[str, Format], determin
     return not (format_kind(formats[found[0]]) == "coo" and len(spec.output_indices) == 1 and deterministic)
 
 
+def _own_type_sums(spec: KernelSpec) -> bool:
+    """Summed in the data's own type (``gpu_build.element_type``: no float16, no out_dtype)."""
+    return spec.dtype.name in ("float32", "float64", "int32", "int64") and spec.output_dtype == spec.dtype
+
+
 # the shape-generic rows of ``dialects.select.CUDA_EMITTERS``, by emitter name, in the table's order
 SHAPE_GENERIC_CUDA: tuple[tuple[str, CudaMatch], ...] = (
     ("spmv", _cuda_spmv),
     ("spmm", _cuda_spmm),
     ("format_products", _cuda_format_products),
+    ("total_reduction", lambda spec, formats, _: _own_type_sums(spec) and
+     total_reduction_operands(spec, formats) is not None),
+    ("csf_fibers", lambda spec, formats, _: _own_type_sums(spec) and fiber_operands(spec, formats) is not None),
 )
 
 

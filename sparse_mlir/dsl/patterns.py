@@ -12,11 +12,12 @@ from typing import Any, NamedTuple
 
 from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.formats import BSR, COO, CSC, CSR, DCSR, Format
+from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, Format, LevelKind
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
            "spmm_epilogue", "linear_epilogue", "sddmm_operands", "spgemm_operands", "sparse_sum_operands",
-           "SparseSum", "threads_sparse_output", "format_kind", "product_operands", "scatters"]
+           "SparseSum", "threads_sparse_output", "format_kind", "product_operands", "scatters",
+           "total_reduction_operands", "fiber_operands"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -409,3 +410,48 @@ def scatters(spec: KernelSpec, formats: dict[str, Format], a: str) -> bool:
     fmt = formats[a]
     return format_kind(fmt) in ("csc", "csr") and \
         spec.operand_index(a)[fmt.dim_to_lvl[0].dim] == spec.stages[0].reduce[0]
+
+
+def total_reduction_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str | None] | None:
+    """``(A, x or None)`` when the kernel sums every entry of a sparse ``A`` (times ``x`` at the coordinate of
+    ``A``'s last level) into a scalar; else ``None``."""
+    if spec.sparse_output or len(spec.stages) != 1 or spec.output_indices:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    pairs = [(body, None)] if isinstance(body, Access) else \
+        [(body.lhs, body.rhs), (body.rhs, body.lhs)] if isinstance(body, Binary) and body.op == "*" else []
+    for a, x in pairs:
+        if not isinstance(a, Access) or a.tensor not in formats or set(a.index) != set(stage.reduce) \
+                or len(set(a.index)) != len(a.index):
+            continue
+        fmt = formats[a.tensor]
+        if x is None:
+            return a.tensor, None
+        last = fmt.dim_to_lvl[-1]
+        if isinstance(x, Access) and x.tensor not in formats and x.tensor != a.tensor and not last.op \
+                and fmt.levels[-1].kind in (LevelKind.COMPRESSED, LevelKind.SINGLETON) \
+                and x.index == (a.index[last.dim],):
+            return a.tensor, x.tensor
+    return None
+
+
+def fiber_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
+    """``(A, D)`` when the kernel is ``Z[i,j] = A[i,j,k] * D[...]`` (either order) with CSF ``A``, a dense ``D``
+    indexed by ``k`` and any of ``i``, ``j`` (each once), and a dense ``Z``; else ``None``."""
+    if spec.sparse_output or len(spec.stages) != 1:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if len(stage.reduce) != 1 or len(stage.indices) != 2 or stage.indices != spec.output_indices \
+            or not isinstance(body, Binary) or body.op != "*":
+        return None
+    (k,), (i, j) = stage.reduce, stage.indices
+    for a, d in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        fmt = formats.get(a.tensor) if isinstance(a, Access) else None
+        if fmt is None or fmt.with_widths(32, 32) != CSF.with_widths(32, 32) or a.index != (i, j, k):
+            continue
+        if isinstance(d, Access) and d.tensor not in formats and d.tensor != a.tensor and k in d.index \
+                and set(d.index) <= {i, j, k} and len(set(d.index)) == len(d.index):
+            return a.tensor, d.tensor
+    return None
