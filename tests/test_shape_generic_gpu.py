@@ -23,7 +23,7 @@ from support.gpu_emulation import GenericEmulation
 from test_gpu import _entry_params, _ptxas, check_launches, launcher_run
 
 import sparse_mlir as sm
-from sparse_mlir.abi.gpu_program import GpuProgram, GridRule, KernelArg, LaneRule, Launch, ParamPacker
+from sparse_mlir.abi.gpu_program import GpuProgram, GridRule, KernelArg, LaneRule, Launch, ParamPacker, SizeTest
 from sparse_mlir.compiler import driver
 from sparse_mlir.compiler.emitters import SHAPE_GENERIC_CUDA, shape_generic_cuda_emitter
 from sparse_mlir.errors import LoweringError, ShapeError
@@ -326,3 +326,10 @@ def test_grid_rules_over_dimensions_are_data_that_round_trips():
     assert words == [0xA0, 0xA0, 0, 1600, 1, 0xB0, 0xB0, 0, 10, 70, 70, 1]
     c_words = ParamPacker(launch)([("p", "n"), ("q", "m")], [], shapes=[("n",), ("B_d0", "B_d1")])
     assert c_words[-4:] == ["B_d0", "B_d1", "B_d1", 1]
+
+
+def test_malformed_rules_are_refused_when_the_manifest_is_read():
+    with pytest.raises(ValueError, match="size test"):
+        SizeTest(0, 1, "sometimes", 4)
+    with pytest.raises(ValueError, match="per_block"):
+        GridRule(0, 0)

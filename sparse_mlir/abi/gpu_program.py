@@ -66,6 +66,10 @@ class GridRule:
     per_block: int
     dim: int | None = None
 
+    def __post_init__(self) -> None:  # a malformed manifest is refused when it loads (runtime.artifact)
+        if not isinstance(self.per_block, int) or self.per_block < 1:
+            raise ValueError(f"grid rule per_block must be a positive integer, got {self.per_block!r}")
+
     def count(self, lengths: list[Any], shapes: list[tuple[Any, ...]] | None = None) -> Any:
         """The count, given each kernel argument's entries and (for ``dim``) sizes."""
         if self.dim is None:
@@ -100,6 +104,11 @@ class SizeTest:
     value: int
 
     KINDS = ("multiple", "not_multiple", "below", "at_least")
+
+    def __post_init__(self) -> None:  # a malformed manifest is refused when it loads (runtime.artifact)
+        if self.kind not in self.KINDS or not isinstance(self.value, int) or self.value < 1:
+            raise ValueError(f"size test {self.kind!r} {self.value!r}: the kinds are {', '.join(self.KINDS)}, "
+                             f"over a positive integer")
 
     def holds(self, size: int) -> bool:
         return {"multiple": size % self.value == 0, "not_multiple": size % self.value != 0,
