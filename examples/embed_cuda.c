@@ -1,5 +1,6 @@
-/* Runs a CSR SpMV generated at build time (TARGET cuda) through its CUDA Driver API launcher and checks it
- * against a reference computed here. Exit status 77 (CTest: skipped) when there is no CUDA device. */
+/* Runs a CSR SpMV generated at build time (TARGET cuda, no SHAPES: shape-generic) through its CUDA Driver API
+ * launcher at two sizes, checks both against references computed here, and checks that sizes which disagree are
+ * refused (CUDA_ERROR_INVALID_VALUE). Exit status 77 (CTest: skipped) when there is no CUDA device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,16 +67,26 @@ int main(void) {
     snprintf(path, sizeof path, "%s/example_cuda_spmv.sm_%d0.ptx", EXAMPLE_CUDA_SPMV_CODE_DIR, major >= 9 ? 9 : 8);
   example_cuda_spmv_module module;
   CHECK(example_cuda_spmv_load(&module, path));
-  CHECK(example_cuda_spmv(&module, 0, d_pos, ROWS + 1, d_crd, nnz, d_val, nnz, d_x, d_y, 0));
-  CHECK(cuStreamSynchronize(0));
-  CHECK(cuMemcpyDtoH(y, d_y, sizeof y));
-  for (int i = 0; i < ROWS; ++i) {
-    if (fabsf(y[i] - expect[i]) > 1e-5f) {
-      fprintf(stderr, "row %d: %g, expected %g\n", i, y[i], expect[i]);
-      return 1;
+  /* the whole matrix, then its first half of rows (the same buffers: positions ROWS / 2 + 1 long): one kernel */
+  for (int rows = ROWS; rows >= ROWS / 2; rows -= ROWS / 2) {
+    int64_t stored = pos[rows];
+    CHECK(example_cuda_spmv(&module, 0, d_pos, rows + 1, d_crd, stored, d_val, stored, rows, COLS, d_x, COLS, d_y,
+                            rows, 0));
+    CHECK(cuStreamSynchronize(0));
+    CHECK(cuMemcpyDtoH(y, d_y, rows * sizeof(float)));
+    for (int i = 0; i < rows; ++i) {
+      if (fabsf(y[i] - expect[i]) > 1e-5f) {
+        fprintf(stderr, "%d rows, row %d: %g, expected %g\n", rows, i, y[i], expect[i]);
+        return 1;
+      }
     }
   }
+  if (example_cuda_spmv(&module, 0, d_pos, ROWS + 1, d_crd, nnz, d_val, nnz, ROWS, COLS, d_x, COLS - 1, d_y, ROWS,
+                        0) != CUDA_ERROR_INVALID_VALUE) {
+    fprintf(stderr, "x of the wrong size was not refused\n");
+    return 1;
+  }
   CHECK(example_cuda_spmv_unload(&module));
-  printf("GPU SpMV through the generated launcher: ok\n");
+  printf("GPU SpMV through the generated launcher at two sizes: ok\n");
   return 0;
 }
