@@ -60,8 +60,11 @@ def _syntax_check(include: Path, tmp_path: Path, source: str) -> subprocess.Comp
                            "-I", str(tmp_path), str(tmp_path / "main.c")], capture_output=True, text=True)
 
 
-KERNELS = {  # expression, formats, dtype, shapes
+KERNELS = {  # expression, formats, dtype, shapes (None: the shape-generic build, every size a launcher parameter)
     "spmv": ("y[i] = A[i,j]*x[j]", {"A": "csr"}, "float32", {"A": (100, 50), "x": (50,)}),
+    "spmv_generic": ("y[i] = A[i,j]*x[j]", {"A": "csr"}, "float16", None),  # lanes and row splitting
+    "spmm_generic": ("C[i,j] = A[i,k]*B[k,j] + b[j]", {"A": "csr"}, "float32", None),  # a variant per tiling
+    "coo_spmm_generic": ("C[i,j] = A[i,k]*B[k,j]", {"A": "coo"}, "float64", None),
     # TMA tensor maps, sm_90a launches with more than 48 KiB of dynamic shared memory, N:M positions
     "spmm_2to4_f16": ("C[i,j] = A[i,k]*B[k,j]", {"A": "2:4"}, "float16", {"A": (256, 512), "B": (512, 256)}),
     "linear": ("Y[b,o] = X[b,i]*A[o,i] + b[o]", {"A": "csr"}, "float32", {"A": (40, 64), "X": (16, 64), "b": (40,)}),
@@ -73,7 +76,8 @@ KERNELS = {  # expression, formats, dtype, shapes
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_the_c_launcher_compiles_against_the_real_cuda_h(name, include, tmp_path):
     expr, formats, dtype, shapes = KERNELS[name]
-    function = sm.compile(expr, formats=formats, dtype=dtype, target="cuda").specialize(shapes)
+    kernel = sm.compile(expr, formats=formats, dtype=dtype, target="cuda")
+    function = kernel.specialize({}) if shapes is None else kernel.specialize(shapes, fixed=True)
     text = cuda_header(function.signature, function.program)
     if name == "spmm_2to4_f16":
         assert "cuTensorMapEncodeTiled" in text and "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES" in text
