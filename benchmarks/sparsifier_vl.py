@@ -33,10 +33,10 @@ MATRIX = Path(__file__).resolve().parents[2] / "shared" / "data" / "suitesparse"
 def _child(vl: int) -> dict[str, float]:
     """The times of every family with ``vl`` (runs in a child process: it patches the pipeline)."""
     import scipy.sparse as sp
+    from sparse_mlir.lowering import sparsify
 
     import sparse_mlir as sm
     from sparse_mlir.io.matrix_files import read_matrix
-    from sparse_mlir.lowering import sparsify
     from sparse_mlir.timing import median_seconds
 
     scalar = sparsify.sparsify_pipeline
