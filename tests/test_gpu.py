@@ -456,7 +456,7 @@ def test_linear_layers_run_the_warp_spmm_between_transposes_when_emulated(dtype,
     assert got.dtype == spec.output_dtype
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     program = sm.compile(expr, formats={"A": "csr"}, dtype=dtype, target="cuda", out_dtype=out_dtype).specialize(
-        {n: v.shape for n, v in dense.items()}).program
+        {n: v.shape for n, v in dense.items()}, fixed=True).program
     assert [k.kernel for k in program.launches] == ["transpose_in", "spmm", "transpose_out"]
     assert not program.needs_zeroed_output() and len(program.scratch) == 2
 
@@ -612,7 +612,8 @@ def check_launches(out: str, found: dict[str, Any]) -> None:
         name, dims, words = line[0], [int(v) for v in line[1:8]], [int(v) for v in line[8:]]
         assert name == launch.kernel
         assert dims[:3] == list(launch.grid_for(lengths, found["shapes"])) and dims[3:6] == list(launch.block)
-        assert words == ParamPacker(launch)(found["buffers"], found["scratch"], shapes=found["shapes"])
+        assert words == ParamPacker(launch)(found["buffers"], found["scratch"], shapes=found["shapes"],
+                                            scratch_shapes=found["program"].scratch_shapes(found["shapes"]))
 
 
 @pytest.mark.parametrize(("expr", "fmt", "shapes"), LAUNCHERS, ids=[f"{e}|{f}" for e, f, _ in LAUNCHERS])

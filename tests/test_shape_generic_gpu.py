@@ -52,14 +52,15 @@ GENERIC = [(SPMV, "csr", "float32", {}), (SPMV, "csr", "float64", {}), (SPMV, "c
            (SPMV, "coo", "float32", {}), (SPMV, "dcsr", "int64", {"deterministic": True}), (SPMM, "csc", "float64", {}),
            ("y[j] = A[i,j]*x[i]", "csr", "int32", {"deterministic": True}), ("y[i] = A[i,j]", "csc", "float32", {}),
            ("s[] = A[i,j]*x[j]", "coo", "float64", {"deterministic": True}), ("s[] = A[i,j]", "dcsr", "int32", {}),
-           ("Z[i,j] = A[i,j,k]*D[k,j]", "csf", "float32", {})]
+           ("Z[i,j] = A[i,j,k]*D[k,j]", "csf", "float32", {}), ("Y[b,o] = X[b,i]*A[o,i]", "csr", "float32", {}),
+           ("Y[b,o] = X[b,i]*A[o,i] + b[b]", "csr", "float16", {"out_dtype": "float32"})]
 PER_SHAPE = [(SPMV, "csr", "float32", {"deterministic": True}),  # the merge path: carries sized by the rows
              (SPMV, "csr", "float32", {"emitter": "sparsifier"}), (SPMV, "bsr2x2", "float32", {}),
              (SPMV, "coo", "float32", {"deterministic": True}),  # segments: carries sized by the rows
              (SPMM, "csc", "float32", {"deterministic": True}),  # float scatter: sparsified
              (SPMM, "2:4", "float16", {}), (SPMV, "csr", "int32", {}),
              ("C[i,j] = relu(A[i,k]*B[k,j] + b[i])", "csr", "float32", {}),  # sparsified
-             ("Y[b,o] = X[b,i]*A[o,i]", "csr", "float32", {})]  # Linear: transposes around the SpMM
+             ("Y[b,o] = X[b,i]*A[o,i]", "2:4", "float16", {})]  # Linear on Sparse Tensor Cores
 
 
 @pytest.mark.parametrize(("expr", "fmt", "dtype", "options"), GENERIC + PER_SHAPE,
@@ -145,6 +146,24 @@ def test_one_emulated_spmm_build_runs_the_right_tiling_at_every_size(dtype, tmp_
     assert kernels == {f"spmm_w{w}_t{t}" for w in (1, vector) for t in (1, 2, 3, 4)}
 
 
+@pytest.mark.parametrize("bias", ["", " + b[o]", " + b[b]"])
+def test_one_emulated_linear_build_sizes_its_scratch_and_tiling_from_each_call(bias, tmp_path, rng):
+    """The CSR Linear layer: X^T and T (scratch) sized from X and Y at the call, the SpMM's variant and grids
+    from Y's sizes (T = Y^T), at sizes picking few and many rows, vectors and single elements."""
+    spec = _kernel("Y[b,o] = X[b,i]*A[o,i]" + bias, dtype="float32").spec
+    emulation = GenericEmulation(spec, tmp_path)
+    for outputs, inputs, batch in ((40, 64, 16), (2100, 5, 130), (3, 7, 1), (2049, 3, 96)):
+        w = (rng.standard_normal((outputs, inputs)) * (rng.random((outputs, inputs)) < 0.3)).astype(np.float32)
+        x = rng.standard_normal((batch, inputs)).astype(np.float32)
+        args = {"A": sm.SparseTensor.from_dense(w, "csr"), "X": x}
+        want = x.astype(np.float64) @ w.astype(np.float64).T
+        if bias:
+            args["b"] = rng.standard_normal(outputs if bias == " + b[o]" else batch).astype(np.float32)
+            want = want + (args["b"][None, :] if bias == " + b[o]" else args["b"][:, None])
+        np.testing.assert_allclose(emulation(args)[0], want, rtol=1e-5, atol=1e-5)
+    assert emulation.builds == 1
+
+
 FORMATS = [(SPMV, "coo"), (SPMV, "csc"), (SPMV, "dcsr"), (SPMM, "coo"), (SPMM, "csc"), (SPMM, "dcsr"),
            ("y[j] = A[i,j]*x[i]", "csr"), ("y[j] = A[i,j]*x[i]", "csc"), ("C[j,n] = A[i,j]*B[i,n]", "csc"),
            ("y[i] = A[i,j]", "coo"), ("y[j] = A[i,j]", "csc"), ("s[] = A[i,j]*x[j]", "csr"), ("s[] = A[i,j]", "coo")]
@@ -171,7 +190,8 @@ def test_one_emulated_build_of_each_format_kernel_computes_every_size(expression
 
 
 ASSEMBLED = [(SPMV, "csr"), (SPMM, "csr"), (SPMM + " + b[j]", "csr"), (SPMV, "coo"), (SPMM, "csc"),
-             ("y[i] = A[i,j]", "dcsr"), ("s[] = A[i,j]*x[j]", "csr"), ("Z[i,j] = A[i,j,k]*D[k,j]", "csf")]
+             ("y[i] = A[i,j]", "dcsr"), ("s[] = A[i,j]*x[j]", "csr"), ("Z[i,j] = A[i,j,k]*D[k,j]", "csf"),
+             ("Y[b,o] = X[b,i]*A[o,i] + b[o]", "csr")]
 
 
 @pytest.mark.parametrize(("expression", "fmt"), ASSEMBLED, ids=[f"{e}|{f}" for e, f in ASSEMBLED])
@@ -308,6 +328,30 @@ def test_one_exported_spmm_launcher_picks_each_sizes_variant_in_c(tmp_path):
     status, out, _ = launcher_run(tmp_path, "k", {"A": (40, 64), "B": (64, 16), "b": (41,), "C": (40, 16)},
                                   main="bad")
     assert status == 1 and "launch" not in out
+
+
+def test_the_generic_linear_layer_sizes_its_scratch_per_call_in_python_and_in_c(monkeypatch, tmp_path):
+    import support.fake_cupy as fake_cupy
+
+    record = fake_cupy.install(monkeypatch)
+    kernel = _kernel("Y[b,o] = X[b,i]*A[o,i] + b[o]")
+    for outputs, inputs, batch in ((40, 64, 16), (7, 3, 130)):
+        w = sp.random(outputs, inputs, density=0.3, format="csr", dtype=np.float32, random_state=0)
+        y = kernel(A=sm.SparseTensor.from_scipy(w).to("cuda"), X=fake_cupy.device(np.ones((batch, inputs), np.float32)),
+                   b=fake_cupy.device(np.ones(outputs, np.float32)))
+        assert y.shape == (batch, outputs)
+        transpose_in, product, transpose_out = record.launches[-3:]
+        assert transpose_in[0] == "transpose_in" and transpose_out[0] == "transpose_out"
+        pointer = transpose_in[3][-7]
+        assert transpose_in[3][-7:] == [pointer, pointer, 0, inputs, batch, batch, 1]  # X^T, sized at this call
+    assert kernel.stats["specializations"] == 1
+    sm.export(_kernel("Y[b,o] = X[b,i]*A[o,i] + b[o]"), tmp_path, "k")
+    for n, (outputs, inputs, batch) in enumerate(((40, 64, 16), (2100, 5, 130))):
+        status, out, found = launcher_run(tmp_path, "k", {"A": (outputs, inputs), "X": (batch, inputs),
+                                                          "b": (outputs,), "Y": (batch, outputs)}, main=f"size{n}")
+        assert status == 0, out
+        check_launches(out, found)
+        assert f"alloc {0xA000} {inputs * batch * 4}" in out  # X^T's bytes at this call's sizes
 
 
 # the launch data: rules over a dimension, per axis, through JSON ---------------------------------------------------

@@ -39,7 +39,7 @@ from sparse_mlir.dialects.native.wgmma import (
     wgmma_gemm,
 )
 
-from sparse_mlir.abi.gpu_program import CHIPS, KernelArg, Launch
+from sparse_mlir.abi.gpu_program import CHIPS, GridRule, KernelArg, Launch, SizeOf
 from sparse_mlir.dsl.patterns import (
     dense_matmul_operands,
     is_csr,
@@ -159,13 +159,22 @@ def _linear(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...]], fmt: Fo
     dense = [(x, (batch, inputs))] + ([(bias, (outputs,) if bias_dim == 0 else (batch,))] if bias else [])
     args = _args(spec, w, *dense, (spec.output, (batch, outputs)))  # W's buffers, X, [bias], Y
     xt, t = KernelArg("scratch", 0, (inputs, batch)), KernelArg("scratch", 1, (outputs, batch))
-    kernels = KernelModule(ir.Module.parse(_module_of(_transpose_text("transpose_in", elt, (batch, inputs)),
-                                                      _transpose_text("transpose_out", out, (outputs, batch)))))
-    (product,) = spmm_launches(kernels, float_type(elt), float_type(out), fmt, outputs, inputs, batch, bias_dim,
-                               (*args[:3], xt, *args[4:-1], t))
-    launches = (_transpose_launch("transpose_in", args[3], xt, (batch, inputs)), product,
-                _transpose_launch("transpose_out", t, args[-1], (outputs, batch)))
-    scratch = (((inputs, batch), spec.dtype.name), ((outputs, batch), spec.output_dtype.name))
+    elt_t, out_t = float_type(elt), float_type(out)
+    kernels = KernelModule()
+    _transpose(kernels, "transpose_in", elt_t, elt_t, (batch, inputs))
+    _transpose(kernels, "transpose_out", out_t, out_t, (outputs, batch))
+    # the SpMM's rows and columns are Y's columns and rows (T = Y^T): its grid and tiling are read from Y
+    y = args[-1].ref
+    # one launch, or (shape-generic) one per tiling variant, as the SpMM's
+    products = spmm_launches(kernels, elt_t, out_t, fmt, outputs, inputs, batch, bias_dim,
+                             (*args[:3], xt, *args[4:-1], t), extents=((y, 1), (y, 0)))
+    launches = (_transpose_launch("transpose_in", args[3], xt, (batch, inputs), args[3]), *products,
+                _transpose_launch("transpose_out", t, args[-1], (outputs, batch), args[-1]))
+    if batch is None:  # X^T and T take their sizes from X and Y at the call
+        sizes = ((SizeOf(args[3].ref, 1), SizeOf(args[3].ref, 0)), (SizeOf(y, 1), SizeOf(y, 0)))
+    else:
+        sizes = ((inputs, batch), (outputs, batch))
+    scratch = ((sizes[0], spec.dtype.name), (sizes[1], spec.output_dtype.name))
     return NativeKernels(kernels.module, launches, scratch)
 
 
@@ -195,70 +204,58 @@ def _linear_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ..
     bias_arg = (args[4],) if bias else ()
     back = Launch("transpose_out", (math.ceil(outputs * batch / BLOCK), 1, 1), (BLOCK, 1, 1),
                   (t, *bias_arg, args[-1]), fills_output=True)
-    module = ir.Module.parse(_module_of(_transpose_text("transpose_in", "f16", (batch, inputs)),
-                                        _tensor_core_text(outputs, inputs, batch, per_warp, _index_types(fmt)[0],
-                                                          m_tiles, "f32")))
-    with ir.InsertionPoint(module.body.operations[0].regions[0].blocks[0]), ir.Location.unknown():
-        _transpose_with_bias("transpose_out", (outputs, batch), bias_dim, out)
+    kernels = KernelModule(ir.Module.parse(_module_of(_tensor_core_text(outputs, inputs, batch, per_warp,
+                                                                        _index_types(fmt)[0], m_tiles, "f32"))))
+    _transpose(kernels, "transpose_in", ir.F16Type.get(), ir.F16Type.get(), (batch, inputs))
+    _transpose(kernels, "transpose_out", ir.F32Type.get(), float_type(out), (outputs, batch), bias_dim)
+    module = kernels.module
     scratch = (((inputs, batch), "float16"), ((outputs, batch), "float32"))
     gemm = HopperGemm(outputs, inputs, batch, True, out, b_k_major=True, c_transposed=True, bias_dim=bias_dim)
-    return _with_hopper(module, (_transpose_launch("transpose_in", args[3], xt, (batch, inputs)), product, back),
+    return _with_hopper(module, (_transpose_launch("transpose_in", args[3], xt, (batch, inputs), args[3]), product,
+                                 back),
                         gemm, args[2], args[3], args[-1], crd=args[1], bias=args[4] if bias else None,
                         scratch=scratch)
 
 
-def _transpose_with_bias(name: str, shape: tuple[int, int], bias_dim: int, out: str) -> None:
-    """``dst[c, r] = src[r, c] (+ bias[r] or bias[c])`` from float32 ``src`` of ``shape``, rounded to ``out``.
+def _transpose(kernels: KernelModule, name: str, elt: ir.Type, out: ir.Type, shape: tuple[int | None, int | None],
+               bias_dim: int = -1) -> None:
+    """Add ``dst[c, r] = src[r, c] (+ bias[r] or bias[c])`` for ``src`` of ``shape``, summed and rounded to
+    ``out`` (float16 ``bias`` is widened to ``elt`` first).
 
     A thread per element of ``dst``, consecutive threads on consecutive
-    elements (coalesced stores).  Built with the bindings' op builders.
+    elements (coalesced stores); the sizes are read from ``src``'s
+    descriptor (``None`` sizes: shape-generic).
     """
-    from mlir.dialects import arith, gpu, memref, scf
+    from mlir.dialects import arith, memref
+
+    from sparse_mlir.dialects.native.gpu_build import as_float, const, dense_type, global_thread, when
 
     rows, cols = shape
-    f32 = ir.F32Type.get()
-    out_type = ir.F16Type.get() if out == "f16" else f32
-    index = ir.IndexType.get()
-    inputs = [ir.MemRefType.get([rows, cols], f32)]
+    params = [dense_type((rows, cols), elt)]
     if bias_dim >= 0:
-        inputs.append(ir.MemRefType.get([rows if bias_dim == 0 else cols], ir.F16Type.get()))
-    inputs.append(ir.MemRefType.get([cols, rows], out_type))
-    func = gpu.GPUFuncOp(ir.TypeAttr.get(ir.FunctionType.get(inputs, [])), sym_name=name, kernel=True)
-    block = func.body.blocks.append(*inputs)
-    with ir.InsertionPoint(block):
-        src, dst = block.arguments[0], block.arguments[-1]
-        at = arith.addi(arith.muli(gpu.block_id(gpu.Dimension.x), gpu.block_dim(gpu.Dimension.x)),
-                        gpu.thread_id(gpu.Dimension.x))
-        inside = arith.cmpi(arith.CmpIPredicate.ult, at, arith.constant(index, rows * cols))
-        with ir.InsertionPoint(scf.IfOp(inside).then_block):
-            c = arith.divui(at, arith.constant(index, rows))
-            r = arith.remui(at, arith.constant(index, rows))
+        params.append(dense_type((rows if bias_dim == 0 else cols,), ir.F16Type.get()))
+    params.append(dense_type((cols, rows), out))
+
+    def build(src: ir.Value, *rest: ir.Value) -> None:
+        dst = rest[-1]
+        height = memref.dim(src, const(0))
+        at = global_thread()
+        with when(arith.cmpi(arith.CmpIPredicate.ult, at, arith.muli(height, memref.dim(src, const(1))))):
+            c, r = arith.divui(at, height), arith.remui(at, height)
             value = memref.load(src, [r, c])
             if bias_dim >= 0:
-                value = arith.addf(value, arith.extf(f32, memref.load(block.arguments[1], [r if bias_dim == 0 else c])))
-            if out_type != f32:
-                value = arith.truncf(out_type, value)
-            memref.store(value, dst, [c, r])
-            scf.YieldOp([])
-        gpu.ReturnOp([])
+                value = arith.addf(value, as_float(memref.load(rest[0], [r if bias_dim == 0 else c]), elt))
+            memref.store(as_float(value, out), dst, [c, r])
+
+    kernels.kernel(name, params, build)
 
 
-def _transpose_launch(name: str, src: KernelArg, dst: KernelArg, shape: tuple[int, int]) -> Launch:
-    """A thread per element of ``dst``; it stores every element (a kernel's scratch, or the output)."""
-    return Launch(name, (math.ceil(shape[0] * shape[1] / BLOCK), 1, 1), (BLOCK, 1, 1), (src, dst), fills_output=True)
-
-
-def _transpose_text(name: str, elt: str, shape: tuple[int, int]) -> str:
-    """``dst[c, r] = src[r, c]`` for ``src`` of ``shape``: consecutive threads write consecutive elements."""
-    rows, cols = shape
-    body = ["%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%bdim = gpu.block_dim x",
-            "%first = arith.muli %bid, %bdim : index", "%at = arith.addi %first, %tid : index",
-            f"%total = arith.constant {rows * cols} : index", f"%rows = arith.constant {rows} : index",
-            "%valid = arith.cmpi ult, %at, %total : index", "scf.if %valid {",
-            "  %c = arith.divui %at, %rows : index", "  %r = arith.remui %at, %rows : index",
-            f"  %v = memref.load %src[%r, %c] : {_memref(shape, elt)}",
-            f"  memref.store %v, %dst[%c, %r] : {_memref((cols, rows), elt)}", "}", "gpu.return"]
-    return _function(name, f"%src: {_memref(shape, elt)}, %dst: {_memref((cols, rows), elt)}", body)
+def _transpose_launch(name: str, src: KernelArg, dst: KernelArg, shape: tuple[int | None, int | None],
+                      entries: KernelArg) -> Launch:
+    """A thread per element of ``dst``; it stores every element (a kernel's scratch, or the output).  The grid is
+    constant for a static ``shape``, else (shape-generic) sized from ``entries``, a buffer of as many elements."""
+    grid = (math.ceil(shape[0] * shape[1] / BLOCK), 1, 1) if None not in shape else GridRule(entries.ref, BLOCK)
+    return Launch(name, grid, (BLOCK, 1, 1), (src, dst), fills_output=True)
 
 
 def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],

@@ -62,7 +62,7 @@ def spmm_tiling(element_bytes: int, rows: int, cols: int) -> tuple[int, int]:
 
 def _variants(element_bytes: int) -> list[tuple[int, int, tuple[tuple[str, int, str, int], ...]]]:
     """Every ``(width, per_lane)`` ``spmm_tiling`` can pick, with the tests on (rows, cols) that pick it:
-    ``(dimension of C, kind, value)`` triples (``SizeTest`` without its argument)."""
+    ``(0: rows or 1: columns, kind, value)`` triples (``SizeTest`` without the argument that has the size)."""
     vector_width = 16 // element_bytes
     out = []
     for width in (vector_width, 1):
@@ -79,20 +79,23 @@ def _variants(element_bytes: int) -> list[tuple[int, int, tuple[tuple[str, int, 
 
 
 def spmm_launches(kernels: KernelModule, elt: ir.Type, out: ir.Type, fmt: Format, rows: int | None,
-                  inner: int | None, cols: int | None, bias_dim: int, args: tuple[KernelArg, ...]
-                  ) -> tuple[Launch, ...]:
+                  inner: int | None, cols: int | None, bias_dim: int, args: tuple[KernelArg, ...],
+                  extents: tuple[tuple[int, int], tuple[int, int]] | None = None) -> tuple[Launch, ...]:
     """Add the SpMM kernel(s) over ``args`` (A's three buffers, B, [bias], C) to ``kernels``; return the launches.
 
     ``bias_dim``: -1 none, 0 a bias per row, 1 per column.  Static sizes:
     one kernel and launch.  ``None`` sizes: a kernel per tiling, each
-    launched only for the sizes that call for it (``SizeTest``).
+    launched only for the sizes that call for it (``SizeTest``), with grids
+    from the rows and columns at launch: ``extents`` names the
+    ``(kernel argument, dimension)`` of each (by default C's own; the
+    Linear layer's C is scratch, whose sizes are its output's).
     """
     element_bytes = ir.FloatType(elt).width // 8
     params = [*level_buffer_types(fmt, elt), dense_type((inner, cols), elt)]
     if bias_dim >= 0:
         params.append(dense_type(((rows,) if bias_dim == 0 else (cols,)), elt))
     params.append(dense_type((rows, cols), out))
-    c = args[-1]
+    (rows_of, rows_dim), (cols_of, cols_dim) = extents or ((args[-1].ref, 0), (args[-1].ref, 1))
     if rows is not None and cols is not None:
         picked = spmm_tiling(element_bytes, rows, cols)
         variants = [(*picked, ())]
@@ -109,11 +112,12 @@ def spmm_launches(kernels: KernelModule, elt: ir.Type, out: ir.Type, fmt: Format
         if rows is not None and cols is not None:
             grid: tuple = (pymath.ceil(rows / (BLOCK // WARP)), pymath.ceil(cols / columns), 1)
         else:
-            grid = (GridRule(c.ref, BLOCK // WARP, dim=0), GridRule(c.ref, columns, dim=1), 1)
+            grid = (GridRule(rows_of, BLOCK // WARP, dim=rows_dim), GridRule(cols_of, columns, dim=cols_dim), 1)
         # vector accesses need 16-byte aligned user buffers (scratch buffers are fresh allocations)
         aligned = tuple(arg.ref for arg in args[3:] if arg.kind == "buffer") if width > 1 else ()
+        where = ((rows_of, rows_dim), (cols_of, cols_dim))
         launches.append(Launch(name, grid, (BLOCK, 1, 1), args, aligned=aligned, fills_output=True,
-                               only_if=tuple(SizeTest(c.ref, d, k, v) for d, k, v in tests)))
+                               only_if=tuple(SizeTest(*where[d], k, v) for d, k, v in tests)))
     return tuple(launches)
 
 

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["KernelArg", "GridRule", "SizeTest", "LaneRule", "Launch", "GpuProgram", "ParamPacker", "TensorMapGeometry",
+__all__ = ["KernelArg", "GridRule", "SizeOf", "SizeTest", "LaneRule", "Launch", "GpuProgram", "ParamPacker", "TensorMapGeometry",
            "descriptor_words", "is_skewed", "CHIPS"]
 
 CHIPS = ("sm_80", "sm_90")
@@ -55,6 +55,14 @@ class KernelArg:
     kind: str
     ref: int
     shape: tuple[int | None, ...] = ()
+
+
+class SizeOf(NamedTuple):
+    """A size known only at launch: dimension ``dim`` of kernel argument ``ref`` (a shape-generic program's
+    scratch buffer sizes, e.g. the Linear layer's ``X^T``)."""
+
+    ref: int
+    dim: int
 
 
 @dataclass(frozen=True)
@@ -230,7 +238,8 @@ SKEWED_ROW = 4096  # a row this long keeps one warp busy for 128 steps while sho
 
 @dataclass(frozen=True)
 class GpuProgram:
-    """PTX for each chip, the launches, and the scratch buffers ``(shape, dtype)`` a call needs."""
+    """PTX for each chip, the launches, and the scratch buffers ``(shape, dtype)`` a call needs (a size of a
+    shape-generic program's scratch is a ``SizeOf``: ``scratch_shapes`` gives them for a call)."""
 
     module: str  # the name every launch's kernel lives in (for diagnostics)
     ptx: dict[str, str]
@@ -250,7 +259,8 @@ class GpuProgram:
             return [rule.ref, rule.rows] + ([] if rule.rows_of is None else [rule.rows_of])
 
         data: dict[str, Any] = {"module": self.module, "notes": list(self.notes),
-                                "scratch": [[list(s), d] for s, d in self.scratch],
+                                "scratch": [[[{"ref": n.ref, "dim": n.dim} if isinstance(n, SizeOf) else n
+                                              for n in shape], d] for shape, d in self.scratch],
                                 "launches": [{"kernel": k.kernel, "grid": grid(k.grid), "block": list(k.block),
                                               "shared_bytes": k.shared_bytes,
                                               "lanes": lanes(k.lanes),
@@ -279,7 +289,19 @@ class GpuProgram:
                                 tuple(SizeTest(*t) for t in k.get("only_if", ())))
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
-                   tuple((tuple(s), d) for s, d in data["scratch"]), tuple(data.get("notes", ())))
+                   tuple((tuple(SizeOf(n["ref"], n["dim"]) if isinstance(n, dict) else n for n in shape), d)
+                         for shape, d in data["scratch"]), tuple(data.get("notes", ())))
+
+    def scratch_shapes(self, shapes: list[tuple[Any, ...]] | None = None) -> list[tuple[Any, ...]]:
+        """Each scratch buffer's shape at a call whose kernel arguments have ``shapes`` (numbers, or the C
+        launcher's names)."""
+        def size(n: Any) -> Any:
+            if not isinstance(n, SizeOf):
+                return n
+            assert shapes is not None, "a scratch size taken from an operand needs the call's shapes"
+            return shapes[n.ref][n.dim]
+
+        return [tuple(size(n) for n in shape) for shape, _ in self.scratch]
 
     def needs_zeroed_output(self, skewed: bool | None = None) -> bool:
         """Whether the launches that run (all of them when ``skewed`` is ``None``) need a zeroed output first.
@@ -323,19 +345,22 @@ class ParamPacker:
                 self.items.append((arg.kind, arg.ref, list(arg.shape), ()))
                 continue
             shape = arg.shape
-            if arg.kind == "scratch" or all(s is not None for s in shape):
-                sizes = [s or 0 for s in shape]
+            if all(s is not None for s in shape):
+                sizes = list(shape)
                 self.items.append((arg.kind, arg.ref, [0, *sizes, *_strides(sizes)], ()))
             else:
                 self.items.append((arg.kind, arg.ref, None, shape))
 
     def __call__(self, buffers: list[tuple[Any, Any]], scratch: list[Any], lanes: Any = None,
-                 tensor_map: Any = None, shapes: list[tuple[Any, ...]] | None = None) -> list[Any]:
+                 tensor_map: Any = None, shapes: list[tuple[Any, ...]] | None = None,
+                 scratch_shapes: list[tuple[Any, ...]] | None = None) -> list[Any]:
         """The words; ``lanes`` overrides the lane rule's value (the C launcher passes names, not numbers).
 
         ``tensor_map(pointer, geometry)`` gives the device address of the TMA
         descriptor of a ``tensormap`` argument; ``shapes`` each kernel
-        argument's sizes at this call (needed for a run-time size of a buffer of rank 2 or more).
+        argument's sizes at this call (needed for a run-time size of a buffer
+        of rank 2 or more), ``scratch_shapes`` each scratch buffer's
+        (``GpuProgram.scratch_shapes``, for a scratch size taken from an operand).
         """
         words: list[Any] = []
         for kind, ref, tail, dynamic in self.items:
@@ -351,11 +376,12 @@ class ParamPacker:
                              self.lanes.lanes(buffers[self.lanes.ref][1], self.lanes.row_count(lengths)))
             else:
                 ptr, length = buffers[ref] if kind == "buffer" else (scratch[ref], 0)
-                if tail is None and len(dynamic) == 1:
+                if tail is None and kind == "buffer" and len(dynamic) == 1:
                     tail = [0, length, 1]
                 elif tail is None:
-                    assert shapes is not None, "a run-time size of a buffer of rank 2 or more needs the call's shapes"
-                    sizes = [given if static is None else static for static, given in zip(dynamic, shapes[ref])]
+                    given = shapes if kind == "buffer" else scratch_shapes
+                    assert given is not None, "a run-time size of a buffer of rank 2 or more needs the call's shapes"
+                    sizes = [size if static is None else static for static, size in zip(dynamic, given[ref])]
                     tail = [0, *sizes, *_strides(sizes)]
                 words += [ptr, ptr, *tail]
         return words

@@ -6,7 +6,7 @@
 #       FORMATS A=csr [B=...]
 #       [SHAPES A=4096x4096 ...]          # optional for shape-generic kernels (hand-scheduled CPU ones:
 #                                         # CSR SpMV, CSR/N:M/BSR SpMM, Linear, SDDMM; TARGET cuda: CSR
-#                                         # SpMV/SpMM, COO/CSC/DCSR products, total reductions, CSF
+#                                         # SpMV/SpMM/Linear, COO/CSC/DCSR products, total reductions, CSF
 #                                         # fibers), which then take every size at run time
 #                                         # (A_d0, A_d1 after A's buffers); required for the others
 #                                         # (sparsifier; TARGET cuda: every input), whose shapes are compiled in

@@ -16,7 +16,8 @@ apart silently.  No MLIR here.
 On CUDA the hand-scheduled CSR SpMV and SpMM kernels (``dialects.native.gpu_spmv``,
 ``gpu_spmm``) read their sizes from the buffers' descriptors and size their
 grids at launch (``abi.gpu_program.GridRule`` / ``LaneRule``; the SpMM
-picks its tiling's variant by ``SizeTest``s), and so do the COO, CSC and
+picks its tiling's variant by ``SizeTest``s; the CSR Linear layer also
+sizes its scratch ``X^T`` and ``T`` from the call: ``SizeOf``), and so do the COO, CSC and
 DCSR SpMV/SpMM and row sums (``gpu_formats``), the total reductions
 (``gpu_reduce``) and the CSF fiber kernel (``gpu_fibers``); they are
 shape-generic too: ``SHAPE_GENERIC_CUDA`` names them in the order of
@@ -124,9 +125,15 @@ def _own_type_sums(spec: KernelSpec) -> bool:
     return spec.dtype.name in ("float32", "float64", "int32", "int64") and spec.output_dtype == spec.dtype
 
 
+def _cuda_linear(spec: KernelSpec, formats: dict[str, Format], deterministic: bool) -> bool:
+    roles = linear_operands(spec, formats)
+    return spec.dtype.kind == "f" and roles is not None and is_csr(formats[roles["w"]])
+
+
 # the shape-generic rows of ``dialects.select.CUDA_EMITTERS``, by emitter name, in the table's order
 SHAPE_GENERIC_CUDA: tuple[tuple[str, CudaMatch], ...] = (
     ("spmv", _cuda_spmv),
+    ("linear", _cuda_linear),
     ("spmm", _cuda_spmm),
     ("format_products", _cuda_format_products),
     ("total_reduction", lambda spec, formats, _: _own_type_sums(spec) and

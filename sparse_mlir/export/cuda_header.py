@@ -83,6 +83,7 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
               f"static inline CUresult {name}_unload({name}_module* m) {{ return cuModuleUnload(m->module); }}", ""]
     params, arguments = _parameters(sig)
     shapes = _argument_shapes(sig)
+    scratch_shapes = program.scratch_shapes(shapes)
     conditional = any(launch.when for launch in program.launches)
     if conditional:
         params.append("int skewed")
@@ -98,12 +99,12 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
               f"static inline CUresult {name}({name}_module* m, CUstream stream,\n    {', '.join(params)}) {{",
               "  CUresult r;"]
     lines += _checks(sig)
-    lines += _prologue(sig, program)
+    lines += _prologue(sig, program, scratch_shapes)
     maps = _tensor_map_names(program)
     lines += [f"  CUdeviceptr {n} = 0;" for n in maps.values()]
     for i, launch in enumerate(program.launches):
-        body = _launch(i, launch, arguments, shapes, [f"s{s}" for s in range(len(program.scratch))], maps,
-                       sig.inputs[0].dtype.name if sig.inputs else "float16")
+        body = _launch(i, launch, arguments, shapes, [f"s{s}" for s in range(len(program.scratch))], scratch_shapes,
+                       maps, sig.inputs[0].dtype.name if sig.inputs else "float16")
         condition = f"m->functions[{i}]" + (f" && {'' if launch.when == 'skewed' else '!'}skewed" if launch.when
                                             else "")
         condition += "".join(f" && {test.c_condition(str(shapes[test.ref][test.dim]))}" for test in launch.only_if)
@@ -229,22 +230,24 @@ def _implicit(sig: Signature) -> list[tuple[str, OperandABI]]:
             if op.sparse and buf not in dict(op.buffers())]
 
 
-def _prologue(sig: Signature, program: GpuProgram) -> list[str]:
-    """Zero the output (unless every launch stores all of it), allocate and zero scratch, make N:M positions."""
+def _prologue(sig: Signature, program: GpuProgram, scratch_shapes: list[tuple[int | str, ...]]) -> list[str]:
+    """Zero the output (unless every launch stores all of it), allocate and zero scratch (``scratch_shapes``:
+    numbers or C names), make N:M positions."""
     out = sig.output
     nbytes = _product([*(_size(out, d) for d in range(len(out.shape))), out.dtype.itemsize])
     lines = [*(f"  CUdeviceptr s{s} = 0;" for s in range(len(program.scratch))),
              *(f"  CUdeviceptr {ptr} = 0;" for ptr, _ in _implicit(sig))]
     if program.needs_zeroed_output():
         lines += [f"  r = cuMemsetD8Async({out.name}, 0, {nbytes}, stream);", "  if (r != CUDA_SUCCESS) goto done;"]
-    for s, (shape, dtype) in enumerate(program.scratch):
-        size = math.prod(shape) * np.dtype(dtype).itemsize
+    for s, ((_, dtype), shape) in enumerate(zip(program.scratch, scratch_shapes)):
+        size = _product([*shape, np.dtype(dtype).itemsize])
         # only where a launch of the loaded code reads it (each chip's code runs its own launches)
         readers = [i for i, launch in enumerate(program.launches)
                    if any(arg.kind == "scratch" and arg.ref == s for arg in launch.args)]
         lines += [f"  if ({' || '.join(f'm->functions[{i}]' for i in readers) or '0'}) {{",
-                  f"    r = cuMemAllocAsync(&s{s}, {max(size, 1)}, stream);", "    if (r != CUDA_SUCCESS) goto done;",
-                  f"    r = cuMemsetD8Async(s{s}, 0, {max(size, 1)}, stream);", "    if (r != CUDA_SUCCESS) goto done;",
+                  f"    size_t bytes = (size_t)({size});", "    if (bytes == 0) bytes = 1;",
+                  f"    r = cuMemAllocAsync(&s{s}, bytes, stream);", "    if (r != CUDA_SUCCESS) goto done;",
+                  f"    r = cuMemsetD8Async(s{s}, 0, bytes, stream);", "    if (r != CUDA_SUCCESS) goto done;",
                   "  }"]
     for ptr, op in _implicit(sig):
         assert op.format is not None
@@ -290,7 +293,8 @@ def _encode_tensor_map(name: str, pointer: str, geometry: TensorMapGeometry, dty
 
 
 def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], shapes: list[tuple[int | str, ...]],
-            scratch: list[str], maps: dict[tuple[int, TensorMapGeometry], str], dtype: str) -> list[str]:
+            scratch: list[str], scratch_shapes: list[tuple[int | str, ...]],
+            maps: dict[tuple[int, TensorMapGeometry], str], dtype: str) -> list[str]:
     """One launch: its grid (rules evaluated in C), its parameter words (``ParamPacker`` over C names), the call."""
     needed: list[tuple[str, str, TensorMapGeometry]] = []
 
@@ -299,7 +303,8 @@ def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], shapes
         needed.append((maps[(ref, geometry)], pointer, geometry))
         return maps[(ref, geometry)]
 
-    words = ParamPacker(launch)(arguments, scratch, lanes="lanes", tensor_map=tensor_map, shapes=shapes)
+    words = ParamPacker(launch)(arguments, scratch, lanes="lanes", tensor_map=tensor_map, shapes=shapes,
+                                scratch_shapes=scratch_shapes)
     lines = [f"  {{ /* launch {index}: {launch.kernel} */"]
     for name, pointer, geometry in needed:
         lines += [f"    if (!{name})", *_encode_tensor_map(name, pointer, geometry, dtype)]

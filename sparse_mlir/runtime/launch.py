@@ -156,7 +156,8 @@ class GpuFunction:
                                    f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
         if zero and given:  # after the checks: a refused call leaves the caller's array as it was
             out.fill(0)
-        scratch_ptrs, skip = self._scratch(cp, args, functions, buffers)
+        scratch_shapes = self.program.scratch_shapes(shapes)  # a shape-generic program's from this call's sizes
+        scratch_ptrs, skip = self._scratch(cp, args, functions, buffers, scratch_shapes)
         lengths = [n for _, n in buffers]
         stream = cp.cuda.get_current_stream().ptr
         blocks = self._param_blocks(cp, functions)
@@ -168,16 +169,17 @@ class GpuFunction:
         for (launch, function), block in zip(functions, blocks):
             if id(launch) in running and id(launch) not in skip:
                 block.words[:] = self._packers[id(launch)](buffers, scratch_ptrs, tensor_map=tensor_map,
-                                                            shapes=shapes)
+                                                            shapes=shapes, scratch_shapes=scratch_shapes)
                 cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths, shapes), *launch.block,
                                             launch.shared_bytes, stream, block.pointer, 0)
         return out
 
     def _scratch(self, cp: Any, args: dict[str, Any], functions: list[tuple[Launch, Any]],
-                 buffers: list[tuple[int, int]]) -> tuple[list[int], set[int]]:
+                 buffers: list[tuple[int, int]], shapes: list[tuple[int, ...]]) -> tuple[list[int], set[int]]:
         """Scratch pointers for this call, and the ``derives`` launches to skip (their results kept on the operand).
 
-        Only the scratch buffers the launches of this chip read are made
+        ``shapes`` are the scratch buffers' shapes at this call.  Only the scratch buffers the launches of this
+        chip read are made
         (sm_90a's GEMM needs none of the portable ones); zeroed, except those
         a ``derives`` launch fills, which the operand keeps for later calls.
         """
@@ -193,19 +195,18 @@ class GpuFunction:
             if derived is None:
                 continue
             key = (launch.kernel, tuple(buffers[r] for r in refs),
-                   tuple(self.program.scratch[a.ref] for a in launch.args if a.kind == "scratch"))
+                   tuple((shapes[a.ref], self.program.scratch[a.ref][1]) for a in launch.args if a.kind == "scratch"))
             kept = derived.get(key)
             if kept is None:
-                kept = derived[key] = [cp.empty(tuple(self.program.scratch[a.ref][0]),
-                                                np.dtype(self.program.scratch[a.ref][1]))
+                kept = derived[key] = [cp.empty(shapes[a.ref], np.dtype(self.program.scratch[a.ref][1]))
                                        for a in launch.args if a.kind == "scratch"]
             else:
                 skip.add(id(launch))
             for arg, array in zip((a for a in launch.args if a.kind == "scratch"), kept):
                 found[arg.ref] = array
-        for s, (shape, dtype) in enumerate(self.program.scratch):
+        for s, (_, dtype) in enumerate(self.program.scratch):
             if s in used and s not in found:
-                found[s] = cp.zeros(shape, dtype=np.dtype(dtype))
+                found[s] = cp.zeros(shapes[s], dtype=np.dtype(dtype))
         return [found[s].data.ptr if s in found else 0 for s in range(len(self.program.scratch))], skip
 
     def _param_blocks(self, cp: Any, functions: list[tuple[Launch, Any]]) -> list[_ParamBlock]:

@@ -32,7 +32,7 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.lowering import cpu, toolchain
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.abi.gpu_program import GpuProgram, GridRule
+from sparse_mlir.abi.gpu_program import GpuProgram, GridRule, SizeOf
 from sparse_mlir.abi.c_signature import Signature
 
 __all__ = ["EmulationError", "GenericEmulation", "emulation_module", "build_emulation", "run_emulated", "run_function"]
@@ -105,11 +105,19 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
     fills = f", {FILLS_OUTPUT}" if not program.needs_zeroed_output() else ""  # the C entry point skips zeroing
     lines = [f"func.func @{KERNEL_NAME}({params}) -> {types[-1]} attributes {{llvm.emit_c_interface{fills}}} {{",
              "%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index"]
+    scratch_types = []
     for s, (shape, dtype) in enumerate(program.scratch):
         elt = TYPE_NAMES[dtype]
-        mtype = f"memref<{''.join(f'{d}x' for d in shape)}{elt}>"
+        mtype = f"memref<{''.join('?x' if isinstance(d, SizeOf) else f'{d}x' for d in shape)}{elt}>"
+        scratch_types.append(mtype)
+        sizes = []  # a shape-generic program's scratch sizes, from the operands (SizeOf)
+        for d, size in enumerate(shape):
+            if isinstance(size, SizeOf):
+                lines += [f"%sd{s}_{d}_at = arith.constant {size.dim} : index",
+                          f"%sd{s}_{d} = memref.dim %k{size.ref}, %sd{s}_{d}_at : {types[size.ref]}"]
+                sizes.append(f"%sd{s}_{d}")
         zero = "0.0" if elt.startswith("f") else "0"
-        lines += [f"%s{s} = memref.alloc() : {mtype}", f"%z{s} = arith.constant {zero} : {elt}",
+        lines += [f"%s{s} = memref.alloc({', '.join(sizes)}) : {mtype}", f"%z{s} = arith.constant {zero} : {elt}",
                   f"linalg.fill ins(%z{s} : {elt}) outs(%s{s} : {mtype})"]
     fresh = iter(range(10**6))
     for n, launch in enumerate(program.launches):
@@ -124,8 +132,7 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
                 args.append(value)
                 continue
             value, vtype = (f"%k{arg.ref}", types[arg.ref]) if arg.kind == "buffer" else \
-                (f"%s{arg.ref}", f"memref<{''.join(f'{d}x' for d in program.scratch[arg.ref][0])}"
-                                 f"{TYPE_NAMES[program.scratch[arg.ref][1]]}>")
+                (f"%s{arg.ref}", scratch_types[arg.ref])
             if vtype != str(ptype):
                 cast = f"%a{next(fresh)}"
                 lines.append(f"{cast} = memref.cast {value} : {vtype} to {ptype}")
@@ -134,9 +141,16 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
         bounds = []
         grid = (launch.grid, 1, 1) if isinstance(launch.grid, GridRule) else launch.grid
         for k, d in enumerate([*grid, *launch.block]):
-            if isinstance(d, GridRule):  # blocks from the buffer's length or a dimension, as GridRule.blocks
-                lines += [f"%cd{n}_{k} = arith.constant {d.dim or 0} : index",
-                          f"%len{n}_{k} = memref.dim %k{d.ref}, %cd{n}_{k} : {types[d.ref]}",
+            if isinstance(d, GridRule):  # blocks from the buffer's entries or a dimension, as GridRule.blocks
+                rank = types[d.ref].count("x")
+                dims = [d.dim] if d.dim is not None else list(range(rank))  # entries: every dimension's product
+                count = "%c1"
+                for m, dim in enumerate(dims):
+                    lines += [f"%cd{n}_{k}_{m} = arith.constant {dim} : index",
+                              f"%ext{n}_{k}_{m} = memref.dim %k{d.ref}, %cd{n}_{k}_{m} : {types[d.ref]}",
+                              f"%len{n}_{k}_{m} = arith.muli {count}, %ext{n}_{k}_{m} : index"]
+                    count = f"%len{n}_{k}_{m}"
+                lines += [f"%len{n}_{k} = arith.addi {count}, %c0 : index",
                           f"%per{n}_{k} = arith.constant {d.per_block} : index",
                           f"%need{n}_{k} = arith.ceildivui %len{n}_{k}, %per{n}_{k} : index",
                           f"%dim{n}_{k} = arith.maxui %need{n}_{k}, %c1 : index"]
