@@ -129,6 +129,27 @@ def test_empty_rows_trailing_rows_overlap_and_cancellation():
     assert list(c.indices) == [0, 1, 2, 3, 1] and list(c.data) == [0.0, -5.0, 2.0, -7.0, 6.0]  # 0 stays stored
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_of_the_same_columns_and_rows_at_the_buffers_end(threads, rng):
+    """Rows of equal columns add entry by entry; rows of equal length but other columns, and the last rows
+    (whose next column is past the buffers' end), merge."""
+    a = _random(rng, (300, 64), 0.2, "float64")
+    b = sp.csr_array((rng.standard_normal(a.nnz), a.indices.copy(), a.indptr.copy()), shape=a.shape)  # a's pattern
+    shifted = b.tolil()
+    for r in range(0, 300, 3):  # every third row: the same length, one column moved
+        row = shifted.rows[r]
+        if row and row[-1] < 63:
+            value = shifted[r, row[-1]]
+            shifted[r, row[-1]] = 0
+            shifted[r, 63] = value
+    shifted = sp.csr_array(shifted)
+    shifted.eliminate_zeros()
+    with fixed(threads):
+        _check(_kernel()(A=a, B=b), a, b)
+        _check(_kernel()(A=a, B=shifted), a, shifted)
+        _check(_kernel()(A=shifted, B=a), shifted, a)
+
+
 @pytest.mark.parametrize("a, b", [
     (sp.csr_array((6, 4)), sp.csr_array((6, 4))),  # both empty
     (sp.csr_array((6, 4)), sp.csr_array(np.eye(6, 4))),  # A empty
