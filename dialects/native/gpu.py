@@ -28,8 +28,17 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from mlir import ir
+from mlir.dialects import arith, memref
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.native.gpu_build import KernelModule, float_type
+from sparse_mlir.dialects.native.gpu_build import (
+    KernelModule,
+    as_float,
+    const,
+    dense_type,
+    float_type,
+    global_thread,
+    when,
+)
 from sparse_mlir.dialects.native.gpu_spmm import spmm_launches
 from sparse_mlir.dialects.native.wgmma import (
     HOPPER,
@@ -226,10 +235,6 @@ def _transpose(kernels: KernelModule, name: str, elt: ir.Type, out: ir.Type, sha
     elements (coalesced stores); the sizes are read from ``src``'s
     descriptor (``None`` sizes: shape-generic).
     """
-    from mlir.dialects import arith, memref
-
-    from sparse_mlir.dialects.native.gpu_build import as_float, const, dense_type, global_thread, when
-
     rows, cols = shape
     params = [dense_type((rows, cols), elt)]
     if bias_dim >= 0:
