@@ -57,7 +57,10 @@ def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
     return None
 
 
-# below this many stored operand entries a fork costs more than it saves
+# below this many stored operand entries a fork costs more than it saves.  For SpMV the entries are A's values plus
+# x.  Measured on a 2-core Zen 5 shared with other jobs (load average 5; benchmarks/short_rows.py, session 6):
+# 2 threads never paid there, 1 thread / 2 threads from 0.08 at 10k entries to 0.67 at 655k (each threaded call
+# waits ~60 us for a busy core); a quiet machine is needed to move this value, so it stays as measured before
 SERIAL_BELOW = 16384
 
 
