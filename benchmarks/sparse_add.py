@@ -23,7 +23,6 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
@@ -116,8 +115,9 @@ def sparsifier(rounds: int, repeats: int) -> dict[str, dict[str, float]]:
 
 def _sparsifier_child(rounds: int, repeats: int) -> None:
     # MLIR in this child only: the table the compiler reads, and the shape-generic rows that follow it
-    from sparse_mlir.compiler import emitters
     from sparse_mlir.dialects import select
+
+    from sparse_mlir.compiler import emitters
 
     select.CPU_EMITTERS = tuple(row for row in select.CPU_EMITTERS if row.name != "sparse_add")
     emitters.SHAPE_GENERIC_CPU = tuple(row for row in emitters.SHAPE_GENERIC_CPU if row[0] != "sparse_add")

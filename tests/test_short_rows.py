@@ -14,10 +14,10 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sparse_mlir.dialects.native.spmv import SHORT_ROW, UNROLL
 from support.data import DTYPES
 
 import sparse_mlir as sm
-from sparse_mlir.dialects.native.spmv import SHORT_ROW, UNROLL
 from sparse_mlir.formats import CSR
 from sparse_mlir.runtime import threads
 from sparse_mlir.runtime.threads import fixed

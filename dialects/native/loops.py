@@ -50,7 +50,7 @@ def is_float(element: ir.Type) -> bool:
     return isinstance(element, ir.FloatType)
 
 
-def constant_like(element: ir.Type, value: float | int) -> ir.Value:
+def constant_like(element: ir.Type, value: float) -> ir.Value:
     """``value`` as a constant of a scalar or vector (splat) type, float or integer."""
     scalar = element.element_type if isinstance(element, ir.VectorType) else element
     attr = ir.FloatAttr.get(scalar, float(value)) if is_float(scalar) else ir.IntegerAttr.get(scalar, int(value))

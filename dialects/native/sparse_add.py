@@ -113,7 +113,7 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, found:
 class _Operand:
     """One operand's level buffers and coefficient."""
 
-    def __init__(self, buffers: list[ir.Value], coefficient: float | int, element: ir.Type) -> None:
+    def __init__(self, buffers: list[ir.Value], coefficient: float, element: ir.Type) -> None:
         self.pos, self.crd, self.val = buffers
         self.entries = memref.dim(self.crd, index(0))
         self.coefficient = coefficient
@@ -161,7 +161,7 @@ def _as_step(flag: ir.Value) -> ir.Value:
 class _Merge:
     """The body of the kernel over ``A``'s and ``B``'s level buffers; ``emit`` returns ``C``'s."""
 
-    def __init__(self, a: list[ir.Value], b: list[ir.Value], alpha: float | int, beta: float | int,
+    def __init__(self, a: list[ir.Value], b: list[ir.Value], alpha: float, beta: float,
                  element: ir.Type, out_types: list[ir.Type]) -> None:
         self.a, self.b = _Operand(a, alpha, element), _Operand(b, beta, element)
         self.element, self.out_types = element, out_types

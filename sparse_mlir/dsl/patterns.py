@@ -338,7 +338,7 @@ def sparse_sum_operands(spec: KernelSpec, formats: dict[str, Format]) -> SparseS
     return SparseSum(a.tensor, b.tensor, alpha, beta)
 
 
-def _linear_terms(node: Expr, factor: float | int) -> list[tuple[Access, float | int]] | None:
+def _linear_terms(node: Expr, factor: float) -> list[tuple[Access, float | int]] | None:
     """``node * factor`` as ``[(access, coefficient), ...]`` in reading order, or ``None`` when it is not a sum
     of accesses each times numeric literals."""
     if isinstance(node, Access):
