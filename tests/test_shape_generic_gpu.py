@@ -189,6 +189,19 @@ def test_one_emulated_build_of_each_format_kernel_computes_every_size(expression
     assert emulation.builds == 1
 
 
+def test_exactly_one_spmm_variant_fits_each_size_and_it_is_the_per_shape_tiling():
+    from sparse_mlir.dialects.native.gpu_spmm import _variants, spmm_tiling
+
+    for element_bytes in (2, 4, 8):
+        variants = _variants(element_bytes)
+        for rows in (0, 1, 2047, 2048, 5000):
+            for cols in range(0, 800):
+                sizes = (rows, cols)
+                fitting = [(w, p) for w, p, tests in variants
+                           if all(SizeTest(0, 0, kind, value).holds(sizes[d]) for d, kind, value in tests)]
+                assert fitting == [spmm_tiling(element_bytes, rows, cols)], (element_bytes, rows, cols)
+
+
 ASSEMBLED = [(SPMV, "csr"), (SPMM, "csr"), (SPMM + " + b[j]", "csr"), (SPMV, "coo"), (SPMM, "csc"),
              ("y[i] = A[i,j]", "dcsr"), ("s[] = A[i,j]*x[j]", "csr"), ("Z[i,j] = A[i,j,k]*D[k,j]", "csf"),
              ("Y[b,o] = X[b,i]*A[o,i] + b[o]", "csr")]

@@ -60,7 +60,7 @@ def spmm_tiling(element_bytes: int, rows: int, cols: int) -> tuple[int, int]:
     return width, 1 if rows < FEW_ROWS else max(1, min(TILE, pymath.ceil(cols / (WARP * width))))
 
 
-def _variants(element_bytes: int) -> list[tuple[int, int, tuple[tuple[str, int, str, int], ...]]]:
+def _variants(element_bytes: int) -> list[tuple[int, int, tuple[tuple[int, str, int], ...]]]:
     """Every ``(width, per_lane)`` ``spmm_tiling`` can pick, with the tests on (rows, cols) that pick it:
     ``(0: rows or 1: columns, kind, value)`` triples (``SizeTest`` without the argument that has the size)."""
     vector_width = 16 // element_bytes
@@ -75,7 +75,7 @@ def _variants(element_bytes: int) -> list[tuple[int, int, tuple[tuple[str, int, 
             if per_lane < TILE:
                 tests.append((1, "below", WARP * width * per_lane + 1))
             out.append((width, per_lane, tuple(tests)))
-    return [(w, p, tuple((d, k, v) for d, k, v in tests)) for w, p, tests in out]
+    return out
 
 
 def spmm_launches(kernels: KernelModule, elt: ir.Type, out: ir.Type, fmt: Format, rows: int | None,
