@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from sparse_mlir.models import minilm
-from sparse_mlir.timing import median_seconds
 
 SENTENCES = ["Sparse kernels close the efficiency gap.", "The weather is nice.", "The stock market rose on Tuesday.",
              "Children are playing chess in the library.", "He cooked dinner for his friends.",
@@ -78,14 +77,50 @@ def forward(model: Any, features: dict[str, torch.Tensor]) -> Callable[[], objec
     return run
 
 
-def interleaved(variants: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per forward of each variant, ``rounds`` times, taking turns in an order that rotates each round."""
+def wall_and_cpu(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall seconds and median CPU seconds of this process (all its threads) over ``repeats`` calls, after
+    one warm-up call.
+
+    Why CPU time too: on a machine shared with other work, wall time counts
+    the time other processes held the cores; CPU time counts only the work
+    done here (and, with threads, their spinning), so at one thread it is
+    the figure that stays put while the load swings.
+    """
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return float(np.median(wall)), float(np.median(cpu))
+
+
+def interleaved(variants: dict[str, Callable[[], object]], rounds: int, repeats: int
+                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU seconds per forward of each variant, ``rounds`` times, taking turns in an order that rotates
+    each round."""
     names = list(variants)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(median_seconds(variants[name], repeats=repeats))
-    return times
+            seconds, cpu_seconds = wall_and_cpu(variants[name], repeats)
+            wall[name].append(seconds)
+            cpu[name].append(cpu_seconds)
+    return wall, cpu
+
+
+def report(times: dict[str, list[float]]) -> None:
+    """Each variant's median [range] in ms; for the sparse ones the ratios to both baselines."""
+    for name, samples in times.items():
+        line = f"    {name}: {np.median(samples) * 1e3:.0f} ms [{min(samples) * 1e3:.0f}-{max(samples) * 1e3:.0f}]"
+        if name.startswith("sparse"):
+            label = name.split(" ", 1)[1]
+            for baseline in ("dense", f"dense-pruned {label}"):
+                ratios = np.divide(times[baseline], samples)
+                line += f", {baseline}/sparse {np.median(ratios):.2f}x [{ratios.min():.2f}-{ratios.max():.2f}]"
+        print(line, flush=True)
 
 
 def profile(name: str, run: Callable[[], object], top: int = 8) -> None:
@@ -130,19 +165,14 @@ def main() -> None:
         for run in variants.values():
             run()  # warm: kernels compiled and loaded, torch's pools started
         started = time.strftime("%H:%M:%S", time.gmtime())
-        times = interleaved(variants, args.rounds, args.repeats)
+        wall, cpu = interleaved(variants, args.rounds, args.repeats)
         print(f"{args.batch} x {TOKENS} tokens, {threads} thread(s), {started} UTC, {args.rounds} rounds of "
               f"{args.repeats} forwards, load average now {os.getloadavg()[0]:.2f}; ratio = baseline time / sparse "
               f"time (above 1: sparse faster), median of per-round ratios [range]")
-        for name, samples in times.items():
-            line = f"  {name}: {np.median(samples) * 1e3:.0f} ms [{min(samples) * 1e3:.0f}-{max(samples) * 1e3:.0f}]"
-            if name.startswith("sparse"):
-                label = name.split(" ", 1)[1]
-                for baseline in ("dense", f"dense-pruned {label}"):
-                    ratios = np.divide(times[baseline], samples)
-                    line += (f", {baseline}/sparse {np.median(ratios):.2f}x "
-                             f"[{ratios.min():.2f}-{ratios.max():.2f}]")
-            print(line, flush=True)
+        print("  wall time:")
+        report(wall)
+        print("  CPU time of this process (all threads; spinning counts):")
+        report(cpu)
         if args.profile:
             for name, run in variants.items():
                 profile(name, run)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from support.data import require
@@ -152,3 +157,31 @@ def test_replaced_values_or_bias_of_the_wrong_size_are_refused_not_read_out_of_b
     sparse.bias = torch.nn.Parameter(torch.randn(2))
     with pytest.raises(OperandError, match="bias .* shape .2,.*shape .4,."):
         sparse(torch.randn(2, 8))
+
+
+def test_sparse_linear_calls_let_the_pool_sleep_at_once_and_other_kernels_spin_again():
+    """Between SparseLinear calls torch's own OpenMP pool runs on the same cores: our idle workers must not spin
+    there (blocktime 0); a kernel called outside a layer gets the usual few milliseconds back."""
+    script = textwrap.dedent("""
+        import ctypes, numpy as np, scipy.sparse as sp, torch, sparse_mlir as sm
+        from sparse_mlir.runtime import threads
+        from sparse_mlir.torch import SparseLinear
+        if threads.openmp_library() is None:
+            print("no-openmp")
+        else:
+            get = threads.load_runtime().kmp_get_blocktime
+            get.restype = ctypes.c_int
+            layer = SparseLinear.from_linear(torch.nn.Linear(256, 256), sparsity=0.5)
+            with torch.no_grad():
+                layer(torch.randn(600, 256))
+            inside = get()
+            a = sp.random(3000, 3000, density=0.01, format="csr", random_state=0)
+            sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})(A=a, x=np.ones(3000))
+            print(inside, get())
+    """)
+    environ = {k: v for k, v in os.environ.items() if k != "KMP_BLOCKTIME"} | {"SPARSE_MLIR_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, env=environ)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if out.stdout.strip() == "no-openmp":
+        pytest.skip("no OpenMP runtime")
+    assert out.stdout.split() == ["0", "5"]

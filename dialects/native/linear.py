@@ -7,11 +7,17 @@ stage as a generic loop nest (6x slower than ``native_spmm`` on a MiniLM
 FFN layer, slower than dense BLAS).  Here the middle stage is the tiled
 SpMM itself (``spmm_module``, given the layer's operands directly: no
 second spec is planned), as a private function the kernel calls between two
-threaded transposes in register tiles (``vector.transpose``) into scratch
-buffers; a bias over ``o`` or ``b`` becomes the SpMM's row or column bias,
-an elementwise expression of the result its epilogue.
-On a 1536x384 layer at 90% with 128 rows of X: 0.25 ms against 1.04 ms
-before and 0.20 ms for the SpMM alone.  The function has the sparse
+transposes in register tiles (``vector.transpose``) into scratch buffers; a
+bias over ``o`` or ``b`` becomes the SpMM's row or column bias, an
+elementwise expression of the result its epilogue.  The batch runs in
+blocks (``_batch_blocks``): each block of X's rows is transposed into an
+L2-sized scratch, multiplied and transposed into its rows of Y, so the
+SpMM never streams a whole-batch ``X^T`` from memory and X and Y stay
+row-major for the caller (torch's layout: no copies around the kernel).
+Only a bias or epilogue that reads the batch index keeps the whole-batch
+layout (``_whole``).  MiniLM layers, 4096 rows, one thread, thread CPU time
+(the machine is shared): 2:4 384->1536 26 ms, 1536->384 27 ms against 44
+and 45 ms for torch's dense Linear; 90% 8.2 and 8.3 ms.  The function has the sparse
 assembler's signature (inputs in the spec's order, then ``Y``), so the C
 entry point is shared; every element of ``Y`` is stored (``FILLS_OUTPUT``).
 The kernel function is built with the MLIR bindings' op builders.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sparse_mlir.knobs import knobs
 
-__all__ = ["fixed", "for_work", "load_runtime", "openmp_library", "set_threads"]
+__all__ = ["blocktime", "fixed", "for_work", "load_runtime", "openmp_library", "set_threads"]
 
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 _local = threading.local()
@@ -92,13 +92,33 @@ BLOCKTIME_MS = 5
 
 
 def set_threads(count: int) -> None:
-    """Make the next kernel call on this Python thread use ``count`` threads."""
-    if getattr(_local, "count", None) != count:
+    """Make the next kernel call on this Python thread use ``count`` threads (and this thread's blocktime)."""
+    wanted = getattr(_local, "blocktime", BLOCKTIME_MS)
+    if getattr(_local, "applied_blocktime", None) != wanted:  # first call on this thread, or a ``blocktime`` block
         runtime = load_runtime()
-        if not hasattr(_local, "count") and knobs.kmp_blocktime() is None and hasattr(runtime, "kmp_set_blocktime"):
-            runtime.kmp_set_blocktime(BLOCKTIME_MS)  # per calling thread, like the thread count
-        runtime.omp_set_num_threads(count)
+        if knobs.kmp_blocktime() is None and hasattr(runtime, "kmp_set_blocktime"):
+            runtime.kmp_set_blocktime(wanted)  # per calling thread, like the thread count
+        _local.applied_blocktime = wanted
+    if getattr(_local, "count", None) != count:
+        load_runtime().omp_set_num_threads(count)
         _local.count = count
+
+
+@contextlib.contextmanager
+def blocktime(ms: int) -> Iterator[None]:
+    """Let idle pool threads spin ``ms`` (0: sleep at once) after the kernel calls of this block on this Python
+    thread, unless ``KMP_BLOCKTIME`` is set.
+
+    For callers whose kernel calls alternate with another OpenMP pool on the
+    same cores (``SparseLinear`` between torch operators): our spinning
+    workers took cores from torch's threads after every call.
+    """
+    previous = getattr(_local, "blocktime", BLOCKTIME_MS)
+    _local.blocktime = ms
+    try:
+        yield
+    finally:
+        _local.blocktime = previous
 
 
 def for_work(entries: int) -> int:
