@@ -74,8 +74,15 @@ def export_only(module: ir.Module, exported: set[str]) -> None:
             op.operation.attributes["linkage"] = internal
 
 
+# float ops that may be fused and reassociated: arithmetic, and the horizontal sums of vectors, which without
+# ``reassoc`` are one serial chain of scalar adds (16 dependent adds per 512-bit float32 vector: an SDDMM entry's
+# dot product spent more time there than in its FMAs)
+_CONTRACTIBLE = frozenset({"llvm.fmul", "llvm.fadd", "llvm.fsub", "llvm.intr.vector.reduce.fadd",
+                           "llvm.intr.vector.reduce.fmul"})
+
+
 def allow_contraction(module: ir.Module) -> None:
-    """Mark float multiplies and adds ``contract, reassoc`` so LLVM may fuse FMAs and split sums.
+    """Mark float multiplies, adds and vector sums ``contract, reassoc`` so LLVM may fuse FMAs and split sums.
 
     The sparsifier drops ``fastmath`` flags, so without this no FMA is ever
     emitted and every reduction is one serial chain of dependent adds (SpMV
@@ -85,7 +92,7 @@ def allow_contraction(module: ir.Module) -> None:
     contract = ir.Attribute.parse("#llvm.fastmath<contract, reassoc>")
 
     def mark(op: ir.Operation) -> ir.WalkResult:
-        if op.name in ("llvm.fmul", "llvm.fadd", "llvm.fsub"):
+        if op.name in _CONTRACTIBLE:
             op.attributes["fastmathFlags"] = contract
         return ir.WalkResult.ADVANCE
 
