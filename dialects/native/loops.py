@@ -1,4 +1,4 @@
-"""Small op-builder helpers the row-wise CPU emitters (``spmv``, ``sparse_add``) share: index constants and casts,
+"""Small op-builder helpers the row-wise CPU emitters (``spmv``, ``sparse_add``, ``spgemm``, ``sddmm``) share: index constants and casts,
 ``scf`` loops that carry values, a one-dimensional ``scf.parallel``, ``scf.if`` with results, and arithmetic that
 picks the float or integer op from the element type.
 

@@ -22,6 +22,8 @@ from mlir import ir
 from mlir.dialects import arith, func, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.linalg import KERNEL_NAME
+from sparse_mlir.dialects.native.loops import add, for_each, mul, parallel
+from sparse_mlir.dialects.native.loops import index as _index
 
 from sparse_mlir.dsl.patterns import sddmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -73,10 +75,6 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
     return module
 
 
-def _index(value: int) -> ir.Value:
-    return arith.constant(ir.IndexType.get(), value)
-
-
 def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value, rows: int | None,
           cols: int | None, element: ir.Type, lanes: int, level: list[ir.Type]) -> list[ir.Value]:
     """``rows``/``cols`` of ``S`` ``None`` (a shape-generic build): read from ``A``'s rows and ``B``'s columns,
@@ -99,20 +97,12 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     # in tiles of TILE columns: each row k of the tile is one contiguous read of B, and the tile's TILE rows of
     # B^T stay in L1 while k walks (a column at a time read B with an 8-16 KiB stride: 7 ns per element)
     tile = _index(_TILE)
-    transpose = _parallel(c0, n_cols, tile)
-    with ir.InsertionPoint(transpose):
-        j0 = transpose.arguments[0]
+
+    def transpose(j0: ir.Value) -> None:
         j1 = arith.minui(arith.addi(j0, tile), n_cols)
-        rows_of_b = scf.ForOp(c0, inner, c1)
-        with ir.InsertionPoint(rows_of_b.body):
-            k = rows_of_b.induction_variable
-            columns = scf.ForOp(j0, j1, c1)
-            with ir.InsertionPoint(columns.body):
-                j = columns.induction_variable
-                memref.store(memref.load(b, [k, j]), bt, [j, k])
-                scf.YieldOp([])
-            scf.YieldOp([])
-        scf.ReduceOp([], 0)
+        for_each(c0, inner, lambda k: for_each(j0, j1, lambda j: memref.store(memref.load(b, [k, j]), bt, [j, k])))
+
+    parallel(n_cols, transpose, tile)
     vec = ir.VectorType.get([lanes], element)
     zeros = arith.constant(vec, ir.DenseElementsAttr.get_splat(
         vec, ir.FloatAttr.get(element, 0.0) if is_float else ir.IntegerAttr.get(element, 0)))
@@ -123,7 +113,7 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
 
     def fma(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
         return vector.fma(x, y, acc) if is_float and isinstance(acc.type, ir.VectorType) else \
-            _add(acc, _mul(x, y, is_float), is_float)
+            add(acc, mul(x, y))
 
     def dots(i: ir.Value, js: list[ir.Value]) -> list[ir.Value]:
         """Row ``i`` of A times rows ``js`` of B^T: each loaded vector of A serves every entry, and each entry
@@ -139,7 +129,7 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
                 sums += [fma(a1, vector.load(vec, bt, [j, kk]), chains.inner_iter_args[2 * e]),
                          fma(a2, vector.load(vec, bt, [j, k2]), chains.inner_iter_args[2 * e + 1])]
             scf.YieldOp(sums)
-        accs = [_add(chains.results[2 * e], chains.results[2 * e + 1], is_float) for e in range(count)]
+        accs = [add(chains.results[2 * e], chains.results[2 * e + 1]) for e in range(count)]
         extra = scf.ForOp(pairs, single, lanes_index, accs)
         with ir.InsertionPoint(extra.body):
             kk = extra.induction_variable
@@ -154,43 +144,25 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
         return list(tail.results)
 
     def store(p: ir.Value, total: ir.Value) -> None:
-        memref.store(_mul(memref.load(val, [p]), total, is_float), out_val, [p])
+        memref.store(mul(memref.load(val, [p]), total), out_val, [p])
 
     index = ir.IndexType.get()
     group = _index(ENTRIES)
-    loop = _parallel(c0, n_rows, c1)
-    with ir.InsertionPoint(loop):
-        i = loop.arguments[0]
+
+    def row(i: ir.Value) -> None:
         start = arith.index_castui(index, memref.load(pos, [i]))
         stop = arith.index_castui(index, memref.load(pos, [arith.addi(i, c1)]))
         grouped = arith.addi(start, arith.muli(arith.divui(arith.subi(stop, start), group), group))
-        entries = scf.ForOp(start, grouped, group)  # ENTRIES entries at a time
-        with ir.InsertionPoint(entries.body):
-            first = entries.induction_variable
+
+        def together(first: ir.Value) -> None:  # ENTRIES entries at a time
             ps = [arith.addi(first, _index(e)) for e in range(ENTRIES)]
             js = [arith.index_castui(index, memref.load(crd, [x])) for x in ps]
             for x, total in zip(ps, dots(i, js)):
                 store(x, total)
-            scf.YieldOp([])
-        last = scf.ForOp(grouped, stop, c1)  # the rest, one by one
-        with ir.InsertionPoint(last.body):
-            p = last.induction_variable
-            store(p, dots(i, [arith.index_castui(index, memref.load(crd, [p]))])[0])
-            scf.YieldOp([])
-        scf.ReduceOp([], 0)
+
+        for_each(start, grouped, together, group)
+        for_each(grouped, stop, lambda p: store(p, dots(i, [arith.index_castui(index, memref.load(crd, [p]))])[0]))
+
+    parallel(n_rows, row)
     memref.dealloc(bt)
     return [out_pos, out_crd, out_val]
-
-
-def _parallel(lower: ir.Value, upper: ir.Value, step: ir.Value) -> ir.Block:
-    """The body block of a new one-dimensional ``scf.parallel`` (the CPU pipeline threads it)."""
-    op = scf.ParallelOp([], [lower], [upper], [step], [])
-    return op.regions[0].blocks.append(ir.IndexType.get())
-
-
-def _add(x: ir.Value, y: ir.Value, is_float: bool) -> ir.Value:
-    return arith.addf(x, y) if is_float else arith.addi(x, y)
-
-
-def _mul(x: ir.Value, y: ir.Value, is_float: bool) -> ir.Value:
-    return arith.mulf(x, y) if is_float else arith.muli(x, y)

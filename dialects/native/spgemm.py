@@ -40,6 +40,14 @@ from mlir.dialects import arith, func, math, memref, scf
 from mlir.dialects import sparse_tensor as st
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.linalg import KERNEL_NAME
+from sparse_mlir.dialects.native.loops import dynamic_vector as _vector
+from sparse_mlir.dialects.native.loops import for_each as _for
+from sparse_mlir.dialects.native.loops import if_else as _if
+from sparse_mlir.dialects.native.loops import index as _index
+from sparse_mlir.dialects.native.loops import load_index as _load_index
+from sparse_mlir.dialects.native.loops import parallel as _parallel
+from sparse_mlir.dialects.native.loops import reduce_loop
+from sparse_mlir.dialects.native.loops import store_index as _store_as
 
 from sparse_mlir.dsl.patterns import spgemm_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -93,60 +101,10 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, a_name
     return module
 
 
-def _index(value: int) -> ir.Value:
-    return arith.constant(ir.IndexType.get(), value)
-
-
-def _as_index(value: ir.Value) -> ir.Value:
-    return arith.index_castui(ir.IndexType.get(), value)
-
-
-def _load_index(buffer: ir.Value, at: ir.Value) -> ir.Value:
-    return _as_index(memref.load(buffer, [at]))
-
-
-def _store_as(value: ir.Value, buffer: ir.Value, at: ir.Value) -> None:
-    """Store an index into an integer buffer of its own width (positions and coordinates)."""
-    memref.store(arith.index_castui(ir.MemRefType(buffer.type).element_type, value), buffer, [at])
-
-
-def _for(lower: ir.Value, upper: ir.Value, body: Callable[[ir.Value], None]) -> None:
-    loop = scf.ForOp(lower, upper, _index(1))
-    with ir.InsertionPoint(loop.body):
-        body(loop.induction_variable)
-        scf.YieldOp([])
-
-
 def _reduce(lower: ir.Value, upper: ir.Value, init: ir.Value,
             body: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
     """``scf.for`` carrying one value: ``body(index, value)`` returns the next value."""
-    loop = scf.ForOp(lower, upper, _index(1), [init])
-    with ir.InsertionPoint(loop.body):
-        scf.YieldOp([body(loop.induction_variable, loop.inner_iter_args[0])])
-    return loop.results[0]
-
-
-def _parallel(upper: ir.Value, body: Callable[[ir.Value], None]) -> None:
-    """A one-dimensional ``scf.parallel`` from 0 (the CPU pipeline threads it, guided schedule)."""
-    op = scf.ParallelOp([], [_index(0)], [upper], [_index(1)], [])
-    block = op.regions[0].blocks.append(ir.IndexType.get())
-    with ir.InsertionPoint(block):
-        body(block.arguments[0])
-        scf.ReduceOp([], 0)
-
-
-def _if(condition: ir.Value, then: Callable[[], list[ir.Value]], otherwise: Callable[[], list[ir.Value]],
-        types: list[ir.Type]) -> list[ir.Value]:
-    op = scf.IfOp(condition, types, has_else=True)
-    with ir.InsertionPoint(op.then_block):
-        scf.YieldOp(then())
-    with ir.InsertionPoint(op.else_block):
-        scf.YieldOp(otherwise())
-    return list(op.results)
-
-
-def _vector(element: ir.Type) -> ir.MemRefType:
-    return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], element)
+    return reduce_loop(lower, upper, [init], lambda i, values: [body(i, values[0])])[0]
 
 
 _I64 = 64  # bits per bitmap word
