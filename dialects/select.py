@@ -35,6 +35,7 @@ from sparse_mlir.dialects.native.gpu_fibers import gpu_csf_fibers
 from sparse_mlir.dialects.native.gpu_formats import gpu_format_products
 from sparse_mlir.dialects.native.gpu_merge import gpu_spmv_merge
 from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
+from sparse_mlir.dialects.native.gpu_sddmm import gpu_sddmm
 from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
@@ -100,6 +101,7 @@ CUDA_EMITTERS: tuple[Emitter, ...] = (
     Emitter("total_reduction", lambda spec, shapes, deterministic:
             gpu_total_reduction(spec, spec.formats, shapes, deterministic)),
     Emitter("csf_fibers", lambda spec, shapes, deterministic: gpu_csf_fibers(spec, spec.formats, shapes)),
+    Emitter("sddmm", lambda spec, shapes, deterministic: gpu_sddmm(spec, spec.formats, shapes)),
 )
 
 

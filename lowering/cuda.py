@@ -102,7 +102,26 @@ def lower_to_ptx(module: ir.Module, sig: Signature, *, native: tuple[Launch, ...
     ptx, nvvm = ptx_for_chips(str(module), chips, {c: {launch.kernel for launch in launches if not launch.on(c)}
                                                    for c in chips})
     stages["llvm"] = nvvm
-    return GpuProgram("kernels", ptx, launches, scratch, notes), stages
+    return GpuProgram("kernels", ptx, launches, scratch, notes, _result_like(sig, launches)), stages
+
+
+def _result_like(sig: Signature, launches: tuple[Launch, ...]) -> tuple[int, ...]:
+    """Where a sparse result's buffers come from (``GpuProgram.result_like``): those of the first sparse input of
+    the result's format and index widths, whose pattern it keeps (the SDDMM's ``C`` is ``S``'s pattern with new
+    values); ``()`` for a dense result.  Only hand-scheduled launches write a sparse result."""
+    if not sig.output.sparse:
+        return ()
+    if not any(arg.kind == "result" for launch in launches for arg in launch.args):
+        raise LoweringError(f"{sig.expression!r}: no GPU kernel writes its sparse result", stage="gpu",
+                            target="cuda")
+    position = 0
+    for op in sig.inputs:
+        names = op.format.codegen_format.buffer_names if op.sparse else ("",)
+        if op.sparse and op.format == sig.output.format:
+            return tuple(range(position, position + len(names)))
+        position += len(names)
+    raise LoweringError(f"{sig.expression!r}: its sparse result ({sig.output.format}) keeps the pattern of a sparse "
+                        f"input of its format, and there is none", stage="gpu", target="cuda")
 
 
 def _map_to_launches(module: ir.Module, sig: Signature, stages: dict[str, str]

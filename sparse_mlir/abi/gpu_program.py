@@ -14,7 +14,9 @@ data, not code:
   that pass them: a shape-generic program's variants of one kernel;
 * ``args``: one ``KernelArg`` per parameter of the outlined ``gpu.func``,
   each a buffer of the kernel function (``Signature.kernel_arguments()``
-  order), a scratch buffer the runtime allocates per call, or a constant.
+  order), a scratch buffer the runtime allocates per call, a constant, or
+  a buffer of a sparse result (``result``: the SDDMM's values; the result's
+  other buffers are copies, ``GpuProgram.result_like``).
 
 A memref parameter is passed as MLIR's expanded descriptor (allocated and
 aligned pointer, offset, sizes, strides: ``3 + 2 * rank`` 64-bit words);
@@ -40,11 +42,12 @@ CHIPS = ("sm_80", "sm_90")
 
 @dataclass(frozen=True)
 class KernelArg:
-    """One ``gpu.func`` parameter: ``kind`` is ``buffer``, ``scratch``, ``index``, ``lanes`` (``LaneRule``) or
-    ``tensormap``.
+    """One ``gpu.func`` parameter: ``kind`` is ``buffer``, ``scratch``, ``index``, ``lanes`` (``LaneRule``),
+    ``tensormap`` or ``result``.
 
     ``ref`` is the position in ``Signature.kernel_arguments()`` (buffer,
-    tensormap), in ``GpuProgram.scratch`` (scratch), or the constant's value
+    tensormap), in ``GpuProgram.scratch`` (scratch), in the sparse result's
+    ``Signature.result_buffers()`` (result), or the constant's value
     (index).  ``shape`` is the memref's static shape, ``None`` for a size
     taken from the buffer at run time.  A ``tensormap`` is a pointer to a TMA
     descriptor (``CUtensorMap``) of buffer ``ref`` that the launcher encodes:
@@ -211,7 +214,7 @@ class Launch:
         return (x, y, z)
 
     def param_count(self) -> int:
-        return sum(descriptor_words(len(a.shape)) if a.kind in ("buffer", "scratch") else 1 for a in self.args)
+        return sum(descriptor_words(len(a.shape)) if a.kind in ("buffer", "scratch", "result") else 1 for a in self.args)
 
 
 class TensorMapGeometry(NamedTuple):
@@ -246,6 +249,14 @@ class GpuProgram:
     launches: tuple[Launch, ...]
     scratch: tuple[tuple[tuple[int, ...], str], ...] = ()
     notes: tuple[str, ...] = field(default=())  # how the kernel was mapped (e.g. "serial": one thread)
+    # a sparse result's buffers, in its format's order: each has the length and dtype of this kernel argument, and
+    # is a copy of it (made on the device before the launches) unless a launch writes it (a ``result`` argument).
+    # Empty: a dense result.  (The SDDMM's C takes S's positions and coordinates; its values are new.)
+    result_like: tuple[int, ...] = ()
+
+    def result_written(self) -> set[int]:
+        """The sparse result's buffers that the launches write (the others are copies: ``result_like``)."""
+        return {arg.ref for launch in self.launches for arg in launch.args if arg.kind == "result"}
 
     def to_json(self, include_ptx: bool = True) -> dict[str, Any]:
         def grid(g: Any) -> Any:
@@ -258,7 +269,7 @@ class GpuProgram:
                 return None
             return [rule.ref, rule.rows] + ([] if rule.rows_of is None else [rule.rows_of])
 
-        data: dict[str, Any] = {"module": self.module, "notes": list(self.notes),
+        data: dict[str, Any] = {"module": self.module, "notes": list(self.notes), "result_like": list(self.result_like),
                                 "scratch": [[[{"ref": n.ref, "dim": n.dim} if isinstance(n, SizeOf) else n
                                               for n in shape], d] for shape, d in self.scratch],
                                 "launches": [{"kernel": k.kernel, "grid": grid(k.grid), "block": list(k.block),
@@ -290,7 +301,8 @@ class GpuProgram:
                          for k in data["launches"])
         return cls(data["module"], ptx if ptx is not None else data["ptx"], launches,
                    tuple((tuple(SizeOf(n["ref"], n["dim"]) if isinstance(n, dict) else n for n in shape), d)
-                         for shape, d in data["scratch"]), tuple(data.get("notes", ())))
+                         for shape, d in data["scratch"]), tuple(data.get("notes", ())),
+                   tuple(data.get("result_like", ())))
 
     def scratch_shapes(self, shapes: list[tuple[Any, ...]] | None = None) -> list[tuple[Any, ...]]:
         """Each scratch buffer's shape at a call whose kernel arguments have ``shapes`` (numbers, or the C
@@ -353,14 +365,16 @@ class ParamPacker:
 
     def __call__(self, buffers: list[tuple[Any, Any]], scratch: list[Any], lanes: Any = None,
                  tensor_map: Any = None, shapes: list[tuple[Any, ...]] | None = None,
-                 scratch_shapes: list[tuple[Any, ...]] | None = None) -> list[Any]:
+                 scratch_shapes: list[tuple[Any, ...]] | None = None,
+                 results: list[tuple[Any, Any]] | None = None) -> list[Any]:
         """The words; ``lanes`` overrides the lane rule's value (the C launcher passes names, not numbers).
 
         ``tensor_map(pointer, geometry)`` gives the device address of the TMA
         descriptor of a ``tensormap`` argument; ``shapes`` each kernel
         argument's sizes at this call (needed for a run-time size of a buffer
         of rank 2 or more), ``scratch_shapes`` each scratch buffer's
-        (``GpuProgram.scratch_shapes``, for a scratch size taken from an operand).
+        (``GpuProgram.scratch_shapes``, for a scratch size taken from an operand); ``results`` the sparse
+        result's buffers as ``(device pointer, entries)`` (1-d, like ``buffers``).
         """
         words: list[Any] = []
         for kind, ref, tail, dynamic in self.items:
@@ -375,8 +389,12 @@ class ParamPacker:
                 words.append(lanes if lanes is not None else
                              self.lanes.lanes(buffers[self.lanes.ref][1], self.lanes.row_count(lengths)))
             else:
-                ptr, length = buffers[ref] if kind == "buffer" else (scratch[ref], 0)
-                if tail is None and kind == "buffer" and len(dynamic) == 1:
+                if kind == "result":
+                    assert results is not None, "a result argument needs the sparse result's buffers"
+                    ptr, length = results[ref]
+                else:
+                    ptr, length = buffers[ref] if kind == "buffer" else (scratch[ref], 0)
+                if tail is None and kind in ("buffer", "result") and len(dynamic) == 1:
                     tail = [0, length, 1]
                 elif tail is None:
                     given = shapes if kind == "buffer" else scratch_shapes

@@ -19,7 +19,7 @@ grids at launch (``abi.gpu_program.GridRule`` / ``LaneRule``; the SpMM
 picks its tiling's variant by ``SizeTest``s; the CSR Linear layer also
 sizes its scratch ``X^T`` and ``T`` from the call: ``SizeOf``), and so do the COO, CSC and
 DCSR SpMV/SpMM and row sums (``gpu_formats``), the total reductions
-(``gpu_reduce``) and the CSF fiber kernel (``gpu_fibers``); they are
+(``gpu_reduce``), the CSF fiber kernel (``gpu_fibers``) and the SDDMM (``gpu_sddmm``, a CSR result); they are
 shape-generic too: ``SHAPE_GENERIC_CUDA`` names them in the order of
 ``dialects.select.CUDA_EMITTERS``; ``build.gpu_program`` refuses a
 shape-generic build that another emitter would take.
@@ -139,6 +139,7 @@ SHAPE_GENERIC_CUDA: tuple[tuple[str, CudaMatch], ...] = (
     ("total_reduction", lambda spec, formats, _: _own_type_sums(spec) and
      total_reduction_operands(spec, formats) is not None),
     ("csf_fibers", lambda spec, formats, _: _own_type_sums(spec) and fiber_operands(spec, formats) is not None),
+    ("sddmm", lambda spec, formats, _: spec.dtype.kind == "f" and sddmm_operands(spec, formats) is not None),
 )
 
 

@@ -21,8 +21,9 @@ from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.abi.gpu_program import CHIPS, GpuProgram
 from sparse_mlir.compiler import driver
 from sparse_mlir.compiler.driver import Artifact, BuildOptions
+from sparse_mlir.dsl.patterns import sddmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
-from sparse_mlir.errors import DeviceError
+from sparse_mlir.errors import DeviceError, OperandError
 from sparse_mlir.formats import Format
 from sparse_mlir.runtime.calls import kernel_call
 from sparse_mlir.runtime.device_operands import checked_device_output, device_operands
@@ -49,9 +50,12 @@ class CudaKernel(Kernel):
     def __init__(self, spec: KernelSpec, chips: tuple[str, ...] = CHIPS, emitter: str = "auto",
                  deterministic: bool = False):
         super().__init__()
-        if spec.sparse_output:
-            raise DeviceError(f"{spec.expression!r} has a sparse result, which target 'cuda' does not produce yet; "
-                              f"compile it for the cpu")
+        # the one sparse result the GPU produces: the SDDMM's, which keeps S's pattern (``_pattern_source``)
+        self._pattern_source = _pattern_source(spec) if spec.sparse_output else None
+        if spec.sparse_output and (self._pattern_source is None or emitter != "auto"):
+            raise DeviceError(f"{spec.expression!r} has a sparse result, which target 'cuda' does not produce yet "
+                              f"(only the float SDDMM's, C[i,j] = S[i,j] * A[i,k] * B[k,j] with CSR S and C, "
+                              f"hand-scheduled); compile it for the cpu")
         self.spec = spec
         self.options = BuildOptions("cuda", chips=chips, emitter=emitter, deterministic=deterministic)
         self._inputs = operand_table(spec)
@@ -79,12 +83,22 @@ class CudaKernel(Kernel):
         hand-scheduled CSR SpMV; every other GPU kernel compiles once per operand shape."""
         return self._is_generic({n: self.spec.formats[n] for n in self._sparse_inputs})
 
+    def _with_result_format(self, formats: dict[str, Format]) -> dict[str, Format]:
+        """``formats`` and, for a sparse result, its format with the index widths of the input whose pattern it
+        keeps (a ``cupyx`` matrix with 64-bit indices gives a result with 64-bit indices)."""
+        if self._pattern_source is None:
+            return formats
+        source = formats[self._pattern_source]
+        declared = self.spec.formats[self.spec.output]
+        return {**formats, self.spec.output: declared.with_widths(source.pos_width, source.crd_width)}
+
     def _is_generic(self, formats: Mapping[str, Format]) -> bool:
         """Whether the build for these actual formats is shape-generic (asked once per index widths)."""
         widths = tuple((formats[n].pos_width, formats[n].crd_width) for n in self._sparse_inputs)
         found = self._generic.get(widths)
         if found is None:
-            found = self._generic[widths] = driver.shape_generic(self.spec, dict(formats), self.options)
+            formats = self._with_result_format(dict(formats))
+            found = self._generic[widths] = driver.shape_generic(self.spec, formats, self.options)
         return found
 
     @property
@@ -118,7 +132,11 @@ class CudaKernel(Kernel):
         args = device_operands(spec.expression, self._inputs, operands, spec.dtype)
         formats = {n: args[n].format for n in spec.inputs if spec.is_sparse(n)}
         shapes = self._shapes({n: tuple(args[n].shape) for n in spec.inputs})
+        if self._pattern_source is not None and out is not None:
+            raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
         function = self.function(formats, shapes)
+        if self._pattern_source is not None:
+            return function(args, None, shapes[spec.output])
         return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.output_dtype),
                         shapes[spec.output])
 
@@ -148,6 +166,7 @@ class CudaKernel(Kernel):
                  ) -> GpuFunction:
         """The loaded specialization for these formats and shapes (compiled or read from the cache); a
         shape-generic kernel's serves every shape, unless ``fixed`` asks for one built for ``shapes``."""
+        formats = self._with_result_format(formats)
         generic = self._is_generic(formats) and not fixed
         local = (tuple(sorted((n, f.pos_width, f.crd_width) for n, f in formats.items())),
                  None if generic else tuple(sorted(shapes.items())))
@@ -165,6 +184,13 @@ class CudaKernel(Kernel):
                     self._count(artifact)
         self._last = found
         return found[1]
+
+
+def _pattern_source(spec: KernelSpec) -> str | None:
+    """The sparse input whose pattern a sparse result keeps, where the GPU produces one (the float SDDMM's ``S``),
+    else ``None``."""
+    found = sddmm_operands(spec, spec.formats)
+    return found[0] if found is not None and spec.dtype.kind == "f" else None
 
 
 class _Shaped:

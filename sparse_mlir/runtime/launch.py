@@ -3,7 +3,10 @@
 Everything stays on the device and on CuPy's current stream: each ``Launch``
 of the program is launched in order (those whose ``when`` matches the
 operand's row skew), a dense result is a new CuPy array (or ``out=``), zeroed
-on the stream unless every launch stores all of it, and nothing synchronizes.
+on the stream unless every launch stores all of it, a sparse result (the
+SDDMM's) a new ``DeviceSparseTensor`` whose buffers are written by the
+launches or copied on the device (``GpuProgram.result_like``), and nothing
+synchronizes.
 Parameters are packed as 64-bit words (``abi.gpu_program.ParamPacker``) and
 handed to ``cuLaunchKernel`` as one array.  CuPy is imported on first use.
 """
@@ -23,7 +26,7 @@ from sparse_mlir.errors import DeviceError, OperandError
 from sparse_mlir.files import write_atomically
 from sparse_mlir.knobs import knobs
 from sparse_mlir.runtime.tensor_maps import TENSOR_MAPS
-from sparse_mlir.tensor.device import cupy
+from sparse_mlir.tensor.device import DeviceSparseTensor, cupy
 
 __all__ = ["GpuFunction", "pick_chip", "write_ptx_files"]
 
@@ -135,10 +138,15 @@ class GpuFunction:
             skewed = is_skewed(getattr(tensor, "longest_row", None), tensor.nnz, tensor.shape[0])
             skewed = skewed and (not self._merge or knobs.merge_spmv())
         zero, given = self._zeroed[skewed], out is not None
-        if not given:
+        sparse_result = bool(self.program.result_like)
+        if sparse_result and given:
+            raise OperandError(f"out= is only for dense results; {self.signature.output.name} is "
+                               f"{self.signature.output.format}")
+        if not given and not sparse_result:
             shape = self.signature.output.shape if out_shape is None else out_shape
             out = (cp.zeros if zero else cp.empty)(shape, dtype=self.signature.output.dtype)
         buffers: list[tuple[int, int]] = []
+        values: list[Any] = []  # each kernel argument's array (a sparse result's buffers are made from them)
         shapes: list[tuple[int, ...]] = []  # each kernel argument's sizes (a shape-generic program's descriptors)
         for op, index in self._sources:
             if index == -1:
@@ -149,6 +157,7 @@ class GpuFunction:
                 value = args[op.name].buffers[index]
             buffers.append((value.data.ptr, value.size))
             shapes.append(tuple(value.shape))
+            values.append(value)
         running = {id(launch) for launch, _ in functions if launch.runs(skewed) and launch.fits(shapes)}
         for ref in sorted({r for launch in running for r in self._aligned[launch]}):  # before anything is launched
             if buffers[ref][0] % 16:
@@ -156,6 +165,7 @@ class GpuFunction:
                                    f"kernel's vector accesses (it is a view at an odd offset): pass a copy")
         if zero and given:  # after the checks: a refused call leaves the caller's array as it was
             out.fill(0)
+        results: list[Any] = self._sparse_result(cp, values) if sparse_result else []
         scratch_shapes = self.program.scratch_shapes(shapes)  # a shape-generic program's from this call's sizes
         scratch_ptrs, skip = self._scratch(cp, args, functions, buffers, scratch_shapes)
         lengths = [n for _, n in buffers]
@@ -169,10 +179,32 @@ class GpuFunction:
         for (launch, function), block in zip(functions, blocks):
             if id(launch) in running and id(launch) not in skip:
                 block.words[:] = self._packers[id(launch)](buffers, scratch_ptrs, tensor_map=tensor_map,
-                                                            shapes=shapes, scratch_shapes=scratch_shapes)
+                                                            shapes=shapes, scratch_shapes=scratch_shapes,
+                                                            results=[(r.data.ptr, r.size) for r in results])
                 cp.cuda.driver.launchKernel(function.ptr, *launch.grid_for(lengths, shapes), *launch.block,
                                             launch.shared_bytes, stream, block.pointer, 0)
+        if sparse_result:
+            return self._result_tensor(args, results, out_shape)
         return out
+
+    def _sparse_result(self, cp: Any, values: list[Any]) -> list[Any]:
+        """A sparse result's buffers (``GpuProgram.result_like``): fresh arrays for those the launches write,
+        device copies of the rest (the SDDMM's ``C`` owns copies of ``S``'s positions and coordinates, so
+        changing one tensor's buffers never changes the other's)."""
+        written = self.program.result_written()
+        out = []
+        for k, ((_, dtype), like) in enumerate(zip(self.signature.result_buffers(), self.program.result_like)):
+            source = values[like]
+            out.append(cp.empty(source.size, dtype=dtype) if k in written else source.astype(dtype, copy=True))
+        return out
+
+    def _result_tensor(self, args: dict[str, Any], buffers: list[Any], shape: tuple[int, ...] | None) -> Any:
+        """The sparse result as a ``DeviceSparseTensor`` in the output's format; it keeps the pattern of the input
+        it was copied from, and so that input's longest row."""
+        output = self.signature.output
+        source = self._sources[self.program.result_like[0]][0]
+        return DeviceSparseTensor(output.format, output.shape if shape is None else shape, tuple(buffers),
+                                  getattr(args[source.name], "longest_row", None))
 
     def _scratch(self, cp: Any, args: dict[str, Any], functions: list[tuple[Launch, Any]],
                  buffers: list[tuple[int, int]], shapes: list[tuple[int, ...]]) -> tuple[list[int], set[int]]:

@@ -33,9 +33,10 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.lowering import cpu, toolchain
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.abi.gpu_program import GpuProgram, GridRule, SizeOf
-from sparse_mlir.abi.c_signature import Signature
+from sparse_mlir.abi.c_signature import OperandABI, Signature
 
-__all__ = ["EmulationError", "GenericEmulation", "emulation_module", "build_emulation", "run_emulated", "run_function"]
+__all__ = ["EmulationError", "GenericEmulation", "SparseResultEmulation", "emulation_module", "build_emulation",
+           "run_emulated", "run_function", "values_signature"]
 
 _IDS = {"thread_id": "t", "block_id": "b", "block_dim": "bd", "grid_dim": "g"}
 _ID_ARGS = [f"%emu_{k}{d}" for k in ("b", "t", "g", "bd") for d in "xyz"]
@@ -131,8 +132,12 @@ def _host_text(program: GpuProgram, sig: Signature, kernels: dict[str, list[ir.T
                 lines.append(f"{value} = arith.constant {arg.ref} : index")
                 args.append(value)
                 continue
-            value, vtype = (f"%k{arg.ref}", types[arg.ref]) if arg.kind == "buffer" else \
-                (f"%s{arg.ref}", scratch_types[arg.ref])
+            if arg.kind == "result":  # the sparse result's values: the emulation's dense output (``values_signature``)
+                value, vtype = f"%k{len(types) - 1}", types[-1]
+            elif arg.kind == "buffer":
+                value, vtype = f"%k{arg.ref}", types[arg.ref]
+            else:
+                value, vtype = f"%s{arg.ref}", scratch_types[arg.ref]
             if vtype != str(ptype):
                 cast = f"%a{next(fresh)}"
                 lines.append(f"{cast} = memref.cast {value} : {vtype} to {ptype}")
@@ -249,3 +254,51 @@ def run_function(function: NativeFunction, spec: KernelSpec, args: dict[str, Any
     stale = np.nan if spec.output_dtype.kind == "f" else -12345
     out = np.full(_output_shape(spec, args), stale, dtype=spec.output_dtype)
     return function(args, out, out.shape)
+
+
+def values_signature(sig: Signature) -> Signature:
+    """``sig`` with its sparse result replaced by a dense 1-d output: the result's values.
+
+    A program with a sparse result writes only its values (``result``
+    arguments); the runtime copies the other buffers (``GpuProgram.result_like``).
+    The emulation's C entry point takes that output like any dense one, so a
+    test passes a values array and compares it, entry by entry, with scipy.
+    """
+    out = sig.output
+    assert out.sparse, "values_signature is for a program with a sparse result"
+    values = OperandABI(out.name, True, out.dtype, (None,), ("emulated_entry",), None)
+    return Signature(sig.name, sig.expression, (*sig.inputs, values))
+
+
+class SparseResultEmulation:
+    """One emulation of a shape-generic GPU program with a sparse result (the SDDMM), called at any size.
+
+    ``sparse`` names the input whose pattern the result keeps; a call
+    returns the result's values (one per stored entry of that input) and
+    the program.  ``builds`` counts the emulations built (one per index widths).
+    """
+
+    def __init__(self, spec: KernelSpec, sparse: str, folder: Path):
+        self.spec, self.sparse, self.folder = spec, sparse, folder
+        self.functions: dict[tuple[int | None, int | None], tuple[NativeFunction, GpuProgram]] = {}
+        self.builds = 0
+
+    def __call__(self, args: dict[str, Any]) -> tuple[np.ndarray, GpuProgram]:
+        fmt = args[self.sparse].format
+        found = self.functions.get((fmt.pos_width, fmt.crd_width))
+        if found is None:
+            formats = {self.sparse: fmt, self.spec.output: fmt}
+            special = with_operand_formats(self.spec, formats)
+            shapes = generic_shapes(special)
+            sig = Signature.from_spec(special, special.formats, shapes, "emulated")
+            path = self.folder / f"sparse_result_{fmt.pos_width}_{fmt.crd_width}.so"
+            with ir.Context():
+                program, stages = build.gpu_program(special, shapes, sig, (), "auto", False)
+                emulated = values_signature(sig)
+                module = emulation_module(program, stages["mapped"], emulated)
+                llvm = cpu.loops_to_llvm(module, emulated)
+            toolchain.compile_shared_library(llvm, path, cpu="native", opt_level=1)
+            found = self.functions[(fmt.pos_width, fmt.crd_width)] = (NativeFunction(path, emulated), program)
+            self.builds += 1
+        stale = np.full(args[self.sparse].nnz, np.nan, dtype=self.spec.output_dtype)  # every entry must be written
+        return found[0](args, stale, stale.shape), found[1]
