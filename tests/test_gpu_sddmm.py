@@ -11,7 +11,9 @@ sparse-result kernels are still refused on the GPU, and so is exporting this one
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,8 +168,72 @@ def test_other_sparse_results_stay_refused_on_the_gpu():
         CudaKernel(spec, emitter="sparsifier")
 
 
-def test_exporting_the_gpu_sddmm_is_refused_before_anything_is_written(tmp_path):
+# -- export: the manifest loads without MLIR, the C launcher copies the pattern and launches ---------------------------
+def test_the_export_loads_and_runs_like_the_compiled_kernel(monkeypatch, rng, tmp_path):
+    import support.fake_cupy as fake_cupy
+
     kernel = sm.compile(SDDMM, formats=FORMATS, dtype="float32", target="cuda")
-    with pytest.raises(DeviceError, match="sparse result.*not exported yet"):
-        sm.export(kernel, tmp_path / "out", name="sddmm")
-    assert not (tmp_path / "out").exists()
+    sm.export(kernel, tmp_path, "k")
+    record = fake_cupy.install(monkeypatch)
+    loaded = sm.load_kernel(tmp_path / "k.json")
+    s, a, b = _operands(rng, 30, 20, 8, "float32", empty_rows=3)
+    S = _tensor(s, "float32").to("cuda")
+    C = loaded(S=S, A=fake_cupy.device(a), B=fake_cupy.device(b))
+    assert isinstance(C, DeviceSparseTensor) and C.shape == (30, 20) and C.format == S.format
+    np.testing.assert_array_equal(C.buffers[0], S.buffers[0])
+    assert C.buffers[0].data.ptr != S.buffers[0].data.ptr
+    assert [launch[0] for launch in record.launches] == ["transpose_b", "sddmm"]
+    with pytest.raises(OperandError, match="out= is only for dense results"):
+        loaded(S=S, A=fake_cupy.device(a), B=fake_cupy.device(b), out=fake_cupy.device(np.zeros((30, 20), np.float32)))
+
+
+def _launcher_call(tmp_path, program, rows: int, cols: int, inner: int, nnz: int, result_values: int, main: str):
+    """Compile and run a program calling the exported launcher ``k`` against the recording stand-in for cuda.h
+    (fake pointers; ``result_values``: the length given for C's values); return status, output, pointers."""
+    pointers = {"S_pos": 0x100000, "S_crd": 0x101000, "S_values": 0x102000, "A": 0x200000, "B": 0x300000,
+                "C_pos": 0x400000, "C_crd": 0x401000, "C_values": 0x402000}
+    lengths = {"pos": rows + 1, "crd": nnz, "values": nnz}
+    args = []
+    for buf in ("pos", "crd", "values"):
+        args += [pointers[f"S_{buf}"], lengths[buf]]
+    args += [rows, cols, pointers["A"], rows, inner, pointers["B"], inner, cols]
+    for buf in ("pos", "crd", "values"):
+        args += [pointers[f"C_{buf}"], result_values if buf == "values" else lengths[buf]]
+    counts = "".join(f"fake_param_count[{i}] = {launch.param_count()}; " for i, launch in enumerate(program.launches))
+    (tmp_path / f"{main}.c").write_text(
+        f'#include "k.h"\nint main(void) {{ k_module m; k_load(&m, "k.ptx"); {counts}'
+        f'return (int)k(&m, 0, {", ".join(str(v) for v in args)}); }}\n')
+    support = Path(__file__).resolve().parent / "support" / "fake_cuda"
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{support}", f"-I{tmp_path}", "-o", str(tmp_path / main),
+                    str(tmp_path / f"{main}.c")], check=True)
+    run = subprocess.run([str(tmp_path / main)], capture_output=True, text=True)
+    return run.returncode, run.stdout, pointers
+
+
+def test_the_c_launcher_copies_the_pattern_and_packs_what_the_python_runtime_packs(tmp_path):
+    from sparse_mlir.abi.gpu_program import GpuProgram, ParamPacker
+
+    kernel = sm.compile(SDDMM, formats=FORMATS, dtype="float32", target="cuda")
+    sm.export(kernel, tmp_path, "k")
+    program = GpuProgram.from_json(json.loads((tmp_path / "k.json").read_text())["program"], ptx={})
+    assert program.result_like == (0, 1, 2)
+    rows, cols, inner, nnz = 30, 20, 8, 41
+    status, out, p = _launcher_call(tmp_path, program, rows, cols, inner, nnz, nnz, "main")
+    assert status == 0, out
+    lines = out.splitlines()
+    assert f"device copy {p['C_pos']} {p['S_pos']} {(rows + 1) * 4}" in lines  # S's pattern, copied on the stream
+    assert f"device copy {p['C_crd']} {p['S_crd']} {nnz * 4}" in lines
+    assert not any(line.startswith("device copy") and line.split()[2] == str(p["C_values"]) for line in lines)
+    buffers = [(p["S_pos"], rows + 1), (p["S_crd"], nnz), (p["S_values"], nnz), (p["A"], rows * inner),
+               (p["B"], inner * cols)]
+    shapes = [(rows + 1,), (nnz,), (nnz,), (rows, inner), (inner, cols)]
+    scratch = [0xA000]  # the stand-in's first allocation: B^T
+    results = [(p["C_pos"], rows + 1), (p["C_crd"], nnz), (p["C_values"], nnz)]
+    launched = [line.split()[1:] for line in lines if line.startswith("launch")]
+    assert [line[0] for line in launched] == ["transpose_b", "sddmm"]
+    for launch, line in zip(program.launches, launched):
+        assert [int(v) for v in line[1:4]] == list(launch.grid_for([n for _, n in buffers], shapes))
+        assert [int(v) for v in line[8:]] == ParamPacker(launch)(
+            buffers, scratch, shapes=shapes, scratch_shapes=program.scratch_shapes(shapes), results=results)
+    status, out, _ = _launcher_call(tmp_path, program, rows, cols, inner, nnz, nnz + 1, "bad")  # C's values too long
+    assert status == 1 and "launch" not in out and "copy" not in out  # CUDA_ERROR_INVALID_VALUE, nothing enqueued

@@ -112,11 +112,6 @@ def _export_cuda(kernel: Any, folder: Path, name: str, shapes: dict[str, tuple[i
     kernel (specialized for every operand's shape), ``shapes`` must give all
     inputs (the output's follows) and fixes them.
     """
-    if kernel.spec.sparse_output:  # before any build: nothing is written
-        raise DeviceError(f"{kernel.spec.expression!r} has a sparse result: GPU kernels with one (the SDDMM) run "
-                          f"from Python, but are not exported yet (the C launcher and manifest describe dense "
-                          f"results only: the result's buffers would need allocating and copying on the device); "
-                          f"export it for the cpu, or call it from Python")
     if shapes or not kernel.shape_generic:
         kernel.specialize(shapes, fixed=True)
     else:

@@ -8,8 +8,10 @@ every size left to run time, which is every size of a shape-generic kernel),
 checks the sizes and level buffer lengths it can check without reading the
 device (``CUDA_ERROR_INVALID_VALUE`` before anything is enqueued: sizes
 that disagree or are negative, positions not ``rows + 1`` long, coordinates
-and values of different lengths), zero-fills the output (where a kernel accumulates
-into it) and scratch buffers on the stream, packs every launch's parameters exactly as
+and values of different lengths, a sparse result's buffers not as long as
+those of the input whose pattern it keeps), zero-fills the output (where a kernel accumulates
+into it) and scratch buffers on the stream, copies the buffers of a sparse
+result that no kernel writes (the SDDMM's positions and coordinates, from ``S``'s), packs every launch's parameters exactly as
 ``gpu_program.ParamPacker`` does (same manifest, same rules) and enqueues
 the launches.  Nothing synchronizes except the copy of N:M implicit
 positions, which is made from host memory.  The code is plain C99 glue;
@@ -99,12 +101,15 @@ def cuda_header(sig: Signature, program: GpuProgram) -> str:
               f"static inline CUresult {name}({name}_module* m, CUstream stream,\n    {', '.join(params)}) {{",
               "  CUresult r;"]
     lines += _checks(sig)
+    lines += _result_checks(sig, program, arguments)
     lines += _prologue(sig, program, scratch_shapes)
+    lines += _result_copies(sig, program, arguments)
+    results = [(f"{sig.output.name}_{buf}", f"{sig.output.name}_{buf}_len") for buf, _ in sig.result_buffers()]
     maps = _tensor_map_names(program)
     lines += [f"  CUdeviceptr {n} = 0;" for n in maps.values()]
     for i, launch in enumerate(program.launches):
         body = _launch(i, launch, arguments, shapes, [f"s{s}" for s in range(len(program.scratch))], scratch_shapes,
-                       maps, sig.inputs[0].dtype.name if sig.inputs else "float16")
+                       maps, sig.inputs[0].dtype.name if sig.inputs else "float16", results)
         condition = f"m->functions[{i}]" + (f" && {'' if launch.when == 'skewed' else '!'}skewed" if launch.when
                                             else "")
         condition += "".join(f" && {test.c_condition(str(shapes[test.ref][test.dim]))}" for test in launch.only_if)
@@ -219,6 +224,31 @@ def _level_checks(op: OperandABI) -> list[str]:
     return bad + [f"{op.name}_values_len != {entries}"]
 
 
+def _result_checks(sig: Signature, program: GpuProgram, arguments: list[tuple[str, str]]) -> list[str]:
+    """A sparse result's buffers are the caller's, as long as the buffers they are like
+    (``GpuProgram.result_like``: the SDDMM's ``C`` has ``S``'s lengths); any other length is refused
+    (``CUDA_ERROR_INVALID_VALUE``) before anything is enqueued."""
+    if not program.result_like:
+        return []
+    bad = [f"{sig.output.name}_{buf}_len != {arguments[like][1]}"
+           for (buf, _), like in zip(sig.result_buffers(), program.result_like)]
+    return ["  if (" + "\n      || ".join(f"({b})" for b in bad) + ")", "    return CUDA_ERROR_INVALID_VALUE;"]
+
+
+def _result_copies(sig: Signature, program: GpuProgram, arguments: list[tuple[str, str]]) -> list[str]:
+    """Copy on the stream, device to device, each buffer of a sparse result that no launch writes from the buffer
+    it is like (the SDDMM's positions and coordinates from ``S``'s): the caller's result then owns them."""
+    lines: list[str] = []
+    written = program.result_written()
+    for k, ((buf, dtype), like) in enumerate(zip(sig.result_buffers(), program.result_like)):
+        if k in written:
+            continue
+        pointer, length = arguments[like]
+        lines += [f"  r = cuMemcpyDtoDAsync({sig.output.name}_{buf}, {pointer}, (size_t)({length}) * {dtype.itemsize}, "
+                  f"stream);", "  if (r != CUDA_SUCCESS) goto done;"]
+    return lines
+
+
 def _groups(op: OperandABI) -> int:
     assert op.format is not None
     return math.prod(op.format.level_sizes(op.shape)[:-1])
@@ -294,8 +324,9 @@ def _encode_tensor_map(name: str, pointer: str, geometry: TensorMapGeometry, dty
 
 def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], shapes: list[tuple[int | str, ...]],
             scratch: list[str], scratch_shapes: list[tuple[int | str, ...]],
-            maps: dict[tuple[int, TensorMapGeometry], str], dtype: str) -> list[str]:
-    """One launch: its grid (rules evaluated in C), its parameter words (``ParamPacker`` over C names), the call."""
+            maps: dict[tuple[int, TensorMapGeometry], str], dtype: str, results: list[tuple[str, str]]) -> list[str]:
+    """One launch: its grid (rules evaluated in C), its parameter words (``ParamPacker`` over C names, ``results``
+    a sparse result's buffers), the call."""
     needed: list[tuple[str, str, TensorMapGeometry]] = []
 
     def tensor_map(pointer: str, geometry: TensorMapGeometry) -> str:
@@ -304,7 +335,7 @@ def _launch(index: int, launch: Launch, arguments: list[tuple[str, str]], shapes
         return maps[(ref, geometry)]
 
     words = ParamPacker(launch)(arguments, scratch, lanes="lanes", tensor_map=tensor_map, shapes=shapes,
-                                scratch_shapes=scratch_shapes)
+                                scratch_shapes=scratch_shapes, results=results)
     lines = [f"  {{ /* launch {index}: {launch.kernel} */"]
     for name, pointer, geometry in needed:
         lines += [f"    if (!{name})", *_encode_tensor_map(name, pointer, geometry, dtype)]

@@ -53,6 +53,9 @@ static inline CUresult cuMemcpyHtoDAsync(CUdeviceptr p, const void* h, size_t n,
   (void)s; printf("copy %llu %zu last %lld\n", p, n, (long long)((const int32_t*)h)[n / sizeof(int32_t) - 1]);
   return CUDA_SUCCESS;
 }
+static inline CUresult cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr from, size_t n, CUstream s) {
+  (void)s; printf("device copy %llu %llu %zu\n", d, from, n); return CUDA_SUCCESS;
+}
 static inline CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
 static inline CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shared, CUstream s, void** params, void** extra) {
