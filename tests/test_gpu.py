@@ -530,9 +530,11 @@ def test_the_device_script_runs_start_to_end_against_the_stand_in(tmp_path):
     assert run.returncode == 1, run.stderr  # the stand-in's launches compute nothing: every check reports FAIL
     assert "generic_spmm_bias_float16" in run.stdout  # the shape-generic exports ran at several sizes
     results = json.loads((tmp_path / "gpu_results.json").read_text())
-    assert len(results["checks"]) == 46 + 4 and not any(str(v).startswith("failed") for v in results["bench"].values())
+    assert len(results["checks"]) == 46 + 4 + 3  # + the SDDMM exports, each at several sizes
+    assert not any(str(v).startswith("failed") for v in results["bench"].values())
     assert {"spmv_50M", "spmv_50M_banded", "spmv_skewed", "spmm_4096_90", "dlmc_geomean_vs_cusparse",
-            "tensor_core_8192", "launch_overhead_us", "spmv_50M_coo", "spmv_50M_csc", "spmv_50M_dcsr"
+            "tensor_core_8192", "launch_overhead_us", "spmv_50M_coo", "spmv_50M_csc", "spmv_50M_dcsr",
+            "sddmm_256_0.05_k32"
             } <= results["bench"].keys()
 
 

@@ -1,4 +1,4 @@
-"""The GPU SDDMM ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` with CSR ``S`` and a CSR result (``dialects/native/gpu_sddmm.py``).
+"""The GPU SDDMM ``C[i,j] = S[i,j] * A[i,k] * B[k,j]``, CSR ``S`` and a CSR result (``dialects/native/gpu_sddmm.py``).
 
 Without a GPU: the program's kernels run thread by thread in the CPU
 emulation (``tests/support/gpu_emulation.py``) against scipy, at several
@@ -6,7 +6,7 @@ sizes from one shape-generic build; ptxas assembles its PTX for sm_80 and
 sm_90a; and ``CudaKernel`` runs it end to end on the CuPy stand-in
 (``tests/support/fake_cupy.py``): the result is a ``DeviceSparseTensor``
 owning device copies of ``S``'s positions and coordinates.  Other
-sparse-result kernels are still refused on the GPU, and so is exporting this one.
+sparse-result kernels are still refused on the GPU; the export loads and its C launcher copies the pattern.
 """
 
 from __future__ import annotations

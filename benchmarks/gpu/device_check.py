@@ -137,6 +137,52 @@ def check_generic() -> bool:
     return ok
 
 
+def sddmm_operands(rng, rows: int, cols: int, inner: int, density: float, dtype) -> tuple:
+    """A CSR ``S`` on the device (a few rows empty) and dense ``A`` ``[rows, inner]``, ``B`` ``[inner, cols]``."""
+    mask = rng.random((rows, cols)) < density
+    mask[rng.choice(rows, max(1, rows // 50), replace=False)] = False  # empty rows
+    dense = (rng.uniform(-1, 1, (rows, cols)) * mask).astype(dtype)
+    s = sm.SparseTensor.from_dense(dense, "csr").to("cuda")
+    a = cp.asarray(rng.uniform(-1, 1, (rows, inner)).astype(dtype))
+    b = cp.asarray(rng.uniform(-1, 1, (inner, cols)).astype(dtype))
+    return s, a, b
+
+
+def sddmm_reference(s: DeviceSparseTensor, a, b):
+    """``S[i,j] * (A @ B)[i,j]`` at S's entries, in float64: each entry's dot product, gathered on the device."""
+    indptr, indices, data = s.buffers
+    rows = cp.searchsorted(indptr, cp.arange(indices.size), side="right") - 1  # the row of each entry
+    products = (a.astype(cp.float64)[rows] * b.astype(cp.float64).T[indices]).sum(axis=1)
+    return data.astype(cp.float64) * products
+
+
+def check_sddmm() -> bool:
+    """Each SDDMM export (shape-generic, CSR result) at several sizes: C keeps S's pattern, its values match."""
+    rng = np.random.default_rng(2)
+    ok = True
+    for name in PLAN.get("sddmm", []):
+        k = kernel(name)
+        dtype = k.signature.inputs[0].dtype
+        passed, worst = k.shape_generic, 0.0
+        sizes = ((96, 64, 32, 0.2), (1000, 300, 33, 0.05), (2048, 2048, 64, 0.01), (513, 77, 1, 0.1))
+        for rows, cols, inner, density in sizes:
+            s, a, b = sddmm_operands(rng, rows, cols, inner, density, dtype)
+            c = k(S=s, A=a, B=b)
+            ref = sddmm_reference(s, a, b)
+            scale = max(float(cp.max(cp.abs(ref))), 1e-30) if ref.size else 1.0
+            err = float(cp.max(cp.abs(c.buffers[2].astype(cp.float64) - ref))) / scale if ref.size else 0.0
+            worst = max(worst, err)
+            same_pattern = all(bool(cp.array_equal(mine, theirs)) and mine.data.ptr != theirs.data.ptr
+                               for mine, theirs in zip(c.buffers[:2], s.buffers[:2]))
+            passed &= err < {"float16": 2e-3, "float32": 1e-5, "float64": 1e-12}[dtype.name] and same_pattern and \
+                c.shape == s.shape and c.buffers[2].dtype == dtype
+        ok &= passed
+        RESULTS["checks"].append({"kernel": name, "notes": k.function.program.notes, "rel_err": worst,
+                                  "ok": passed, "sizes": len(sizes)})
+        print(f"{'ok  ' if passed else 'FAIL'} {name:40s} {len(sizes)} sizes, one build, err {worst:.1e}")
+    return ok
+
+
 # -- benchmarks --------------------------------------------------------------------------------------------
 def csr_on_device(rows: int, cols: int, per_row: int, dtype=cp.float32, banded: bool = False
                   ) -> tuple[DeviceSparseTensor, object]:
@@ -330,6 +376,48 @@ def bench_tensor_cores() -> None:
           f"(dense kernel {dense_err:.1e})")
 
 
+def bench_sddmm() -> None:
+    """float32 SDDMM against the dense route (cupy matmul, TF32 off, then a gather at S's entries) and, where torch
+    has CUDA, torch.sparse.sampled_addmm (which samples A @ B at S's pattern; S's values multiplied after).
+    Ratios are their time over ours: above 1, ours is faster.  Ours includes making the result (copies of S's
+    positions and coordinates, new values), as a call does."""
+    k = kernel("sddmm_float32")
+    rng = np.random.default_rng(3)
+    try:
+        import torch
+        on_torch = torch.cuda.is_available()
+    except ImportError:
+        on_torch = False
+    for n, density, inner in PLAN["sddmm_bench"]:
+        label = f"sddmm_{n}_{density}_k{inner}"
+        s, a, b = sddmm_operands(rng, n, n, inner, density, np.float32)
+        indptr, indices, data = s.buffers
+        rows = cp.searchsorted(indptr, cp.arange(indices.size), side="right") - 1
+        ours = gpu_time(lambda: k(S=s, A=a, B=b))
+        ref = sddmm_reference(s, a, b)
+        scale = max(float(cp.max(cp.abs(ref))), 1e-30) if ref.size else 1.0
+        err = float(cp.max(cp.abs(k(S=s, A=a, B=b).buffers[2] - ref))) / scale if ref.size else 0.0
+        result = {"nnz": int(indices.size), "ours_s": ours, "rel_err": err}
+        if n * n * 4 <= 2**31:  # the dense product fits comfortably
+            dense = gpu_time(lambda: cp.matmul(a, b)[rows, indices] * data)
+            result.update(dense_s=dense, dense_vs_ours=dense / ours)
+        if on_torch:
+            s_t = torch.sparse_csr_tensor(torch.from_dlpack(indptr.astype(cp.int64)),
+                                          torch.from_dlpack(indices.astype(cp.int64)), torch.from_dlpack(data),
+                                          size=(n, n))
+            a_t, b_t, vals_t = torch.from_dlpack(a), torch.from_dlpack(b), torch.from_dlpack(data)
+            torch_s = gpu_time(lambda: torch.sparse.sampled_addmm(s_t, a_t, b_t, beta=0.0).values() * vals_t)
+            got = torch.sparse.sampled_addmm(s_t, a_t, b_t, beta=0.0).values() * vals_t
+            result.update(torch_s=torch_s, torch_vs_ours=torch_s / ours,
+                          torch_rel_err=float(cp.max(cp.abs(cp.from_dlpack(got) - ref))) / scale if ref.size else 0.0)
+        RESULTS["bench"][label] = result
+        print(f"SDDMM {n}^2 at {density:g}, K={inner}, nnz {indices.size}: ours {ours * 1e3:.3f} ms"
+              + (f", dense route {result['dense_s'] * 1e3:.3f} ms ({result['dense_vs_ours']:.2f}x)"
+                 if "dense_s" in result else "")
+              + (f", torch sampled_addmm {result['torch_s'] * 1e3:.3f} ms ({result['torch_vs_ours']:.2f}x)"
+                 if on_torch else ", no torch with CUDA") + f"; rel err {err:.1e} (ratios: theirs / ours)")
+
+
 def bench_launch_overhead() -> None:
     k = kernel(PLAN["tiny"][0])
     a, _ = csr_on_device(64, 64, 4)
@@ -364,8 +452,9 @@ if __name__ == "__main__":
     print(f"device: {RESULTS['device']}, CuPy {cp.__version__}")
     ok = check_all()
     ok &= check_generic()
+    ok &= check_sddmm()
     for step in (bench_launch_overhead, bench_spmv_big, bench_spmv_formats, bench_spmv_skewed, bench_spmm_big,
-                 bench_dlmc, bench_tensor_cores):
+                 bench_dlmc, bench_tensor_cores, bench_sddmm):
         try:
             step()
         except Exception as exc:  # report and go on: device time is too short to rerun

@@ -9,6 +9,7 @@ Writes ``OUT/`` (default ``benchmarks/gpu/bundle``, git-ignored):
   without shapes, run at several sizes), in both emitters where they differ
   (``auto``: the load-balanced kernels, ``sparsifier``: the mapped
   sparsified loops) so the device run picks the faster without recompiling;
+* ``kernels/sddmm_<dtype>/``: the SDDMM with a CSR result, shape-generic;
 * ``dlmc/``: the DLMC transformer matrices at 90% sparsity (``$SPARSE_MLIR_DATA``,
   ``knobs.data_dir()``: ``../shared/data`` by default; the package's one DLMC matrix when neither has them);
 * ``device_check.py``: the script to run there.
@@ -54,6 +55,11 @@ TENSOR_CORE = 8192  # 2:4 float16 SpMM and its dense Tensor Core reference, 8192
 SPMV_BIG = (2_000_000, 2_000_000)  # 25 nonzeros per row: 50M
 SPMM_BIG = 4096
 DLMC_N = 256
+SDDMM = "C[i,j] = S[i,j] * A[i,k] * B[k,j]"
+# SDDMM timings: [rows = cols, density, K]: the CPU benchmark's 4096^2 at 1% (benchmarks/sddmm.py), an attention
+# mask's 10%, a graph's 0.1% at 65536^2
+SDDMM_BENCH = [[4096, 0.01, 64], [4096, 0.1, 64], [4096, 0.01, 128], [65536, 0.001, 64]]
+SDDMM_BENCH_SMALL = [[256, 0.05, 32]]
 
 
 def smtx_shape(path: Path) -> tuple[int, int]:
@@ -71,6 +77,14 @@ def export(out: Path, name: str, kind: str, fmt: str | None, dtype: str, shapes:
 
         kernel = CudaKernel(kernel.spec, emitter=emitter)
     sm.export(kernel, out / "kernels" / name, name, shapes=shapes)
+    return name
+
+
+def export_sddmm(out: Path, dtype: str) -> str:
+    """The SDDMM with CSR ``S`` and ``C``, exported without shapes (every size at run time)."""
+    name = f"sddmm_{dtype}"
+    kernel = sm.compile(SDDMM, formats={"S": "csr", "C": "csr"}, dtype=dtype, target="cuda")
+    sm.export(kernel, out / "kernels" / name, name)
     return name
 
 
@@ -159,6 +173,9 @@ def main() -> None:
     # shape-generic: one export without shapes, run by the device script at several sizes (device_check.check_generic)
     plan["generic"] = [{"name": export(out, f"generic_{kind}_{dtype}", kind, "csr", dtype, {}), "kind": kind}
                        for kind in ("spmv", "spmm_bias") for dtype in ("float32", "float16")]
+    # the SDDMM with a CSR result (C takes S's pattern): shape-generic, checked at several sizes and timed
+    plan["sddmm"] = [export_sddmm(out, dtype) for dtype in ("float32", "float64", "float16")]
+    plan["sddmm_bench"] = SDDMM_BENCH_SMALL if args.small else SDDMM_BENCH
     (out / "plan.json").write_text(json.dumps({**plan, "dlmc_n": DLMC_N}, indent=1))
     shutil.copy(Path(__file__).with_name("device_check.py"), out / "device_check.py")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

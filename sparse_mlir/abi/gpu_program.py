@@ -214,7 +214,8 @@ class Launch:
         return (x, y, z)
 
     def param_count(self) -> int:
-        return sum(descriptor_words(len(a.shape)) if a.kind in ("buffer", "scratch", "result") else 1 for a in self.args)
+        memrefs = ("buffer", "scratch", "result")
+        return sum(descriptor_words(len(a.shape)) if a.kind in memrefs else 1 for a in self.args)
 
 
 class TensorMapGeometry(NamedTuple):

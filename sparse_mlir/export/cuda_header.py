@@ -11,7 +11,8 @@ that disagree or are negative, positions not ``rows + 1`` long, coordinates
 and values of different lengths, a sparse result's buffers not as long as
 those of the input whose pattern it keeps), zero-fills the output (where a kernel accumulates
 into it) and scratch buffers on the stream, copies the buffers of a sparse
-result that no kernel writes (the SDDMM's positions and coordinates, from ``S``'s), packs every launch's parameters exactly as
+result that no kernel writes (the SDDMM's positions and coordinates, from
+``S``'s, device to device), packs every launch's parameters exactly as
 ``gpu_program.ParamPacker`` does (same manifest, same rules) and enqueues
 the launches.  Nothing synchronizes except the copy of N:M implicit
 positions, which is made from host memory.  The code is plain C99 glue;
