@@ -61,15 +61,22 @@ def test_emulated_sddmm_matches_scipy_at_every_size_from_one_build(dtype, rng, t
 
     spec = sm.compile(SDDMM, formats=FORMATS, dtype=dtype, target="cuda").spec
     emulation = SparseResultEmulation(spec, "S", tmp_path)
-    # K: below, at and past the unrolled chains, not a multiple of them; some rows empty, one matrix all empty
-    for rows, cols, inner, empty in ((7, 5, 1, 2), (33, 40, 5, 10), (64, 17, 33, 0), (20, 90, 64, 19), (3, 4, 6, 3)):
+    # K: below, at and past the unrolled chains, not a multiple of them, and multiples of the 16-byte vectors (the
+    # vector variant: 2, 4 or 8 elements); some rows empty, one matrix all empty
+    sizes = ((7, 5, 1, 2), (33, 40, 5, 10), (64, 17, 33, 0), (20, 90, 64, 19), (3, 4, 6, 3), (40, 30, 24, 4),
+             (9, 70, 40, 1))
+    ran = set()
+    for rows, cols, inner, empty in sizes:
         s, a, b = _operands(rng, rows, cols, inner, dtype, empty_rows=empty)
         values, program = emulation({"S": _tensor(s, dtype), "A": a, "B": b})
+        ran.add(inner % (16 // np.dtype(dtype).itemsize) == 0)
         assert values.dtype == np.dtype(dtype) and values.shape == (s.nnz,)
         np.testing.assert_allclose(values.astype(np.float64), _reference(s, a, b), rtol=TOLERANCE[dtype],
                                    atol=TOLERANCE[dtype])
     assert emulation.builds == 1  # every size ran the one shape-generic build
-    assert [launch.kernel for launch in program.launches] == ["transpose_b", "sddmm"]
+    assert ran == {True, False}  # both variants ran: 16-byte vectors and single elements
+    width = 16 // np.dtype(dtype).itemsize
+    assert [launch.kernel for launch in program.launches] == ["transpose_b", f"sddmm_w{width}", "sddmm_w1"]
     assert program.result_like == (0, 1, 2) and program.result_written() == {2}  # C: S's pattern, new values
 
 
@@ -124,7 +131,7 @@ def test_cuda_kernel_returns_a_device_csr_result_that_owns_copies_of_the_pattern
     assert c_val.shape == (s.nnz,) and c_val.data.ptr != val.data.ptr
     (transpose, words_t), (sddmm, words) = [(launch[:3], launch[3]) for launch in record.launches]
     assert transpose == ("transpose_b", (-(-24 * 70 // 128), 1, 1), (128, 1, 1))
-    assert sddmm == ("sddmm", (-(-s.nnz // 128), 1, 1), (128, 1, 1))
+    assert sddmm == ("sddmm_w4", (-(-s.nnz // 128), 1, 1), (128, 1, 1))  # K = 24: 16-byte vectors
     scratch = words_t[7]  # B^T: [70, 24], the transpose's destination and the SDDMM's fifth argument
     assert words_t[:7] == [B.data.ptr, B.data.ptr, 0, 24, 70, 70, 1] and words_t[7:] == [scratch, scratch, 0, 70, 24,
                                                                                           24, 1]
@@ -182,7 +189,7 @@ def test_the_export_loads_and_runs_like_the_compiled_kernel(monkeypatch, rng, tm
     assert isinstance(C, DeviceSparseTensor) and C.shape == (30, 20) and C.format == S.format
     np.testing.assert_array_equal(C.buffers[0], S.buffers[0])
     assert C.buffers[0].data.ptr != S.buffers[0].data.ptr
-    assert [launch[0] for launch in record.launches] == ["transpose_b", "sddmm"]
+    assert [launch[0] for launch in record.launches] == ["transpose_b", "sddmm_w4"]
     with pytest.raises(OperandError, match="out= is only for dense results"):
         loaded(S=S, A=fake_cupy.device(a), B=fake_cupy.device(b), out=fake_cupy.device(np.zeros((30, 20), np.float32)))
 
@@ -199,7 +206,8 @@ def _launcher_call(tmp_path, program, rows: int, cols: int, inner: int, nnz: int
     args += [rows, cols, pointers["A"], rows, inner, pointers["B"], inner, cols]
     for buf in ("pos", "crd", "values"):
         args += [pointers[f"C_{buf}"], result_values if buf == "values" else lengths[buf]]
-    counts = "".join(f"fake_param_count[{i}] = {launch.param_count()}; " for i, launch in enumerate(program.launches))
+    transpose, variant = program.launches[:2]  # the two SDDMM variants take the same parameters
+    counts = f"fake_param_count[0] = {transpose.param_count()}; fake_param_count[1] = {variant.param_count()}; "
     (tmp_path / f"{main}.c").write_text(
         f'#include "k.h"\nint main(void) {{ k_module m; k_load(&m, "k.ptx"); {counts}'
         f'return (int)k(&m, 0, {", ".join(str(v) for v in args)}); }}\n')
@@ -217,7 +225,7 @@ def test_the_c_launcher_copies_the_pattern_and_packs_what_the_python_runtime_pac
     sm.export(kernel, tmp_path, "k")
     program = GpuProgram.from_json(json.loads((tmp_path / "k.json").read_text())["program"], ptx={})
     assert program.result_like == (0, 1, 2)
-    rows, cols, inner, nnz = 30, 20, 8, 41
+    rows, cols, inner, nnz = 30, 20, 7, 41  # K = 7: the single-element variant
     status, out, p = _launcher_call(tmp_path, program, rows, cols, inner, nnz, nnz, "main")
     assert status == 0, out
     lines = out.splitlines()
@@ -230,8 +238,9 @@ def test_the_c_launcher_copies_the_pattern_and_packs_what_the_python_runtime_pac
     scratch = [0xA000]  # the stand-in's first allocation: B^T
     results = [(p["C_pos"], rows + 1), (p["C_crd"], nnz), (p["C_values"], nnz)]
     launched = [line.split()[1:] for line in lines if line.startswith("launch")]
-    assert [line[0] for line in launched] == ["transpose_b", "sddmm"]
-    for launch, line in zip(program.launches, launched):
+    running = [launch for launch in program.launches if launch.fits(shapes)]
+    assert [line[0] for line in launched] == [launch.kernel for launch in running] == ["transpose_b", "sddmm_w1"]
+    for launch, line in zip(running, launched):
         assert [int(v) for v in line[1:4]] == list(launch.grid_for([n for _, n in buffers], shapes))
         assert [int(v) for v in line[8:]] == ParamPacker(launch)(
             buffers, scratch, shapes=shapes, scratch_shapes=program.scratch_shapes(shapes), results=results)

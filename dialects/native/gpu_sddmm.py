@@ -16,10 +16,20 @@ Two launches:
   one row share ``A``'s row, a broadcast); its row is found by a binary
   search over ``S``'s positions (balanced whatever the row lengths: no row
   can hold a warp up), its column is ``crd[e]``, and its dot product runs
-  over ``K`` with ``UNROLL`` independent accumulator chains.
+  over ``K`` in 16-byte loads of both rows (``K`` a multiple of 16 bytes,
+  so every row of ``A`` and ``B^T`` starts aligned; ``A`` itself must be
+  16-byte aligned: ``Launch.aligned``) with ``VECTOR_CHAINS`` accumulators,
+  or else one element at a time with ``UNROLL`` accumulator chains.  A
+  shape-generic build holds both variants and ``K`` picks one at launch
+  (``SizeTest``); a build with static sizes holds the one they pick.
 
 No thread talks to another (no shuffles, no barriers), so the program runs
-thread by thread in the CPU emulation that tests it.  Shape-generic: the
+thread by thread in the CPU emulation that tests it.  The cost of that
+choice: the lanes of a warp read different rows of ``B^T`` (a sector each
+per load; ``A``'s row is shared), where a group of lanes per entry, each a
+slice of ``K``, with a shuffle sum, would read them coalesced but could not
+be emulated.  Neither has run on a GPU yet: ``benchmarks/gpu/device_check.py``
+times this one against torch's ``sampled_addmm`` and the dense route.  Shape-generic: the
 sizes are read from the descriptors, the grids from the call (``GridRule``
 over ``S``'s entries and ``B``'s elements), the scratch sized from ``B``
 (``SizeOf``).  float16 data is summed in float32.  Built with the bindings'
@@ -28,8 +38,10 @@ op builders.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mlir import ir
-from mlir.dialects import arith, memref, scf
+from mlir.dialects import arith, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.native.gpu import NativeKernels, _transpose, _transpose_launch
 from sparse_mlir.dialects.native.gpu_build import (
@@ -49,14 +61,15 @@ from sparse_mlir.dialects.native.gpu_build import (
     when,
 )
 
-from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch, SizeOf
+from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch, SizeOf, SizeTest
 from sparse_mlir.dsl.patterns import sddmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["UNROLL", "gpu_sddmm"]
+__all__ = ["UNROLL", "VECTOR_CHAINS", "gpu_sddmm"]
 
-UNROLL = 4  # independent FMA chains per dot product: one chain waits ~4 cycles per FMA on its own result
+UNROLL = 4  # independent FMA chains per scalar dot product: one chain waits ~4 cycles per FMA on its own result
+VECTOR_CHAINS = 2  # with 16-byte loads each chain is already 2-8 independent FMAs; 4 chains took 60-74 registers
 Shapes = dict[str, tuple[int | None, ...]]
 
 
@@ -78,51 +91,74 @@ def gpu_sddmm(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> N
     _transpose(kernels, "transpose_b", elt, elt, (inner, cols))
     params = [*level_buffer_types(formats[s], elt), dense_type((rows, inner), elt), dense_type((cols, inner), elt),
               dense_type((None,), out)]
-    kernels.kernel("sddmm", params, _entry_per_thread)
-    launches = (_transpose_launch("transpose_b", b_arg, b_t, (inner, cols), b_arg),
-                Launch("sddmm", GridRule(val.ref, BLOCK), (BLOCK, 1, 1), (pos, crd, val, a_arg, b_t, values),
-                       fills_output=True))
+    launches = [_transpose_launch("transpose_b", b_arg, b_t, (inner, cols), b_arg)]
+    vector_width = 16 // spec.dtype.itemsize
+    widths = [vector_width if inner % vector_width == 0 else 1] if inner is not None else [vector_width, 1]
+    for width in widths:
+        name = "sddmm" if len(widths) == 1 else f"sddmm_w{width}"
+        kernels.kernel(name, params, _entry_per_thread(width))
+        # a shape-generic build holds both; K (A's columns) picks one at launch
+        tests = () if len(widths) == 1 else \
+            (SizeTest(a_arg.ref, 1, "multiple" if width > 1 else "not_multiple", vector_width),)
+        launches.append(Launch(name, GridRule(val.ref, BLOCK), (BLOCK, 1, 1), (pos, crd, val, a_arg, b_t, values),
+                               aligned=(a_arg.ref,) if width > 1 else (), fills_output=True, only_if=tests))
     scratch_shape = (cols, inner) if cols is not None and inner is not None else \
         (SizeOf(b_arg.ref, 1), SizeOf(b_arg.ref, 0))
-    return NativeKernels(kernels.module, launches, ((scratch_shape, spec.dtype.name),))
+    return NativeKernels(kernels.module, tuple(launches), ((scratch_shape, spec.dtype.name),))
 
 
-def _entry_per_thread(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b_t: ir.Value, c: ir.Value
-                      ) -> None:
-    """Thread ``e``: ``c[e] = val[e] * sum_k a[row(e), k] * b_t[crd[e], k]``."""
-    elt = ir.MemRefType(val.type).element_type
-    acc, out = accumulator(elt), ir.MemRefType(c.type).element_type
-    entry = global_thread()
-    with when(arith.cmpi(arith.CmpIPredicate.ult, entry, memref.dim(val, const(0)))):
-        # the row holding entry e: the last r with pos[r] <= e (empty rows before it are skipped by the search)
-        row = arith.subi(search(pos, const(0), memref.dim(pos, const(0)), entry, above=True), const(1))
-        column = load_index(crd, entry)
-        total = _dot(a, row, b_t, column, memref.dim(a, const(1)), acc)
-        product = arith.mulf(as_float(memref.load(val, [entry]), acc), total)
-        memref.store(as_float(product, out), c, [entry])
+def _entry_per_thread(width: int) -> Callable[..., None]:
+    """The body of one variant: ``width`` elements per load (16 bytes: ``K`` is a multiple of it, so every row of
+    ``A`` and ``B^T`` starts on a 16-byte boundary), or 1."""
+
+    def build(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b_t: ir.Value, c: ir.Value) -> None:
+        """Thread ``e``: ``c[e] = val[e] * sum_k a[row(e), k] * b_t[crd[e], k]``."""
+        elt = ir.MemRefType(val.type).element_type
+        acc, out = accumulator(elt), ir.MemRefType(c.type).element_type
+        entry = global_thread()
+        with when(arith.cmpi(arith.CmpIPredicate.ult, entry, memref.dim(val, const(0)))):
+            # the row holding entry e: the last r with pos[r] <= e (the search skips empty rows before it)
+            row = arith.subi(search(pos, const(0), memref.dim(pos, const(0)), entry, above=True), const(1))
+            column = load_index(crd, entry)
+            total = _dot(a, row, b_t, column, memref.dim(a, const(1)), acc, width)
+            product = arith.mulf(as_float(memref.load(val, [entry]), acc), total)
+            memref.store(as_float(product, out), c, [entry])
+
+    return build
 
 
-def _dot(a: ir.Value, row: ir.Value, b_t: ir.Value, column: ir.Value, inner: ir.Value, acc: ir.Type) -> ir.Value:
-    """``sum_k a[row, k] * b_t[column, k]`` in ``acc``: ``UNROLL`` chains over whole groups, then the tail."""
+def _dot(a: ir.Value, row: ir.Value, b_t: ir.Value, column: ir.Value, inner: ir.Value, acc: ir.Type,
+         width: int) -> ir.Value:
+    """``sum_k a[row, k] * b_t[column, k]`` in ``acc``: ``UNROLL`` (vectors: ``VECTOR_CHAINS``) chains of
+    ``width``-element loads over whole groups, then the tail (whole vectors: ``inner`` is a multiple of
+    ``width``), then one horizontal sum."""
+    elt = ir.MemRefType(a.type).element_type
+    typed = acc if width == 1 else ir.VectorType.get([width], acc)
     zero = arith.constant(acc, 0.0)
+    if width > 1:
+        zero = vector.BroadcastOp(typed, zero).result
 
-    def term(k: ir.Value) -> tuple[ir.Value, ir.Value]:
-        return as_float(memref.load(a, [row, k]), acc), as_float(memref.load(b_t, [column, k]), acc)
+    def load(buffer: ir.Value, at: ir.Value, k: ir.Value) -> ir.Value:
+        if width == 1:
+            return as_float(memref.load(buffer, [at, k]), acc)
+        return as_float(vector.LoadOp(ir.VectorType.get([width], elt), buffer, [at, k], alignment=16).result, typed)
 
-    whole = arith.muli(arith.divui(inner, const(UNROLL)), const(UNROLL))
-    groups = scf.ForOp(const(0), whole, const(UNROLL), [zero] * UNROLL)
+    chains_count = UNROLL if width == 1 else VECTOR_CHAINS
+    step = width * chains_count
+    whole = arith.muli(arith.divui(inner, const(step)), const(step))
+    groups = scf.ForOp(const(0), whole, const(step), [zero] * chains_count)
     with ir.InsertionPoint(groups.body):
         k = groups.induction_variable
         chains = []
         for u, total in enumerate(groups.inner_iter_args):
-            x, y = term(arith.addi(k, const(u)) if u else k)
-            chains.append(fma(x, y, total))
+            at = arith.addi(k, const(u * width)) if u else k
+            chains.append(fma(load(a, row, at), load(b_t, column, at), total))
         scf.YieldOp(chains)
-    tail = scf.ForOp(whole, inner, const(1), [zero])
+    tail = scf.ForOp(whole, inner, const(width), [zero])
     with ir.InsertionPoint(tail.body):
-        x, y = term(tail.induction_variable)
-        scf.YieldOp([fma(x, y, tail.inner_iter_args[0])])
+        at = tail.induction_variable
+        scf.YieldOp([fma(load(a, row, at), load(b_t, column, at), tail.inner_iter_args[0])])
     total = tail.results[0]
     for chain in groups.results:
         total = arith.addf(total, chain)
-    return total
+    return total if width == 1 else vector.ReductionOp(acc, vector.CombiningKind.ADD, total).result
