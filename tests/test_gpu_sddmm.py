@@ -91,6 +91,16 @@ def test_emulated_sddmm_with_64_bit_indices_and_factors_in_another_order(rng, tm
     np.testing.assert_allclose(values, _reference(s, a, b), rtol=1e-12)
 
 
+def test_emulated_float16_sddmm_keeps_its_float32_sums_with_out_dtype(rng, tmp_path):
+    from support.gpu_emulation import SparseResultEmulation
+
+    spec = sm.compile(SDDMM, formats=FORMATS, dtype="float16", out_dtype="float32", target="cuda").spec
+    s, a, b = _operands(rng, 30, 26, 40, "float16", empty_rows=2)
+    values, _ = SparseResultEmulation(spec, "S", tmp_path)({"S": _tensor(s, "float16"), "A": a, "B": b})
+    assert values.dtype == np.float32
+    np.testing.assert_allclose(values, _reference(s, a, b), rtol=1e-5, atol=1e-5)  # float16 inputs, float32 sums
+
+
 # -- PTX -----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_ptx_assembles_for_sm_80_and_sm_90a_without_spills(dtype, tmp_path):
