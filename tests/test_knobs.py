@@ -26,8 +26,13 @@ _MUTATORS = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "
 DEVICE_SCRIPTS = {"benchmarks/gpu/device_check.py", "benchmarks/gpu/tensor_core_check.py"}
 
 
+# what prepare_bundle.py / tensor_core_bundle.py write (git-ignored): copies of the device scripts and the package
+BUNDLES = (ROOT / "benchmarks" / "gpu" / "bundle", ROOT / "benchmarks" / "gpu" / "tc_bundle")
+
+
 def _sources(*folders: str) -> list[Path]:
-    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py")
+                  if "__pycache__" not in p.parts and not any(p.is_relative_to(b) for b in BUNDLES))
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
