@@ -70,10 +70,12 @@ def batch_features(model: Any, batch: int) -> dict[str, torch.Tensor]:
             for k, v in features.items()}
 
 
-def forward(model: Any, features: dict[str, torch.Tensor]) -> Callable[[], object]:
-    def run() -> object:
+def forward(model: Any, features: dict[str, torch.Tensor]) -> Callable[[], dict[str, torch.Tensor]]:
+    """One forward of ``model`` on a fresh copy of ``features`` (sentence-transformers adds its outputs to the
+    dict it is given and returns that dict: two calls on one dict would return the same object)."""
+    def run() -> dict[str, torch.Tensor]:
         with torch.inference_mode():
-            return model(features)
+            return model(dict(features))
     return run
 
 
@@ -111,7 +113,7 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int, repeats:
     return wall, cpu
 
 
-def report(times: dict[str, list[float]]) -> None:
+def print_times(times: dict[str, list[float]]) -> None:
     """Each variant's median [range] in ms; for the sparse ones the ratios to both baselines."""
     for name, samples in times.items():
         line = f"    {name}: {np.median(samples) * 1e3:.0f} ms [{min(samples) * 1e3:.0f}-{max(samples) * 1e3:.0f}]"
@@ -170,9 +172,9 @@ def main() -> None:
               f"{args.repeats} forwards, load average now {os.getloadavg()[0]:.2f}; ratio = baseline time / sparse "
               f"time (above 1: sparse faster), median of per-round ratios [range]")
         print("  wall time:")
-        report(wall)
+        print_times(wall)
         print("  CPU time of this process (all threads; spinning counts):")
-        report(cpu)
+        print_times(cpu)
         if args.profile:
             for name, run in variants.items():
                 profile(name, run)
