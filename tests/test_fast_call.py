@@ -345,3 +345,18 @@ def test_a_loaded_shape_generic_export_calls_in_c(rng, tmp_path):
             assert plan.calls == calls + 1
     with pytest.raises(ShapeError):
         loaded(A=sp.csr_array(np.eye(3)), B=np.ones((4, 2)))
+
+
+def test_scipy_flags_read_as_scipy_reads_them(rng):
+    """The C path reads a matrix's cached flags from its instance dictionary the way scipy's
+    ``has_canonical_format`` property does: not yet cached, the property computes it (and the call runs in C);
+    ``has_sorted_indices`` set false, the matrix is not canonical (the Python path sorts a copy)."""
+    kernel, a, x, dense = _warm(rng)
+    fresh = sp.csr_array((a.data.copy(), a.indices.copy(), a.indptr.copy()), shape=a.shape)
+    assert "_has_canonical_format" not in vars(fresh)
+    calls = _plan(kernel).calls
+    np.testing.assert_allclose(kernel(A=fresh, x=x), dense @ x, rtol=1e-12)
+    assert _plan(kernel).calls == calls + 1 and vars(fresh)["_has_canonical_format"] is True
+    fresh.has_sorted_indices = False  # a lie in the safe direction: scipy and we then treat it as unsorted
+    with _NoCallsIn(kernel):
+        np.testing.assert_allclose(kernel(A=fresh, x=x), dense @ x, rtol=1e-12)
