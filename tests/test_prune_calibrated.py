@@ -147,3 +147,22 @@ def test_collect_gathers_each_linear_layers_inputs_with_hooks(rng):
     assert list(only) == ["2"]
     with pytest.raises(OperandError, match="no Linear"):
         prune.collect(torch.nn.ReLU(), lambda m: None)
+
+
+def test_targets_equal_to_the_inputs_change_nothing_and_other_targets_are_fitted(layer, rng):
+    """SparseGPT with dense-model targets: T = X is plain SparseGPT; for perturbed inputs X it fits W T."""
+    w, x = layer
+    plain = prune.sparsegpt(w, prune.Calibration.from_activations(x), sparsity=0.5)[0].to_dense()
+    same = prune.Calibration(x.shape[1]).update(x, target=x)
+    np.testing.assert_allclose(prune.sparsegpt(w, same, sparsity=0.5)[0].to_dense(), plain, rtol=1e-5, atol=1e-6)
+    perturbed = x + rng.normal(size=x.shape) * x.std(0) * 0.3  # what pruned layers before it would feed it
+    toward = prune.Calibration(x.shape[1]).update(perturbed, target=x)
+    fitted = prune.sparsegpt(w, toward, sparsity=0.5)[0].to_dense()
+    unaware = prune.sparsegpt(w, prune.Calibration.from_activations(perturbed), sparsity=0.5)[0].to_dense()
+    want = x @ w.T
+    errors = [np.linalg.norm(perturbed @ m.T - want) for m in (unaware, fitted)]
+    assert errors[1] < 0.9 * errors[0], errors
+    with pytest.raises(ShapeError, match="every batch"):
+        toward.update(x)
+    with pytest.raises(ShapeError, match="target"):
+        prune.Calibration(x.shape[1]).update(x, target=x[:10])

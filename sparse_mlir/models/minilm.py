@@ -12,8 +12,10 @@ Linears: the fair speed baseline and the numerical reference for the kernels.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +26,16 @@ from torch import nn
 
 from sparse_mlir import prune
 from sparse_mlir.errors import OperandError
+from sparse_mlir.models import sentences as generated_text
 from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.torch import SparseLinear
 
 __all__ = ["METHODS", "PruneReport", "model_path", "load", "encoder_linears", "embed", "prune_encoder",
-           "pruned_dense", "cosine", "training_sentences", "finetune"]
+           "pruned_dense", "cosine", "calibration_sentences", "training_sentences", "finetune"]
 
 METHODS = ("magnitude", "wanda", "sparsegpt")
-# sentences for calibration when the caller gives none: varied everyday English, like the model's training data
+# hand-written everyday English, part of every default calibration set (with generated sentences: see
+# calibration_sentences)
 CALIBRATION = (
     "A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
     "A man is riding a horse.", "A woman is playing violin.", "Two men pushed carts through the woods.",
@@ -82,39 +86,68 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(np.sum(a * b, axis=1)))
 
 
-def _blocks(linears: dict[str, Any]) -> list[list[str]]:
-    """The layer names grouped by encoder block (``...encoder.layer.<i>.``), in order."""
-    groups: dict[int, list[str]] = {}
-    for name in linears:
-        index = int(f".{name}".split(".encoder.layer.")[1].split(".")[0])
-        groups.setdefault(index, []).append(name)
-    return [groups[i] for i in sorted(groups)]
-
-
 @dataclass(frozen=True)
 class PruneReport:
-    """What ``prune_encoder`` did: layers converted, weights kept, the sparsity reached."""
+    """What ``prune_encoder`` did: layers converted, weights kept, the sparsity reached, the new weights and
+    biases (calibrated pruning corrects each bias for the mean output the removed weights carried)."""
 
     method: str
     layers: int
     kept: int
     total: int
     weights: dict[str, SparseTensor]
+    biases: dict[str, np.ndarray | None]
 
     @property
     def sparsity(self) -> float:
         return 1.0 - self.kept / self.total
 
 
+def calibration_sentences(count: int = 512, seed: int = 0) -> list[str]:
+    """The default calibration set: the hand-written ``CALIBRATION`` and ``count`` generated sentences.
+
+    Variety matters more than amount here: 24 sentences plus 512 from one
+    template gave a held-out cosine of 0.82 at 2:4 (SparseGPT), 4x as many
+    from the same template changed nothing, 512 from sixteen templates gave 0.87.
+    """
+    return [*CALIBRATION, *generated_text.templated(count, seed)]
+
+
+def _tokenize(model: Any, texts: Sequence[str]) -> dict[str, Any]:
+    return (model.preprocess if hasattr(model, "preprocess") else model.tokenize)(list(texts))
+
+
+def _batches(model: Any, texts: Sequence[str], size: int = 64) -> list[dict[str, Any]]:
+    """``texts`` tokenized in batches of ``size``, sorted by length so that little of each batch is padding
+    (padded positions are left out of the statistics by their attention mask)."""
+    ordered = sorted(texts, key=lambda text: len(model.tokenizer(text)["input_ids"]))
+    return [_tokenize(model, ordered[i:i + size]) for i in range(0, len(ordered), size)]
+
+
+def _linear_of(weights: SparseTensor, bias: np.ndarray | None) -> nn.Linear:
+    """A dense ``nn.Linear`` computing what the pruned layer computes: it stands in while later layers calibrate."""
+    out_features, in_features = weights.shape
+    linear = nn.Linear(in_features, out_features, bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(weights.to_dense().astype(np.float32)))
+        if bias is not None:
+            linear.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
+    return linear
+
+
 def prune_encoder(model: Any, method: str = "magnitude", *, sparsity: float | None = None,
-                  pattern: str | None = None, calibration: Sequence[str] = CALIBRATION) -> PruneReport:
+                  pattern: str | None = None, calibration: Sequence[str] | None = None) -> PruneReport:
     """Replace the encoder's Linear layers of ``model`` in place by pruned ``SparseLinear`` layers.
 
     ``pattern="2:4"`` or ``sparsity=0.9`` (unstructured, per row) says what
     is kept; ``method`` how it is chosen: by magnitude, or calibrated on the
-    layers' inputs over ``calibration`` sentences (Wanda, SparseGPT), block by
-    block: each encoder block's statistics are gathered (forward hooks) with
-    the blocks before it already pruned.
+    layers' inputs over ``calibration`` sentences (default:
+    ``calibration_sentences()``) by Wanda or SparseGPT, in sequence
+    (``prune.prune_sequentially``): query, key and value of a block, then its
+    attention output, then each MLP layer, each on inputs that went through
+    every layer already pruned, with the unpruned model's inputs and outputs
+    as the target (SparseGPT fits them; each bias is corrected for the mean
+    output the layer lost).  If pruning fails the model keeps its original layers.
     """
     if method not in METHODS:
         raise OperandError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -123,80 +156,146 @@ def prune_encoder(model: Any, method: str = "magnitude", *, sparsity: float | No
         raise OperandError("prune_encoder needs a model whose encoder Linear layers are all dense nn.Linear")
     pattern_spec = prune.pattern_of(sparsity=sparsity, pattern=pattern, scope="row")
     weights: dict[str, SparseTensor] = {}
-    # block by block, as SparseGPT does: each block is calibrated on inputs that went through the blocks
-    # already pruned, so it makes up for their error too
-    for block in _blocks(linears):
-        statistics = {} if method == "magnitude" else \
-            prune.collect(model, lambda m: embed(m, calibration), include=lambda name, _: name in block)
-        for name in block:
-            linear = linears[name]
-            w = linear.weight.detach().to(torch.float32).numpy()
-            if method == "magnitude":
-                tensor, _ = prune.by_magnitude(w, pattern_spec)
-            else:
-                pruner = prune.wanda if method == "wanda" else prune.sparsegpt
-                tensor, _ = pruner(w, statistics[name], sparsity=sparsity, pattern=pattern)
-            weights[name] = tensor
-            model.set_submodule(name, SparseLinear(tensor, linear.bias))
+    biases: dict[str, np.ndarray | None] = {}
+
+    def dense_weights(name: str) -> np.ndarray:
+        return linears[name].weight.detach().to(torch.float32).numpy()
+
+    def bias_of(name: str) -> np.ndarray | None:
+        bias = linears[name].bias
+        return None if bias is None else bias.detach().to(torch.float32).numpy().astype(np.float64)
+
+    def prune_layer(name: str, statistics: prune.Calibration) -> None:
+        w = dense_weights(name)
+        pruner = prune.wanda if method == "wanda" else prune.sparsegpt
+        weights[name], _ = pruner(w, statistics, sparsity=sparsity, pattern=pattern)
+        biases[name] = prune.corrected_bias(w, weights[name], bias_of(name), statistics)
+        model.set_submodule(name, _linear_of(weights[name], biases[name]))
+
+    try:
+        if method == "magnitude":
+            for name in linears:
+                weights[name], _ = prune.by_magnitude(dense_weights(name), pattern_spec)
+                biases[name] = bias_of(name)
+        else:
+            texts = calibration_sentences() if calibration is None else list(calibration)
+            if not texts:
+                raise OperandError("calibrated pruning needs some calibration sentences")
+            # the unpruned model runs alongside: each layer is fitted to the dense model's outputs (targets)
+            reference = copy.deepcopy(model)
+            prune.prune_sequentially(model, list(linears), _batches(model, texts), prune_layer,
+                                     reference=reference, positions=lambda batch: batch["attention_mask"].bool())
+            del reference
+        for name, tensor in weights.items():
+            bias = biases[name]
+            model.set_submodule(name, SparseLinear(tensor, None if bias is None else torch.from_numpy(
+                bias.astype(np.float32))))
+    except BaseException:
+        for name, linear in linears.items():  # the caller's model as it was
+            model.set_submodule(name, linear)
+        raise
     kept = sum(t.nnz for t in weights.values())
     total = sum(int(np.prod(t.shape)) for t in weights.values())
-    return PruneReport(method, len(weights), kept, total, weights)
+    return PruneReport(method, len(weights), kept, total, weights, biases)
 
 
 def pruned_dense(dense_model: Any, report: PruneReport) -> Any:
     """A copy of the unpruned ``dense_model`` whose encoder Linears hold ``report``'s pruned (and, for
-    SparseGPT, updated) weights, densely: the same numbers as the sparse model, on dense kernels."""
+    SparseGPT, updated) weights and biases, densely: the same numbers as the sparse model, on dense kernels."""
     dense = copy.deepcopy(dense_model)
     for name, tensor in report.weights.items():
+        linear, bias = dense.get_submodule(name), report.biases[name]
         with torch.no_grad():
-            dense.get_submodule(name).weight.copy_(torch.from_numpy(tensor.to_dense().astype(np.float32)))
+            linear.weight.copy_(torch.from_numpy(tensor.to_dense().astype(np.float32)))
+            if bias is not None:
+                linear.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
     return dense.eval()
 
 
-def training_sentences(count: int = 512, seed: int = 0) -> list[str]:
-    """``count`` generated sentences (subject, verb, object from small vocabularies) for fine-tuning.
+def training_sentences(count: int = 4096, seed: int = 1, *, model: Any = None) -> list[str]:
+    """``count`` generated sentences for distillation (the dense model's outputs are the targets: no labels).
 
-    Distillation only needs inputs from the model's domain, not labels: the
-    dense model's embeddings are the targets.  Generated, so nothing is downloaded.
+    With ``model``, half of them are random words from its tokenizer's
+    vocabulary (``generated_text.word_salad``): the templates alone use a few
+    hundred words, and a student fitted on those only carries over less to
+    other text (held-out cosine at 90% after 300 steps: 0.68 against 0.71).
     """
-    subjects = ("A man", "The woman", "Two children", "My neighbour", "The old teacher", "A small dog", "The team",
-                "Our company", "The doctor", "A young student", "The farmer", "Her brother", "The pilot", "A tourist")
-    verbs = ("is reading", "bought", "is painting", "found", "is watching", "cooked", "wrote about", "is looking for",
-             "sold", "is carrying", "forgot", "talked about", "is repairing", "photographed")
-    objects = ("a red car.", "the evening news.", "an old map of the city.", "fresh bread and cheese.",
-               "a difficult exam.", "the stars at night.", "a new phone.", "the history of Rome.", "a wooden boat.",
-               "the price of coffee.", "a broken window.", "the football match.", "a letter from home.",
-               "the mountains in winter.")
-    rng = np.random.default_rng(seed)
-    return [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}" for _ in range(count)]
+    if count < 1:
+        raise OperandError(f"training_sentences needs count >= 1, got {count}")
+    salad = count // 2 if model is not None else 0
+    generated = generated_text.templated(count - salad, seed)
+    if salad:
+        generated += generated_text.word_salad(model.tokenizer.get_vocab(), salad, seed)
+    return generated
 
 
-def finetune(student: Any, teacher: Any, sentences: Sequence[str], *, steps: int = 200, batch: int = 16,
-             lr: float = 2e-4, seed: int = 0) -> list[float]:
-    """Distill ``teacher``'s sentence embeddings into the pruned ``student`` for ``steps`` Adam steps.
+_BLOCK = re.compile(r"(^|\.)encoder\.layer\.\d+$")
 
-    The loss is ``1 - cosine`` between the two embeddings of each sentence.
-    Every parameter of the student trains, its ``SparseLinear`` layers through
-    their stored values only, so the pruning mask stays what it was.  Returns
-    the loss of each step.
+
+@contextlib.contextmanager
+def _block_outputs(model: Any) -> Iterator[list[torch.Tensor]]:
+    """The hidden states each encoder block returns while the ``with`` body runs a forward pass, in order."""
+    outputs: list[torch.Tensor] = []
+    handles = [module.register_forward_hook(
+        lambda _m, _args, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+        for name, module in model.named_modules() if _BLOCK.search(name)]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hidden_state_loss(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """Sum over blocks of the mean squared error of the real (unpadded) tokens' hidden states, each relative
+    to the teacher's mean square, so every block counts alike whatever its scale."""
+    weight = mask.unsqueeze(-1).to(got[0].dtype)
+    total = torch.zeros((), dtype=got[0].dtype)
+    for student_states, teacher_states in zip(got, want, strict=True):
+        error = ((student_states - teacher_states) ** 2 * weight).sum()
+        total = total + error / (teacher_states ** 2 * weight).sum()
+    return total
+
+
+def finetune(student: Any, teacher: Any, sentences: Sequence[str], *, steps: int = 300, batch: int = 32,
+             lr: float = 3e-3, warmup: float = 0.05, hidden_states: bool = True, seed: int = 0) -> list[float]:
+    """Distill the dense ``teacher`` into the pruned ``student`` for ``steps`` Adam steps; the mask stays fixed.
+
+    The loss is ``1 - cosine`` between the two sentence embeddings, plus
+    (``hidden_states``) each encoder block's output error relative to the
+    teacher's: layer-wise distillation tells every block what it should
+    produce instead of sending one signal back through six, and recovered
+    the 90% model about twice as fast in our runs.  The learning rate rises
+    linearly over the first ``warmup`` fraction of the steps, then falls
+    linearly to zero.  Every parameter of the student trains, its
+    ``SparseLinear`` layers through their stored values only (the sparse
+    training path), so the pruning mask stays what it was.  Returns each step's loss.
     """
-    if steps < 1 or batch < 1 or not sentences:
-        raise OperandError("finetune needs steps >= 1, batch >= 1 and some sentences")
-    targets = torch.from_numpy(embed(teacher, sentences))
-    tokenize = student.preprocess if hasattr(student, "preprocess") else student.tokenize
+    if steps < 1 or batch < 1 or not sentences or not 0 <= warmup < 1 or lr <= 0:
+        raise OperandError("finetune needs steps >= 1, batch >= 1, some sentences, 0 <= warmup < 1 and lr > 0")
     optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=lr)
+    rise = max(1, round(warmup * steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / rise) * max(0.0, 1.0 - step / steps))
     generator = np.random.default_rng(seed)
     losses = []
+    teacher.eval()
     student.train()
     try:
         for _ in range(steps):
             picked = generator.choice(len(sentences), size=min(batch, len(sentences)), replace=False)
-            features = tokenize([sentences[i] for i in picked])
-            got = student(features)["sentence_embedding"]
-            loss = 1.0 - torch.nn.functional.cosine_similarity(got, targets[picked]).mean()
+            features = _tokenize(student, [sentences[i] for i in picked])
+            with torch.no_grad(), _block_outputs(teacher) as wanted:
+                target = teacher(dict(features))["sentence_embedding"]
+            with _block_outputs(student) as got:
+                embedding = student(dict(features))["sentence_embedding"]
+            loss = 1.0 - torch.nn.functional.cosine_similarity(embedding, target).mean()
+            if hidden_states:
+                loss = loss + _hidden_state_loss(got, wanted, features["attention_mask"])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
             losses.append(float(loss.detach()))
     finally:
         student.eval()

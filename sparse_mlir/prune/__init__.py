@@ -6,13 +6,15 @@ column by column and updates the remaining weights to make up for what was
 removed (second order, from the inputs' Gram matrix).  All return the sparse
 tensor kernels run on and the boolean mask a training loop keeps; the
 calibrated ones take a ``Calibration`` of the layer's inputs (``collect`` gathers one per layer
-of a torch model with forward hooks).
+of a torch model with forward hooks; ``prune_sequentially`` calibrates each
+layer on inputs that went through the layers already pruned, as the papers do).
 """
 
 from sparse_mlir.prune.by_magnitude import block, by_magnitude, magnitude, n_m
-from sparse_mlir.prune.calibrated import Calibration, sparsegpt, wanda
+from sparse_mlir.prune.calibrated import Calibration, corrected_bias, sparsegpt, wanda
 from sparse_mlir.prune.hooks import collect
 from sparse_mlir.prune.masks import Pattern, apply_mask, pattern_of, satisfies_n_m
+from sparse_mlir.prune.sequential import prune_sequentially, stages
 
-__all__ = ["magnitude", "n_m", "block", "by_magnitude", "wanda", "sparsegpt", "Calibration", "collect", "Pattern",
-           "pattern_of", "apply_mask", "satisfies_n_m"]
+__all__ = ["magnitude", "n_m", "block", "by_magnitude", "wanda", "sparsegpt", "Calibration", "corrected_bias",
+           "collect", "prune_sequentially", "stages", "Pattern", "pattern_of", "apply_mask", "satisfies_n_m"]

@@ -9,13 +9,13 @@ memory stays at one Gram matrix per layer whatever the amount of data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sparse_mlir.errors import OperandError
 from sparse_mlir.prune.calibrated import Calibration
 
-__all__ = ["collect"]
+__all__ = ["collect", "hook_inputs"]
 
 
 def collect(model: Any, run: Callable[[Any], Any], *,
@@ -31,21 +31,13 @@ def collect(model: Any, run: Callable[[Any], Any], *,
 
     if not isinstance(model, torch.nn.Module):
         raise OperandError(f"collect() hooks a torch.nn.Module, got {type(model).__name__}")
-    found: dict[str, Calibration] = {}
-    handles = []
-
-    def hook_for(name: str, features: int) -> Callable[..., None]:
-        def record(_module: Any, args: tuple[Any, ...]) -> None:
-            found.setdefault(name, Calibration(features)).update(args[0])
-        return record
-
-    for name, module in model.named_modules():
-        features = getattr(module, "in_features", None)
-        if features is None or not hasattr(module, "weight") or (include is not None and not include(name, module)):
-            continue
-        handles.append(module.register_forward_pre_hook(hook_for(name, features)))
-    if not handles:
+    names = [name for name, module in model.named_modules()
+             if getattr(module, "in_features", None) is not None and hasattr(module, "weight")
+             and (include is None or include(name, module))]
+    if not names:
         raise OperandError("the model has no Linear layers to calibrate (or include= selected none)")
+    found: dict[str, Calibration] = {}
+    handles = hook_inputs(model, names, lambda name, x: found.setdefault(name, Calibration(int(x.shape[-1]))).update(x))
     try:
         with torch.no_grad():
             run(model)
@@ -53,3 +45,19 @@ def collect(model: Any, run: Callable[[Any], Any], *,
         for handle in handles:
             handle.remove()
     return found
+
+
+def hook_inputs(model: Any, names: Sequence[str], record: Callable[[str, Any], None]) -> list[Any]:
+    """Call ``record(name, input)`` whenever one of the modules ``names`` of ``model`` runs; returns the hook
+    handles (the caller removes them).  Unknown names raise ``OperandError``."""
+    modules = dict(model.named_modules())
+    missing = [name for name in names if name not in modules]
+    if missing:
+        raise OperandError(f"the model has no layers named {missing}")
+
+    def hook_for(name: str) -> Callable[..., None]:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:
+            record(name, args[0])
+        return hook
+
+    return [modules[name].register_forward_pre_hook(hook_for(name)) for name in names]
