@@ -20,12 +20,18 @@ def operands(sparsity: float):
     return a, sm.SparseTensor.from_dense(a, "csr"), rng.standard_normal((512, 256)).astype(np.float32)
 
 
-def test_sparse_chosen_when_sparse_and_dense_when_not(auto):
-    for sparsity, expected in ((0.99, "sparse"), (0.10, "dense")):
+def test_sparse_chosen_when_sparse_and_the_fastest_when_not(auto):
+    """At 99% the sparse kernel does a hundredth of the work: it wins everywhere.  At 10% the winner is the
+    host's: dense BLAS on most machines, but on a 2-vCPU VM whose OpenBLAS ran 7x slower on two threads than
+    on one, the sparse kernel (2 ms against 8 ms).  What auto promises is the fastest variant it timed."""
+    for sparsity in (0.99, 0.10):
         a, A, B = operands(sparsity)
         np.testing.assert_allclose(auto(A=A, B=B), a @ B, rtol=1e-4, atol=1e-3)
-        assert auto.schedule["choice"].startswith(expected), auto.schedule
-        assert set(auto.schedule["seconds"]) >= {"sparse", "dense"}
+        seconds = auto.schedule["seconds"]
+        assert set(seconds) >= {"sparse", "dense"}
+        assert auto.schedule["choice"] == min(seconds, key=seconds.__getitem__), auto.schedule
+        if sparsity == 0.99:
+            assert auto.schedule["choice"].startswith("sparse"), auto.schedule
 
 
 def test_decision_is_cached_per_tensor(auto):
