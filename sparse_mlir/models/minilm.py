@@ -264,8 +264,10 @@ def finetune(student: Any, teacher: Any, sentences: Sequence[str], *, steps: int
     The loss is ``1 - cosine`` between the two sentence embeddings, plus
     (``hidden_states``) each encoder block's output error relative to the
     teacher's: layer-wise distillation tells every block what it should
-    produce instead of sending one signal back through six, and recovered
-    the 90% model about twice as fast in our runs.  The learning rate rises
+    produce instead of sending one signal back through six (SparseGPT 90%:
+    held-out cosine 0.42 -> 0.71 in 300 steps; the embedding-only loss of
+    the last session reached 0.49 in 60 steps at lr 2e-4: not the same
+    run, no side-by-side comparison was made).  The learning rate rises
     linearly over the first ``warmup`` fraction of the steps, then falls
     linearly to zero.  Every parameter of the student trains, its
     ``SparseLinear`` layers through their stored values only (the sparse
