@@ -12,9 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, memref, scf
+from mlir.dialects import arith, func, memref, scf
+from sparse_mlir.dialects.encoding import TYPE_NAMES
+from sparse_mlir.dialects.linalg import KERNEL_NAME
 
-__all__ = ["add", "as_index", "constant_like", "dynamic_vector", "for_each", "if_else", "index", "is_float",
+from sparse_mlir.dsl.plan import KernelSpec
+from sparse_mlir.formats import Format
+
+__all__ = ["add", "as_index", "constant_like", "csr_levels", "csr_product_module", "dynamic_vector", "for_each", "if_else", "index", "is_float",
            "load_index", "mul", "parallel", "reduce_loop", "store_index", "sub"]
 
 
@@ -107,3 +112,34 @@ def if_else(condition: ir.Value, then: Callable[[], Sequence[ir.Value]],
     with ir.InsertionPoint(op.else_block):
         scf.YieldOp(list(otherwise()))
     return list(op.results)
+
+
+def csr_levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
+    """The memref types of a CSR tensor's positions, coordinates and values (a width of 0 is ``index``: 64 bits)."""
+    widths = (fmt.pos_width or 64, fmt.crd_width or 64)
+    return [dynamic_vector(t) for t in (*(ir.IntegerType.get_signless(w) for w in widths), element)]
+
+
+def csr_product_module(spec: KernelSpec, formats: dict[str, Format],
+                       body: Callable[[dict[str, list[ir.Value]], ir.Type, list[ir.Type]], Sequence[ir.Value]]
+                       ) -> ir.Module:
+    """A kernel module with the sparse assembler's signature over CSR operands and a CSR result: every input's
+    level buffers in, the result's out (allocated by the kernel; the C entry point hands them to the caller).
+
+    ``body(buffers by input name, element type, result types)`` builds the function's body and returns the
+    result's buffers.  Shared by the emitters whose operands and result are all CSR (SpGEMM, the sparse add).
+    """
+    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
+    types = {name: csr_levels(formats[name], element) for name in spec.inputs}
+    out_types = csr_levels(formats[spec.output], element)
+    module = ir.Module.create()
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]], out_types))
+        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        block = fn.add_entry_block()
+        args = iter(block.arguments)
+        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
+        with ir.InsertionPoint(block):
+            func.ReturnOp(list(body(buffers, element, out_types)))
+    module.operation.verify()
+    return module

@@ -44,12 +44,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, func, memref, scf
-from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.linalg import KERNEL_NAME
+from mlir.dialects import arith, memref, scf
 from sparse_mlir.dialects.native.loops import (
     add,
     constant_like,
+    csr_product_module,
     dynamic_vector,
     for_each,
     if_else,
@@ -86,28 +85,12 @@ def native_sparse_add(spec: KernelSpec, formats: dict[str, Format], shapes: Shap
         return _module(spec, formats, shapes, found)
 
 
-def _levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
-    """The memref types of a CSR tensor's positions, coordinates and values."""
-    widths = (fmt.pos_width or 64, fmt.crd_width or 64)
-    return [dynamic_vector(t) for t in (*(ir.IntegerType.get_signless(w) for w in widths), element)]
-
-
 def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, found: SparseSum) -> ir.Module:
-    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
-    types = {name: _levels(formats[name], element) for name in spec.inputs}
-    out_types = _levels(formats[spec.output], element)
-    module = ir.Module.create()
-    with ir.InsertionPoint(module.body):
-        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]], out_types))
-        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        block = fn.add_entry_block()
-        args = iter(block.arguments)
-        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
-        with ir.InsertionPoint(block):
-            merge = _Merge(buffers[found.a], buffers[found.b], found.alpha, found.beta, element, out_types)
-            func.ReturnOp(merge.emit(shapes[spec.output][0]))
-    module.operation.verify()
-    return module
+    def body(buffers: dict[str, list[ir.Value]], element: ir.Type, out_types: list[ir.Type]) -> list[ir.Value]:
+        merge = _Merge(buffers[found.a], buffers[found.b], found.alpha, found.beta, element, out_types)
+        return merge.emit(shapes[spec.output][0])
+
+    return csr_product_module(spec, formats, body)
 
 
 class _Operand:

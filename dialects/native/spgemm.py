@@ -36,17 +36,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, func, math, memref, scf
+from mlir.dialects import arith, math, memref, scf
 from mlir.dialects import sparse_tensor as st
-from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.linalg import KERNEL_NAME
+from sparse_mlir.dialects.native.loops import csr_product_module, reduce_loop
 from sparse_mlir.dialects.native.loops import dynamic_vector as _vector
 from sparse_mlir.dialects.native.loops import for_each as _for
 from sparse_mlir.dialects.native.loops import if_else as _if
 from sparse_mlir.dialects.native.loops import index as _index
 from sparse_mlir.dialects.native.loops import load_index as _load_index
 from sparse_mlir.dialects.native.loops import parallel as _parallel
-from sparse_mlir.dialects.native.loops import reduce_loop
 from sparse_mlir.dialects.native.loops import store_index as _store_as
 
 from sparse_mlir.dsl.patterns import spgemm_operands
@@ -76,29 +74,12 @@ def native_spgemm(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes,
         return _module(spec, formats, shapes, *found)
 
 
-def _levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
-    """The memref types of a CSR tensor's positions, coordinates and values."""
-    dynamic = ir.ShapedType.get_dynamic_size()
-    widths = (fmt.pos_width or 64, fmt.crd_width or 64)
-    return [ir.MemRefType.get([dynamic], t) for t in (*(ir.IntegerType.get_signless(w) for w in widths), element)]
-
-
 def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, a_name: str, b_name: str) -> ir.Module:
-    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
-    types = {name: _levels(formats[name], element) for name in spec.inputs}
-    out_types = _levels(formats[spec.output], element)
-    module = ir.Module.create()
-    with ir.InsertionPoint(module.body):
-        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]], out_types))
-        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        block = fn.add_entry_block()
-        args = iter(block.arguments)
-        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
-        with ir.InsertionPoint(block):
-            kernel = _Gustavson(*buffers[a_name], *buffers[b_name], element, out_types)
-            func.ReturnOp(kernel.emit(shapes[spec.output][0], shapes[b_name][1]))
-    module.operation.verify()
-    return module
+    def body(buffers: dict[str, list[ir.Value]], element: ir.Type, out_types: list[ir.Type]) -> list[ir.Value]:
+        kernel = _Gustavson(*buffers[a_name], *buffers[b_name], element, out_types)
+        return kernel.emit(shapes[spec.output][0], shapes[b_name][1])
+
+    return csr_product_module(spec, formats, body)
 
 
 def _reduce(lower: ir.Value, upper: ir.Value, init: ir.Value,
