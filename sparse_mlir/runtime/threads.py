@@ -113,12 +113,8 @@ def blocktime(ms: int) -> Iterator[None]:
     same cores (``SparseLinear`` between torch operators): our spinning
     workers took cores from torch's threads after every call.
     """
-    previous = getattr(_local, "blocktime", BLOCKTIME_MS)
-    _local.blocktime = ms
-    try:
+    with _this_thread("blocktime", ms, BLOCKTIME_MS):
         yield
-    finally:
-        _local.blocktime = previous
 
 
 def for_work(entries: int) -> int:
@@ -132,9 +128,16 @@ def for_work(entries: int) -> int:
 @contextlib.contextmanager
 def fixed(count: int) -> Iterator[None]:
     """Run the kernel calls of this block, on this Python thread, with ``count`` threads."""
-    previous = getattr(_local, "fixed", None)
-    _local.fixed = count
+    with _this_thread("fixed", count, None):
+        yield
+
+
+@contextlib.contextmanager
+def _this_thread(setting: str, value: int, default: int | None) -> Iterator[None]:
+    """``setting`` of this Python thread's kernel calls set to ``value`` for the block, then back to what it was."""
+    previous = getattr(_local, setting, default)
+    setattr(_local, setting, value)
     try:
         yield
     finally:
-        _local.fixed = previous
+        setattr(_local, setting, previous)
