@@ -18,14 +18,12 @@ import functools
 import json
 import operator
 import os
-import subprocess
-import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
+import sparsifier_child  # benchmarks/: this script's folder, first on sys.path
 from spgemm import round_robin
 
 import sparse_mlir as sm
@@ -106,21 +104,11 @@ def calls(a: sp.csr_array, b: sp.csr_array, kernel) -> dict[str, Callable[[], ob
 
 def sparsifier(rounds: int, repeats: int) -> dict[str, dict[str, float]]:
     """The sparsifier's kernel and scipy, alternating, timed in a child process (see the module docstring)."""
-    with tempfile.TemporaryDirectory(prefix="sparse_add_sparsifier_cache_") as cache:
-        env = {**os.environ, "SPARSE_MLIR_CACHE_DIR": cache, "SPARSE_MLIR_COMPILE_IN_PROCESS": "1"}
-        done = subprocess.run([sys.executable, __file__, "--sparsifier", "--rounds", str(rounds), "--repeats",
-                               str(repeats)], env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.splitlines()[-1])
+    return sparsifier_child.run(__file__, "sparse_add_sparsifier_cache_", rounds, repeats)
 
 
 def _sparsifier_child(rounds: int, repeats: int) -> None:
-    # MLIR in this child only: the table the compiler reads, and the shape-generic rows that follow it
-    from sparse_mlir.dialects import select
-
-    from sparse_mlir.compiler import emitters
-
-    select.CPU_EMITTERS = tuple(row for row in select.CPU_EMITTERS if row.name != "sparse_add")
-    emitters.SHAPE_GENERIC_CPU = tuple(row for row in emitters.SHAPE_GENERIC_CPU if row[0] != "sparse_add")
+    sparsifier_child.drop_emitter("sparse_add")
     out = {}
     for name, (a, b) in cases().items():
         kernel = sm.compile(EXPRESSION, formats=FORMATS, dtype=a.dtype)

@@ -19,15 +19,13 @@ import functools
 import json
 import operator
 import os
-import subprocess
-import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+import sparsifier_child  # benchmarks/: this script's folder, first on sys.path
 
 import sparse_mlir as sm
 import sparse_mlir.data
@@ -123,18 +121,11 @@ def calls(a: sp.csr_array, kernel) -> dict[str, Callable[[], object]]:
 
 def sparsifier(rounds: int, repeats: int) -> dict[str, dict[str, float]]:
     """The sparsifier's kernel and scipy, alternating, timed in a child process (see the module docstring)."""
-    with tempfile.TemporaryDirectory(prefix="spgemm_sparsifier_cache_") as cache:
-        env = {**os.environ, "SPARSE_MLIR_CACHE_DIR": cache, "SPARSE_MLIR_COMPILE_IN_PROCESS": "1"}
-        done = subprocess.run([sys.executable, __file__, "--sparsifier", "--rounds", str(rounds), "--repeats",
-                               str(repeats)], env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.splitlines()[-1])
+    return sparsifier_child.run(__file__, "spgemm_sparsifier_cache_", rounds, repeats)
 
 
 def _sparsifier_child(rounds: int, repeats: int) -> None:
-    # MLIR in this child only: the table the compiler reads
-    from sparse_mlir.dialects import select
-
-    select.CPU_EMITTERS = tuple(row for row in select.CPU_EMITTERS if row.name != "spgemm")
+    sparsifier_child.drop_emitter("spgemm")
     kernel = sm.compile(EXPRESSION, formats=FORMATS, dtype="float64")
     out = {}
     for name, a in cases().items():
