@@ -27,6 +27,7 @@ __all__ = [
     "add",
     "as_float",
     "atomic_add",
+    "bisect",
     "buffer_refs",
     "const",
     "dense_type",
@@ -204,18 +205,24 @@ def search(buffer: ir.Value, lo: ir.Value, hi: ir.Value, key: ir.Value, above: b
     ``buffer`` is sorted over ``[lo, hi)`` (coordinates of a row-sorted COO,
     positions).  A binary search: ``log2(hi - lo)`` dependent loads.
     """
+    predicate = arith.CmpIPredicate.ule if above else arith.CmpIPredicate.ult
+    return bisect(lo, hi, lambda mid: arith.cmpi(predicate, load_index(buffer, mid), key))
+
+
+def bisect(lo: ir.Value, hi: ir.Value, before: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """The first ``k`` in ``[lo, hi)`` that ``before(k)`` (an ``i1``, true for a prefix of the range) is false
+    for, else ``hi``: a binary search of ``log2(hi - lo)`` steps."""
     idx = index_type()
     loop = scf.WhileOp([idx, idx], [lo, hi])
-    before = loop.before.blocks.append(idx, idx)
-    with ir.InsertionPoint(before):
-        left, right = before.arguments
+    head = loop.before.blocks.append(idx, idx)
+    with ir.InsertionPoint(head):
+        left, right = head.arguments
         scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, left, right), [left, right])
-    after = loop.after.blocks.append(idx, idx)
-    with ir.InsertionPoint(after):
-        left, right = after.arguments
+    body = loop.after.blocks.append(idx, idx)
+    with ir.InsertionPoint(body):
+        left, right = body.arguments
         mid = arith.addi(left, arith.divui(arith.subi(right, left), const(2)))
-        value = load_index(buffer, mid)
-        go_right = arith.cmpi(arith.CmpIPredicate.ule if above else arith.CmpIPredicate.ult, value, key)
+        go_right = before(mid)
         scf.YieldOp([arith.select(go_right, arith.addi(mid, const(1)), left), arith.select(go_right, right, mid)])
     return loop.results[0]
 

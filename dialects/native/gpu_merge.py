@@ -35,11 +35,11 @@ from dataclasses import replace
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf
 from sparse_mlir.dialects.native.gpu import NativeKernels
-from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 from sparse_mlir.dialects.native.gpu_build import (
     BLOCK,
     KernelModule,
     add,
+    bisect,
     const,
     dense_type,
     element_type,
@@ -50,6 +50,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     when,
     zero,
 )
+from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 
 from sparse_mlir.abi.gpu_program import KernelArg, Launch
 from sparse_mlir.dsl.patterns import spmv_operands
@@ -110,22 +111,14 @@ def gpu_spmv_merge(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes,
 def _path_split(pos: ir.Value, diagonal: ir.Value, rows: ir.Value, nnz: ir.Value) -> ir.Value:
     """Row ends consumed where the merge path crosses ``diagonal``: the first ``r`` in
     ``[max(0, diagonal - nnz), min(diagonal, rows))`` with ``pos[r + 1] > diagonal - r - 1``, else the upper end."""
-    idx = index_type()
     low = arith.select(arith.cmpi(arith.CmpIPredicate.ugt, diagonal, nnz), arith.subi(diagonal, nnz), const(0))
-    loop = scf.WhileOp([idx, idx], [low, arith.minui(diagonal, rows)])
-    before = loop.before.blocks.append(idx, idx)
-    with ir.InsertionPoint(before):
-        left, right = before.arguments
-        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, left, right), [left, right])
-    after = loop.after.blocks.append(idx, idx)
-    with ir.InsertionPoint(after):
-        left, right = after.arguments
-        pivot = arith.addi(left, arith.divui(arith.subi(right, left), const(2)))
+
+    def ended(pivot: ir.Value) -> ir.Value:  # row ``pivot`` ends before the path's nonzero on ``diagonal``
         row_end = load_index(pos, arith.addi(pivot, const(1)))
         nonzero = arith.subi(arith.subi(diagonal, pivot), const(1))  # diagonal - pivot - 1 >= 0 inside the range
-        ended = arith.cmpi(arith.CmpIPredicate.ule, row_end, nonzero)
-        scf.YieldOp([arith.select(ended, arith.addi(pivot, const(1)), left), arith.select(ended, right, pivot)])
-    return loop.results[0]
+        return arith.cmpi(arith.CmpIPredicate.ule, row_end, nonzero)
+
+    return bisect(low, arith.minui(diagonal, rows), ended)
 
 
 def _merge(rows: int, threads: int):
