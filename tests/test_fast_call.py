@@ -360,3 +360,67 @@ def test_scipy_flags_read_as_scipy_reads_them(rng):
     fresh.has_sorted_indices = False  # a lie in the safe direction: scipy and we then treat it as unsorted
     with _NoCallsIn(kernel):
         np.testing.assert_allclose(kernel(A=fresh, x=x), dense @ x, rtol=1e-12)
+
+
+SPGEMM = "C[i,j] = A[i,k] * B[k,j]"
+SPARSE_ADD = "C[i,j] = A[i,j] + B[i,j]"
+
+
+@pytest.mark.parametrize("expression", [SPGEMM, SPARSE_ADD])
+def test_sparse_results_come_back_through_c(rng, expression):
+    """A sparse result's buffers, malloc-ed by the entry point, are adopted as they are: same structure and values
+    as the Python path, read-only, owned by the result (they outlive the operands and the kernel's next calls)."""
+    a = sp.csr_array(random_sparse(rng, (70, 70), 0.08, "float64"))
+    b = sp.csr_array(random_sparse(rng, (70, 70), 0.08, "float64"))
+    kernel = sm.compile(expression, formats={"A": "csr", "B": "csr", "C": "csr"}, dtype="float64")
+    first = kernel(A=a, B=b)
+    plan = _plan(kernel)
+    assert plan is not None
+    calls = plan.calls
+    results = [kernel(A=a, B=b) for _ in range(3)]
+    assert plan.calls == calls + 3
+    expected = (a @ b if expression == SPGEMM else a + b).toarray()
+    reference = _python_path(kernel, A=a, B=b)
+    del a, b
+    for got in [first, *results]:
+        assert isinstance(got, sm.SparseTensor) and got.format == sm.CSR and got.shape == (70, 70)
+        for mine, theirs in zip(got.buffers, reference.buffers):
+            np.testing.assert_array_equal(mine, theirs)
+            assert mine.dtype == theirs.dtype and not mine.flags.writeable
+        np.testing.assert_allclose(got.to_dense(), expected, rtol=1e-12)
+    assert len({got.buffers[-1].ctypes.data for got in results}) == 3  # each call its own buffers
+
+
+def test_a_sparse_result_too_large_for_its_widths_is_named_by_the_python_path(rng):
+    """The entry point refuses (RESULT_OVERFLOW) and frees what it built; the C path declines, and the Python
+    path raises the FormatError that names the widths."""
+    kernel = sm.compile(SPGEMM, formats={"A": "csr", "B": "csr", "C": sm.CSR.with_widths(16, 16)}, dtype="float64")
+    small = sp.csr_array(random_sparse(rng, (50, 50), 0.05, "float64"))
+    kernel(A=small, B=small)
+    kernel(A=small, B=small)
+    plan = _plan(kernel)
+    assert plan is not None
+    dense = sp.csr_array(np.ones((200, 200)))
+    with _NoCallsIn(kernel), pytest.raises(sm.errors.FormatError, match="16/16 bits"):
+        kernel(A=dense, B=dense)
+    np.testing.assert_allclose(kernel(A=small, B=small).to_dense(), (small @ small).toarray(), rtol=1e-12)
+
+
+def test_out_with_a_sparse_result_is_refused_by_name(rng):
+    a = sp.csr_array(random_sparse(rng, (20, 20), 0.1, "float64"))
+    kernel = sm.compile(SPGEMM, formats={"A": "csr", "B": "csr", "C": "csr"}, dtype="float64")
+    kernel(A=a, B=a)
+    kernel(A=a, B=a)
+    with _NoCallsIn(kernel), pytest.raises(OperandError, match="out= is only for dense results"):
+        kernel(A=a, B=a, out=np.zeros((20, 20)))
+
+
+def test_a_malformed_sparse_result_plan_is_refused_without_a_crash():
+    module = fast_call._extension()
+    base = (1, None, None, np.empty, np.ndarray, sm.SparseTensor, (), ())
+    for out, error in [((np.dtype("float64"), (), 0, print), ValueError),  # no buffers
+                       ((np.dtype("float64"), (), module.MAX_RESULT_BUFFERS + 1, print), ValueError),
+                       ((np.dtype("float64"), (), 3, "not callable"), TypeError),
+                       ((np.dtype("float64"), (), 3), ValueError)]:
+        with pytest.raises(error):
+            module.FastCall(*base, out)

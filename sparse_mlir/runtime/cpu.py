@@ -188,8 +188,9 @@ class CpuKernel(Kernel):
         if self._sparse_output:
             if out is not None:
                 raise OperandError(f"out= is only for dense results; {spec.output} is {spec.formats[spec.output]}")
-            return special.native(args, None, out_shape)
-        result = special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
+            result = special.native(args, None, out_shape)
+        else:
+            result = special.native(args, dense_output(spec.output, out, out_shape, spec.dtype, args), out_shape)
         if self.direct_calls:  # the next call with operands like these skips all of the above
             self._native_fast = special.fast_call()
         return result

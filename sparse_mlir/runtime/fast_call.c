@@ -20,7 +20,9 @@
  *   it), and whose every index is checked in bounds here (one vectorizable pass);  the kernel's C entry point
  *   checks the rest (buffer lengths, positions from 0 without decreasing);
  * - ``out``: exactly ``numpy.ndarray``, the output dtype and shape, writeable, C-contiguous, aligned, and not
- *   overlapping any input buffer; else a new array from ``numpy.empty`` (the entry point zero-fills it).
+ *   overlapping any input buffer; else a new array from ``numpy.empty`` (the entry point zero-fills it);
+ * - a sparse result (no ``out``): the entry point ``malloc``-s its buffers and reports them in result words,
+ *   which ``make_result`` (Python) adopts into a ``SparseTensor`` without checking them again.
  *
  * Calling convention: every C parameter is a pointer or an ``int64_t``, which the x86-64 System V and AArch64
  * ABIs pass alike, so the entry point is called through a prototype of ``int64_t`` parameters of the exact
@@ -29,12 +31,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_PARAMS 48
 #define MAX_OPERANDS 8
 #define MAX_RANK 4
 #define MAX_VIEWS 32
+#define MAX_RESULT_BUFFERS 8  /* level buffers + values of a sparse result */
 
 enum { DENSE = 0, SPARSE = 1 };
 
@@ -62,6 +66,8 @@ typedef struct {
     PyObject *ndarray;       /* numpy.ndarray */
     PyObject *tensor_type;   /* sparse_mlir.tensor.host.SparseTensor */
     PyObject *out_dtype;
+    int out_buffers;         /* a sparse result's buffers (the entry point malloc-s them); 0: a dense result */
+    PyObject *make_result;   /* sparse result: called with (the entry point's result words, shape) */
     int out_rank;
     int out_extent[MAX_RANK];  /* which extent gives each output dimension */
     int noperands;
@@ -248,6 +254,41 @@ static int overlaps(const Views *v, const Py_buffer *out) {
 
 static int32_t call_entry(void *f, const int64_t *p, int n);
 
+/* The output's shape, from the call's extents: a new tuple, or NULL with an exception set. */
+static PyObject *output_shape(const FastCall *self, const int64_t *extents) {
+    PyObject *shape = PyTuple_New(self->out_rank);
+    if (shape == NULL) return NULL;
+    for (int d = 0; d < self->out_rank; d++) {
+        PyObject *size = PyLong_FromLongLong(extents[self->out_extent[d]]);
+        if (size == NULL) { Py_DECREF(shape); return NULL; }
+        PyTuple_SET_ITEM(shape, d, size);
+    }
+    return shape;
+}
+
+/* The sparse result of a call that succeeded: make_result(words, shape) adopts the buffers the entry point
+ * malloc-ed.  If the words cannot even be handed over (no memory), the buffers are freed here. */
+static PyObject *sparse_result(FastCall *self, const int64_t *words, const int64_t *extents) {
+    int count = 3 * self->out_buffers;
+    PyObject *shape = output_shape(self, extents);
+    PyObject *tuple = shape == NULL ? NULL : PyTuple_New(count);
+    for (int i = 0; tuple != NULL && i < count; i++) {
+        PyObject *word = PyLong_FromLongLong(words[i]);
+        if (word == NULL) { Py_CLEAR(tuple); break; }
+        PyTuple_SET_ITEM(tuple, i, word);
+    }
+    if (tuple == NULL) {
+        for (int i = 0; i < self->out_buffers; i++) free((void *)(intptr_t)words[2 * self->out_buffers + i]);
+        Py_XDECREF(shape);
+        return NULL;
+    }
+    PyObject *call_args[2] = {tuple, shape};
+    PyObject *result = PyObject_Vectorcall(self->make_result, call_args, 2, NULL);
+    Py_DECREF(tuple);
+    Py_DECREF(shape);
+    return result;
+}
+
 /* fast_call(operands: dict, out) -> result, or NotImplemented for the Python path */
 static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyDict_CheckExact(args[0])) {
@@ -300,32 +341,33 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
         for (int k = first + 1; k < self->extent_start[e + 1]; k++)
             if (dims[self->extent_places[k][0]][self->extent_places[k][1]] != extents[e]) goto decline;
     }
-    Py_buffer *target;
-    if (out == Py_None) {
-        PyObject *shape = PyTuple_New(self->out_rank);
-        if (shape == NULL) goto fail;
-        for (int d = 0; d < self->out_rank; d++) {
-            PyObject *size = PyLong_FromLongLong(extents[self->out_extent[d]]);
-            if (size == NULL) { Py_DECREF(shape); goto fail; }
-            PyTuple_SET_ITEM(shape, d, size);
-        }
-        PyObject *empty_args[2] = {shape, self->out_dtype};
-        result = PyObject_Vectorcall(self->empty, empty_args, 2, NULL);
-        Py_DECREF(shape);
-        if (result == NULL) goto fail;
-        target = array_view(self, &v, result, self->out_dtype, 1);
-        if (target == NULL) goto decline;
+    int64_t words[3 * MAX_RESULT_BUFFERS] = {0};  /* sparse result: (data, length) per buffer, then allocations */
+    if (self->out_buffers) {
+        if (out != Py_None) goto decline;  /* out= with a sparse result: the Python path says why not */
+        if (!push(params, &n, (int64_t)(intptr_t)words)) goto decline;
     } else {
-        target = array_view(self, &v, out, self->out_dtype, 1);
-        if (target == NULL || target->ndim != self->out_rank || overlaps(&v, target)) goto decline;
+        Py_buffer *target;
+        if (out == Py_None) {
+            PyObject *shape = output_shape(self, extents);
+            if (shape == NULL) goto fail;
+            PyObject *empty_args[2] = {shape, self->out_dtype};
+            result = PyObject_Vectorcall(self->empty, empty_args, 2, NULL);
+            Py_DECREF(shape);
+            if (result == NULL) goto fail;
+            target = array_view(self, &v, result, self->out_dtype, 1);
+            if (target == NULL) goto decline;
+        } else {
+            target = array_view(self, &v, out, self->out_dtype, 1);
+            if (target == NULL || target->ndim != self->out_rank || overlaps(&v, target)) goto decline;
+            for (int d = 0; d < self->out_rank; d++)
+                if (target->shape[d] != extents[self->out_extent[d]]) goto decline;
+            Py_INCREF(out);
+            result = out;
+        }
+        if (!push(params, &n, (int64_t)(intptr_t)target->buf)) goto decline;
         for (int d = 0; d < self->out_rank; d++)
-            if (target->shape[d] != extents[self->out_extent[d]]) goto decline;
-        Py_INCREF(out);
-        result = out;
+            if (!push(params, &n, target->shape[d])) goto decline;
     }
-    if (!push(params, &n, (int64_t)(intptr_t)target->buf)) goto decline;
-    for (int d = 0; d < self->out_rank; d++)
-        if (!push(params, &n, target->shape[d])) goto decline;
     if (self->threads != Py_None) {
         PyObject *count = PyLong_FromLongLong(entries);
         if (count == NULL) goto fail;
@@ -345,6 +387,7 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
     if (status != 0) goto decline;  /* refused by the entry point's own checks: the Python path says why */
     self->calls++;
     release_views(&v);
+    if (self->out_buffers) result = sparse_result(self, words, extents);
     return result;
 decline:
     release_views(&v);
@@ -385,7 +428,8 @@ static void hold(PyObject **slot, PyObject *obj) {
 /* FastCall(function: int, keep, threads, empty, ndarray, tensor_type, operands, extents, out)
  *   operands: ((name, kind, dtype, rank, format, nbuffers, size_dims, scipy_types, index_dtype, outer), ...)
  *   extents: (((operand, dim), ...), ...) one tuple of places per index
- *   out: (dtype, (extent of each dimension, ...)) */
+ *   out: (dtype, (extent of each dimension, ...)) for a dense result,
+ *        (dtype, (extent of each dimension, ...), result buffers, make_result) for a sparse one */
 static int FastCall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     PyObject *function, *keep, *threads, *empty, *ndarray, *tensor_type, *operands, *extents, *out;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
@@ -405,8 +449,12 @@ static int FastCall_init(FastCall *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     if (!tuple_of(operands, -1, "operands") || PyTuple_GET_SIZE(operands) > MAX_OPERANDS ||
-        !tuple_of(extents, -1, "extents") || !tuple_of(out, 2, "out"))
+        !tuple_of(extents, -1, "extents") || !tuple_of(out, -1, "out"))
         return -1;
+    if (PyTuple_GET_SIZE(out) != 2 && PyTuple_GET_SIZE(out) != 4) {
+        PyErr_SetString(PyExc_ValueError, "FastCall: out is (dtype, extents) or (dtype, extents, buffers, make)");
+        return -1;
+    }
     hold(&self->keep, keep);
     hold(&self->threads, threads);
     hold(&self->empty, empty);
@@ -457,6 +505,14 @@ static int FastCall_init(FastCall *self, PyObject *args, PyObject *kwds) {
     }
     self->extent_start[self->nextents] = places;
     hold(&self->out_dtype, PyTuple_GET_ITEM(out, 0));
+    if (PyTuple_GET_SIZE(out) == 4) {
+        if (!int_in(out, 2, 1, MAX_RESULT_BUFFERS, &self->out_buffers)) return -1;
+        hold(&self->make_result, PyTuple_GET_ITEM(out, 3));
+        if (!PyCallable_Check(self->make_result)) {
+            PyErr_SetString(PyExc_TypeError, "FastCall: make_result must be callable");
+            return -1;
+        }
+    }
     PyObject *out_extents = PyTuple_GET_ITEM(out, 1);
     if (!tuple_of(out_extents, -1, "the output's extents") || PyTuple_GET_SIZE(out_extents) > MAX_RANK) return -1;
     self->out_rank = (int)PyTuple_GET_SIZE(out_extents);
@@ -487,6 +543,7 @@ static int FastCall_traverse(FastCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->ndarray);
     Py_VISIT(self->tensor_type);
     Py_VISIT(self->out_dtype);
+    Py_VISIT(self->make_result);
     for (int i = 0; i < MAX_OPERANDS; i++) {
         Py_VISIT(self->operands[i].name);
         Py_VISIT(self->operands[i].dtype);
@@ -505,6 +562,7 @@ static int FastCall_clear(FastCall *self) {
     Py_CLEAR(self->ndarray);
     Py_CLEAR(self->tensor_type);
     Py_CLEAR(self->out_dtype);
+    Py_CLEAR(self->make_result);
     for (int i = 0; i < MAX_OPERANDS; i++) {
         Py_CLEAR(self->operands[i].name);
         Py_CLEAR(self->operands[i].dtype);
@@ -574,7 +632,8 @@ PyMODINIT_FUNC PyInit_sparse_mlir_fast_call(void) {
     }
     if (PyModule_AddIntConstant(m, "MAX_PARAMS", MAX_PARAMS) < 0 ||
         PyModule_AddIntConstant(m, "MAX_OPERANDS", MAX_OPERANDS) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_RANK", MAX_RANK) < 0) {
+        PyModule_AddIntConstant(m, "MAX_RANK", MAX_RANK) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_RESULT_BUFFERS", MAX_RESULT_BUFFERS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -14,8 +14,9 @@ nothing changed; the caller (``runtime.calls.kernel_call``) then runs the
 Python path, which raises the error that names the problem.  A plan is
 offered only for what the C path fully covers: shape-generic specializations
 (every size is a run-time parameter, so no shape can be "wrong" for the
-library) with a dense result, on x86-64 and AArch64 (where pointers and
-``int64_t`` are passed alike).
+library), with a dense result or a sparse one (whose buffers the entry point
+allocates), on x86-64 and AArch64 (where pointers and ``int64_t`` are
+passed alike).
 
 Off with ``SPARSE_MLIR_FAST_CALL=0``; when the module cannot be built here
 (no Python headers, no C compiler), ``unavailable()`` says why and every call
@@ -120,8 +121,10 @@ def plan(native: NativeFunction, formats: dict[str, Format]) -> Any | None:
     """
     sig: Signature = native.signature
     module = _extension() if knobs.fast_call() else None
-    if module is None or not sig.shape_generic or sig.output.sparse or len(sig.inputs) > module.MAX_OPERANDS or \
-            len(sig.params()) > module.MAX_PARAMS or any(len(op.shape) > module.MAX_RANK for op in sig.operands):
+    result_buffers = sig.result_buffers() if sig.output.sparse else []
+    if module is None or not sig.shape_generic or len(sig.inputs) > module.MAX_OPERANDS or \
+            len(sig.params()) > module.MAX_PARAMS or any(len(op.shape) > module.MAX_RANK for op in sig.operands) or \
+            len(result_buffers) > module.MAX_RESULT_BUFFERS:
         return None
     position = {op.name: i for i, op in enumerate(sig.inputs)}
     sources = dict(extent_sources(sig.inputs))
@@ -141,9 +144,11 @@ def plan(native: NativeFunction, formats: dict[str, Format]) -> Any | None:
             operands.append((op.name, 0, dtype, len(op.shape), None, 0, (), (), None, 0))
     extents = tuple(tuple((position[name], dim) for name, dim in sources[idx]) for idx in order)
     address = ctypes.cast(native.function, ctypes.c_void_p).value
+    out = (np.dtype(sig.output.dtype.name), out_extents)
+    if sig.output.sparse:
+        out += (len(result_buffers), native.adopt_result)
     return module.FastCall(address, native, _threads_for if native.threaded else None, np.empty, np.ndarray,
-                           SparseTensor, tuple(operands), extents,
-                           (np.dtype(sig.output.dtype.name), out_extents))
+                           SparseTensor, tuple(operands), extents, out)
 
 
 

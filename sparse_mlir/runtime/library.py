@@ -71,6 +71,7 @@ class NativeFunction:
         # (name, sparse, the sparse input's dimensions passed as sizes: shape-generic kernels)
         self._inputs = tuple((op.name, op.sparse, op.size_params if op.sparse else ()) for op in sig.inputs)
         self._result_buffers = sig.result_buffers()
+        self._result_format = sig.output.format
         self._local = threading.local()
 
     def __call__(self, args: dict[str, Any], out: np.ndarray | None, out_shape: tuple[int, ...]) -> Any:
@@ -108,7 +109,7 @@ class NativeFunction:
                 f"(status {status})", **({} if status in _STATUS_ERRORS else {"stage": "run", "target": "cpu"}))
         if out is not None:
             return out
-        return self._sparse_result(words, out_shape)
+        return self.adopt_result(words, out_shape)
 
     def __del__(self, _dlclose: Any = _dlclose) -> None:
         # nothing can call the library any more (a running call, or a C-level call's plan, holds a reference to
@@ -124,10 +125,15 @@ class NativeFunction:
             words = self._local.words = (ctypes.c_int64 * (3 * len(self._result_buffers)))()
         return words
 
-    def _sparse_result(self, words: ctypes.Array, shape: tuple[int, ...]) -> SparseTensor:
+    def adopt_result(self, words: Any, shape: tuple[int, ...]) -> SparseTensor:
+        """The sparse result an entry point reported in its result words (``(data, length)`` per buffer, then
+        each buffer's allocation), owning those buffers.
+
+        The entry point built them and checked their sizes against the
+        format's widths (``RESULT_OVERFLOW`` otherwise), so nothing is
+        checked again: this runs on every call of a sparse-output kernel.
+        """
         k = len(self._result_buffers)
         buffers = tuple(abi.adopt_buffer(words[2 * k + i], words[2 * i], words[2 * i + 1], dtype)
                         for i, (_, dtype) in enumerate(self._result_buffers))
-        fmt = self.signature.output.format
-        assert fmt is not None
-        return SparseTensor(fmt, shape, buffers, validate=False)
+        return SparseTensor._trusted(self._result_format, shape, buffers)
