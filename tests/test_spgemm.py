@@ -73,10 +73,10 @@ def test_random_products_match_scipy(dtype, rng):
 
 # rows of C short for the width (listed and sorted: about 245 of 300 here) beside long ones (read back from the
 # bitmap), and only long ones
-# "mixed": bitmap rows spread over ten summary words; "bitmap": short, dense rows; "summary": 300,000 columns
-# (74 summary words), rows of 0-2 entries of A listed and sorted, rows of 3 or more drained from the bitmaps
+# "mixed": rows read back from the bitmap and rows sorted; "bitmap": short, dense rows; "wide": 300,000 columns,
+# rows of one entry of A sorted inline, rows of two or more by the library sort, none from the bitmap
 ROWS = {"mixed": ((300, 200), 0.01, (200, 40000), 0.0003), "bitmap": ((300, 200), 0.3, (200, 700), 0.3),
-        "summary": ((300, 200), 0.01, (200, 300000), 0.0001)}
+        "wide": ((300, 200), 0.01, (200, 300000), 0.0001)}
 
 
 @pytest.mark.parametrize("rows", ROWS)

@@ -19,14 +19,10 @@ row by row, in two passes over the rows, both threaded:
 
 Each walk over a row's products prefetches the rows of ``B`` that ``A``'s
 entries ``AHEAD`` positions on will read (a random row of ``B`` each).
-The bitmap has a summary bitmap over its words (a bit per 64 columns),
-so reading a row back visits one summary word per 4,096 columns plus the
-words the row touched, never the whole bitmap: a row with many products
-for the width (``WIDE_ROW``) sets bits without a branch and is read back
-from the bitmaps in column order (``cttz``); any other lists its columns
-as it first touches them and sorts the list (``sparse_tensor.sort``).
-Scanning every bitmap word of every row had cost more than the products
-on wide, sparse matrices (random 20000^2 at 8 a row: 17 ms, now 11).  Entries are structural: a sum that cancels to
+A row with many columns for the width (``WIDE_ROW``) sets bits without a
+branch and is read back from the bitmap 64 columns at a time (``cttz``);
+any other lists its columns as it first touches them and sorts the list
+(``sparse_tensor.sort``).  Entries are structural: a sum that cancels to
 zero stays stored (as in the sparsifier's kernel).  The function has the
 sparse assembler's signature (level buffers in, ``C``'s level buffers out,
 allocated with ``malloc`` so the C entry point hands them to the caller).
@@ -55,11 +51,10 @@ from sparse_mlir.dsl.patterns import spgemm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["CHUNK_WORK", "MAX_CHUNKS", "SHORT_LIST", "WIDE_ROW", "native_spgemm"]
+__all__ = ["MAX_CHUNKS", "SHORT_LIST", "WIDE_ROW", "native_spgemm"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
-WIDE_ROW = 4096  # a row with at least cols / WIDE_ROW columns is collected from the bitmaps, not sorted
-CHUNK_WORK = 8192  # products per chunk at least: below that a chunk's scratch set-up outweighs its rows
+WIDE_ROW = 1024  # a row with at least cols / WIDE_ROW columns is collected from a bitmap, not sorted
 AHEAD = 4  # entries of A ahead whose rows of B are prefetched
 SHORT_LIST = 32  # a sorted row this short is insertion-sorted inline; longer ones call sparse_tensor.sort
 
@@ -110,19 +105,16 @@ class _Scratch:
         c0, c1 = _index(0), _index(1)
         self.n_cols = n_cols
         span = arith.maxui(n_cols, c1)
-        self.words = _words(n_cols)
-        self.summary_words = _words(self.words)
+        self.words = arith.maxui(arith.divui(arith.addi(n_cols, _index(_I64 - 1)), _index(_I64)), c1)
         self.i64 = ir.IntegerType.get_signless(_I64)
         self.zero = arith.constant(self.i64, 0)
         self.bits = memref.alloc(_vector(self.i64), [self.words], [])
-        self.summary = memref.alloc(_vector(self.i64), [self.summary_words], [])
-        for buffer, size in ((self.bits, self.words), (self.summary, self.summary_words)):
-            _for(c0, size, lambda w, buffer=buffer: memref.store(self.zero, buffer, [w]))
+        _for(c0, self.words, lambda w: memref.store(self.zero, self.bits, [w]))
         self.columns = memref.alloc(_vector(ir.IndexType.get()), [span], [])
         self.values = memref.alloc(_vector(element), [span], []) if element is not None else None
 
     def free(self) -> None:
-        for buffer in (self.bits, self.summary, self.columns, self.values):
+        for buffer in (self.bits, self.columns, self.values):
             if buffer is not None:
                 memref.dealloc(buffer)
 
@@ -130,20 +122,10 @@ class _Scratch:
         at = arith.shrui(j, _index(6))
         return at, arith.shli(arith.constant(self.i64, 1), arith.index_castui(self.i64, arith.andi(j, _index(63))))
 
-    def _set(self, buffer: ir.Value, j: ir.Value) -> None:
-        at, bit = self._word_and_bit(j)
-        memref.store(arith.ori(memref.load(buffer, [at]), bit), buffer, [at])
-
-    def _note_word(self, at: ir.Value) -> None:
-        """Mark bitmap word ``at`` as touched in the summary (one bit per word)."""
-        self._set(self.summary, at)
-
     def mark(self, j: ir.Value, count: ir.Value) -> ir.Value:
-        """Set column ``j``'s bit and its word's summary bit, branch-free; ``count`` (the walk's carried value)
-        passes through."""
+        """Set column ``j``'s bit, branch-free; ``count`` (the walk's carried value) passes through."""
         at, bit = self._word_and_bit(j)
         memref.store(arith.ori(memref.load(self.bits, [at]), bit), self.bits, [at])
-        self._note_word(at)
         return count
 
     def mark_first(self, j: ir.Value, count: ir.Value, first: Callable[[], None] = lambda: None,
@@ -156,7 +138,6 @@ class _Scratch:
 
         def fresh() -> list[ir.Value]:
             memref.store(arith.ori(word, bit), self.bits, [at])
-            self._note_word(at)
             first()
             if not listed:
                 return [count]
@@ -170,42 +151,27 @@ class _Scratch:
         return _if(clear, fresh, seen, [ir.IndexType.get()])[0]
 
     def unset(self, j: ir.Value) -> None:
-        """Clear column ``j``'s whole word and its summary word: called for every column a row listed, so
-        every bit set in them belongs to this row and goes too."""
-        at = arith.shrui(j, _index(6))
-        memref.store(self.zero, self.bits, [at])
-        memref.store(self.zero, self.summary, [arith.shrui(at, _index(6))])
-
-    def _touched(self, visit: Callable[[ir.Value, ir.Value, ir.Value], ir.Value], init: ir.Value) -> ir.Value:
-        """Fold ``visit(w, word, carried)`` over the bitmap words the summary marks, in order, clearing both:
-        the walk costs a summary word per 4,096 columns plus the words touched, not a word per 64 columns."""
-        index, one = ir.IndexType.get(), arith.constant(self.i64, 1)
-
-        def summary_word(s: ir.Value, carried: ir.Value) -> ir.Value:
-            marks = memref.load(self.summary, [s])
-            memref.store(self.zero, self.summary, [s])
-            loop = scf.ForOp(_index(0), arith.index_castui(index, math.ctpop(marks)), _index(1), [marks, carried])
-            with ir.InsertionPoint(loop.body):
-                rest, value = loop.inner_iter_args
-                w = arith.addi(arith.muli(s, _index(_I64)), arith.index_castui(index, math.cttz(rest)))
-                word = memref.load(self.bits, [w])
-                memref.store(self.zero, self.bits, [w])
-                scf.YieldOp([arith.andi(rest, arith.subi(rest, one)), visit(w, word, value)])
-            return loop.results[1]
-
-        return _reduce(_index(0), self.summary_words, init, summary_word)
+        at, bit = self._word_and_bit(j)
+        keep = arith.xori(bit, arith.constant(self.i64, -1))
+        memref.store(arith.andi(memref.load(self.bits, [at]), keep), self.bits, [at])
 
     def count_and_clear(self) -> ir.Value:
         """How many bits are set; clears them."""
-        return self._touched(lambda w, word, total: arith.addi(
-            total, arith.index_castui(ir.IndexType.get(), math.ctpop(word))), _index(0))
+        def word(w: ir.Value, total: ir.Value) -> ir.Value:
+            value = memref.load(self.bits, [w])
+            memref.store(self.zero, self.bits, [w])
+            return arith.addi(total, arith.index_castui(ir.IndexType.get(), math.ctpop(value)))
+
+        return _reduce(_index(0), self.words, _index(0), word)
 
     def drain(self, visit: Callable[[ir.Value, ir.Value], None]) -> None:
         """``visit(column, e)`` for every set bit in column order (``e`` counts from 0), clearing the bitmap:
-        ``cttz`` finds each bit of each touched word."""
+        a 64-column word at a time, ``cttz`` finding each bit."""
         index, one = ir.IndexType.get(), arith.constant(self.i64, 1)
 
-        def word(w: ir.Value, value: ir.Value, e: ir.Value) -> ir.Value:
+        def word(w: ir.Value, e: ir.Value) -> ir.Value:
+            value = memref.load(self.bits, [w])
+            memref.store(self.zero, self.bits, [w])
             loop = scf.ForOp(_index(0), arith.index_castui(index, math.ctpop(value)), _index(1), [value, e])
             with ir.InsertionPoint(loop.body):
                 rest, k = loop.inner_iter_args
@@ -214,12 +180,7 @@ class _Scratch:
                 scf.YieldOp([arith.andi(rest, arith.subi(rest, one)), arith.addi(k, _index(1))])
             return loop.results[1]
 
-        self._touched(word, _index(0))
-
-
-def _words(bits: ir.Value) -> ir.Value:
-    """64-bit words to hold ``bits`` bits (at least one)."""
-    return arith.maxui(arith.divui(arith.addi(bits, _index(_I64 - 1)), _index(_I64)), _index(1))
+        _reduce(_index(0), self.words, _index(0), word)
 
 
 def _sort(buffer: ir.Value, count: ir.Value) -> None:
@@ -350,14 +311,13 @@ class _Gustavson:
                 work: ir.Value) -> tuple[ir.Value, ir.Value]:
         """How many chunks, and ``starts`` (``chunks + 1`` rows): chunk ``c`` is rows ``starts[c]..starts[c+1]``.
 
-        At most ``MAX_CHUNKS``, the rows, and one per ``CHUNK_WORK``
-        products or 64 columns' worth of work, whichever is more (a chunk
-        allocates its scratch and clears its bitmap, a word per 64 columns,
-        once); at least one.  Row ``i`` goes to chunk
+        At most ``MAX_CHUNKS``, the rows, and one per 64 columns' worth of
+        work (a chunk clears its bitmap, a word per 64 columns, once); at
+        least one.  Row ``i`` goes to chunk
         ``offsets[i] * chunks / work``, so chunks carry about equal work.
         """
         c0, c1 = self.c0, self.c1
-        words = arith.maxui(arith.divui(n_cols, _index(_I64)), _index(CHUNK_WORK))
+        words = arith.maxui(arith.divui(n_cols, _index(_I64)), c1)
         chunks = arith.minui(arith.minui(_index(MAX_CHUNKS), n_rows), arith.divui(work, words))
         chunks = arith.maxui(chunks, c1)
         starts = memref.alloc(_vector(self.index), [arith.addi(chunks, c1)], [])
