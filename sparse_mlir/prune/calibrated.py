@@ -34,16 +34,19 @@ from sparse_mlir.formats import Format
 from sparse_mlir.prune.masks import (
     Pattern,
     apply_mask,
+    keep_largest,
     pattern_of,
     select,
     weights_array,
 )
 from sparse_mlir.tensor.host import SparseTensor
 
-__all__ = ["Calibration", "wanda", "sparsegpt", "corrected_bias"]
+__all__ = ["Calibration", "wanda", "sparsegpt", "admm", "corrected_bias"]
 
 DAMP = 0.01  # SparseGPT's dampening: a fraction of the mean diagonal of H added to it
 BLOCK_COLUMNS = 128  # SparseGPT's lazy-update block (columns whose mask is chosen together)
+# ADMM (Boza 2024): steps, of which the first ADMM_GRADUAL raise the sparsity; penalty on unit-norm features
+ADMM_ITERATIONS, ADMM_GRADUAL, ADMM_RHO = 40, 30, 1.0
 
 
 @dataclass
@@ -156,30 +159,73 @@ def wanda(weights: Any, calibration: Calibration, *, sparsity: float | None = No
 
 def sparsegpt(weights: Any, calibration: Calibration, *, sparsity: float | None = None,
               pattern: str | tuple[int, int] | None = None, block: tuple[int, int] | None = None,
-              format: Format | str | None = None, damp: float = DAMP, block_columns: int = BLOCK_COLUMNS
-              ) -> tuple[SparseTensor, np.ndarray]:
+              format: Format | str | None = None, damp: float = DAMP, block_columns: int = BLOCK_COLUMNS,
+              refit: bool = True) -> tuple[SparseTensor, np.ndarray]:
     """One-shot second-order pruning with weight updates (see the module docstring).
 
     Unstructured masks are chosen per ``block_columns`` block of columns,
     N:M per group, blocks (``block=``) per tile over each block of columns
-    (``block_columns`` is rounded to a multiple of the tile width).  Returns
-    the pruned, updated weights as a sparse tensor and the mask.
+    (``block_columns`` is rounded to a multiple of the tile width).  With
+    ``refit`` (the default) the kept weights are then solved exactly for
+    the chosen mask (``_refit``): the sweep's one-pass updates are not the
+    best weights for its own mask (MiniLM 2:4: held-out cosine 0.885 -> 0.899,
+    50%: 0.933 -> 0.945).  Returns the pruned, updated weights as a sparse
+    tensor and the mask.
     """
+    w, chosen, start = _prepared(weights, calibration, damp, sparsity=sparsity, pattern=pattern, block=block)
+    step = _block_columns(chosen, int(block_columns), w.shape[1])
+    updated, mask = _sweep(start, calibration.gram, chosen, step, damp)
+    if refit:
+        updated = _refit(start, calibration.gram, mask, damp)
+    return _stored(w, updated, mask, chosen, format)
+
+
+def admm(weights: Any, calibration: Calibration, *, sparsity: float | None = None,
+         pattern: str | tuple[int, int] | None = None, block: tuple[int, int] | None = None,
+         format: Format | str | None = None, damp: float = DAMP, iterations: int = ADMM_ITERATIONS,
+         gradual: int = ADMM_GRADUAL, rho: float = ADMM_RHO) -> tuple[SparseTensor, np.ndarray]:
+    """Pruning by ADMM with gradually rising sparsity (Boza, 2024), then the exact weights for the mask.
+
+    Where SparseGPT decides each weight once, in column order, ADMM
+    alternates between the best dense weights near a sparse copy and the
+    sparse copy of those (``_admm_mask``), removing a growing share of the
+    weights over its first ``gradual`` of ``iterations`` steps, so a mask
+    choice can still be revised when later removals change what matters.
+    The kept weights are then solved exactly (``_refit``).  Same patterns,
+    targets and result as ``sparsegpt``; on MiniLM the held-out cosine rose
+    at 2:4 from 0.899 (SparseGPT, refitted) to 0.906, at 50% from 0.945 to
+    0.953, at 90% from 0.593 to 0.660.
+    """
+    if not 0 < gradual <= iterations or rho <= 0:
+        raise PatternError(f"admm needs 0 < gradual <= iterations and rho > 0, got gradual={gradual}, "
+                           f"iterations={iterations}, rho={rho}")
+    w, chosen, start = _prepared(weights, calibration, damp, sparsity=sparsity, pattern=pattern, block=block)
+    mask = _admm_mask(start, calibration.gram, chosen, damp, iterations=int(iterations), gradual=int(gradual),
+                      rho=float(rho))
+    return _stored(w, _refit(start, calibration.gram, mask, damp), mask, chosen, format)
+
+
+def _prepared(weights: Any, calibration: Calibration, damp: float, **pattern: Any
+              ) -> tuple[np.ndarray, Pattern, np.ndarray]:
+    """The checked weights, their pattern, and the dense float64 weights the pruned layer aims at."""
     w = weights_array(weights)
     if not np.issubdtype(w.dtype, np.floating):
-        raise DTypeError(f"sparsegpt updates the weights it keeps, which needs floating-point weights, got {w.dtype}")
+        raise DTypeError(f"pruning with weight updates needs floating-point weights, got {w.dtype}")
     calibration.check(w)
-    chosen = pattern_of(sparsity=sparsity, pattern=pattern, block=block, scope="row")
+    chosen = pattern_of(scope="row", **pattern)
     chosen.check(w.shape)
     if not 0 < damp < 1:
         raise PatternError(f"damp is a fraction of the mean diagonal, in (0, 1), got {damp}")
-    step = _block_columns(chosen, int(block_columns), w.shape[1])
     start = w.astype(np.float64)
     if calibration.cross is not None:
         start = _toward_targets(start, calibration, damp)
-    updated, mask = _sweep(start, calibration.gram, chosen, step, damp)
+    return w, chosen, start
+
+
+def _stored(w: np.ndarray, updated: np.ndarray, mask: np.ndarray, chosen: Pattern, format: Format | str | None
+            ) -> tuple[SparseTensor, np.ndarray]:
     # a weight the update drove to exactly zero is not stored (the mask says what is stored)
-    mask &= updated != 0
+    mask = mask & (updated != 0)
     return apply_mask(updated.astype(w.dtype), mask, chosen.default_format() if format is None else format), mask
 
 
@@ -260,6 +306,87 @@ def _sweep(w: np.ndarray, gram: np.ndarray, pattern: Pattern, step: int, damp: f
         w[:, end:] -= errors @ upper[start:end, end:]
         mask[:, start:end] = block_mask
     return w, mask
+
+
+def _refit(w: np.ndarray, gram: np.ndarray, mask: np.ndarray, damp: float, chunk_bytes: int = 1 << 27
+           ) -> np.ndarray:
+    """The kept weights that minimise ``(w - W)^T H (w - W)`` row by row with the mask fixed (exact least squares).
+
+    SparseGPT's sweep updates only the columns to the right of each removed
+    weight, once: for the mask it chose, its weights are not the best.  With
+    ``J`` a row's kept columns, the best are ``w_J = H_JJ^-1 (H W^T)_J``
+    (``W``: the dense weights the layer aims at, ``H`` damped as in the sweep).
+    Rows with as many kept columns are solved together, a chunk at a time.
+    """
+    h = gram.copy()
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    h[np.diag_indices_from(h)] += damp * float(np.mean(np.diag(h)))
+    rhs = w @ h  # row o: (H w_o)^T
+    out = np.zeros_like(w)
+    counts = mask.sum(axis=1)
+    for count in np.unique(counts):
+        if count == 0:
+            continue
+        rows = np.flatnonzero(counts == count)
+        per_chunk = max(1, chunk_bytes // (8 * int(count) ** 2))
+        for first in range(0, rows.size, per_chunk):
+            chunk = rows[first:first + per_chunk]
+            kept = np.sort(np.nonzero(mask[chunk])[1].reshape(chunk.size, count), axis=1)
+            sub = h[kept[:, :, None], kept[:, None, :]]
+            b = np.take_along_axis(rhs[chunk], kept, axis=1)
+            out[chunk[:, None], kept] = np.linalg.solve(sub, b[:, :, None])[:, :, 0]
+    return out
+
+
+def _admm_mask(w: np.ndarray, gram: np.ndarray, pattern: Pattern, damp: float, *, iterations: int,
+               gradual: int, rho: float) -> np.ndarray:
+    """The mask ADMM chooses for ``min (v - W) H (v - W)^T`` with ``v`` of the pattern.
+
+    In features scaled to unit norm (so that one ``rho`` suits every
+    feature and the sparse copy's magnitudes are Wanda-like scores), each
+    step projects ``v + u`` onto the mask, moves the scaled dual ``u``, and
+    solves ``v = (W H + rho (z - u)) (H + rho I)^-1``.  Over the first
+    ``gradual`` steps the share of the pattern's removals rises as
+    ``1 - (1 - t)^3``; the remaining steps let the weights settle on the final mask.
+    """
+    norm = np.sqrt(np.maximum(np.diag(gram), 0.0))
+    norm[norm == 0] = 1.0  # a feature never seen: its weights go first (zero scores), whatever its scale
+    h = gram / norm[:, None] / norm[None, :]
+    h[np.diag_indices_from(h)] += damp * float(np.mean(np.diag(h)))
+    v = w * norm[None, :]
+    target = v @ h
+    h[np.diag_indices_from(h)] += rho
+    inverse = scipy.linalg.cho_solve((scipy.linalg.cholesky(h, lower=True), True), np.eye(h.shape[0]))
+    u = np.zeros_like(v)
+    dead = np.diag(gram) == 0
+    mask = np.ones(v.shape, dtype=bool)
+    for step in range(iterations):
+        if step < gradual:
+            scores = np.square(v + u)
+            scores[:, dead] = 0.0
+            mask = _gradual_mask(scores, pattern, 1.0 - (1.0 - (step + 1) / gradual) ** 3)
+        z = (v + u) * mask
+        u += v - z
+        v = (target + rho * (z - u)) @ inverse
+    return mask
+
+
+def _gradual_mask(scores: np.ndarray, pattern: Pattern, fraction: float) -> np.ndarray:
+    """The mask ``fraction`` of the way to ``pattern``: that share of its removals, by score (larger: kept).
+
+    Unstructured and block patterns are the same pattern at ``fraction`` of
+    its sparsity.  N:M cannot be partly N:M: the pattern's own choice is
+    always kept, and of the rest only the best stay, fewer as the fraction grows.
+    """
+    if fraction >= 1.0:
+        return select(scores, pattern)
+    if pattern.kind != "n:m":
+        return select(scores, Pattern(pattern.kind, fraction * pattern.sparsity, scope=pattern.scope,
+                                      block=pattern.block))
+    rows, cols = scores.shape
+    keep = cols - int(round(fraction * pattern.sparsity * cols))
+    return keep_largest(np.where(select(scores, pattern), np.inf, scores), keep) | select(scores, pattern)
 
 
 def _block_pattern(pattern: Pattern) -> Pattern:
