@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from mlir import ir
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.dialects.native.spmm import column_tiers, multiply_add
+from sparse_mlir.dialects.native.spmm import aligned_b, column_tiers, multiply_add
 
 from sparse_mlir.dsl.patterns import bsr_blocks, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -183,7 +184,7 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
     zero = "0.0" if blk.is_float else "0"
     pos_t, crd_t = f"i{fmt.pos_width or 64}", f"i{fmt.crd_width or 64}"
     params = {a_name: f"%pos: memref<?x{pos_t}>, %crd: memref<?x{crd_t}>, %val: memref<?x{elt}>",
-              b_name: f"%B: memref<?x?x{elt}>"}
+              b_name: f"%B_in: memref<?x?x{elt}>"}
     if bias is not None:
         params[bias] = f"%bias: memref<?x{elt}>"
 
@@ -201,6 +202,7 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
             row_bias += [f"%bias_r{r} = memref.load %bias[%row{r}] : memref<?x{elt}>",
                          f"%brow{r} = vector.broadcast %bias_r{r} : {elt} to {blk.vec}"]
     constants = {0, 1, bn, bm * bn, *range(bm * bn), *(u * lanes for u in range(tile + 1)), lanes}
+    b_prologue, b_epilogue = aligned_b(elt, np.dtype(spec.dtype).itemsize)  # B's rows on cache lines
     lines = ["module {",
              (f"func.func @{KERNEL_NAME}({', '.join(params[n] for n in spec.inputs)}, %C: memref<?x?x{elt}>) "
               f"-> memref<?x?x{elt}> attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{"),
@@ -210,6 +212,7 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
               else f"%c_rows = memref.dim %C, %c0 : memref<?x?x{elt}>\n"  # the C entry point checked bm | rows
                    f"%block_rows = arith.divui %c_rows, %c{bm}bm : index"),
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
+             *b_prologue,
              *tier_lines,
              f"%zero = arith.constant {zero} : {elt}", f"%zv = arith.constant dense<{zero}> : {blk.vec}",
              "scf.parallel (%ib) = (%c0) to (%block_rows) step (%c1) {",
@@ -222,6 +225,7 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
              *(f"%row{r} = arith.addi %row0, %c{r} : index" for r in range(1, bm)),
              *row_bias, *tier_loops, *scalar_loop,
              "scf.reduce", "}",
+             *b_epilogue,
              f"return %C : memref<?x?x{elt}>", "}", "}"]
     text = "\n".join(lines).replace("{crd_t}", crd_t).replace("{pos_t}", pos_t)
     module = ir.Module.parse(text)

@@ -42,13 +42,15 @@ from sparse_mlir.dsl.patterns import is_csr, spmm_epilogue, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["ACCUMULATORS", "SpmmProblem", "column_tiers", "multiply_add", "native_spmm", "spmm_module"]
+__all__ = ["ACCUMULATORS", "B_ALIGNMENT", "COPY_REUSE", "SpmmProblem", "aligned_b", "column_tiers", "multiply_add", "native_spmm", "spmm_module"]
 
 ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
 # N:M rows sharing each panel of B: more rows reuse a panel more, but each row streams its values from its own
 # place, and 16-64 rows outran the prefetchers (2:4 at 4096^2, N=32: 8 rows 1.6-1.9 ns per nonzero, 64 rows 2.5)
 ROW_BLOCK = 8
 PANEL_BYTES = 8192  # B's rows per panel: a quarter of a 32 KiB L1, the rest streams A and C
+B_ALIGNMENT = 64  # bytes: a cache line, and one 512-bit vector (``_aligned_b``)
+COPY_REUSE = 4  # nonzeros of A per row of B at least for B to be copied to that boundary
 
 
 class _Stream:
@@ -177,6 +179,45 @@ def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, finish_row: 
             "scf.reduce", "}"]
 
 
+def aligned_b(elt: str, itemsize: int) -> tuple[list[str], list[str]]:
+    """Lines defining ``%B``: the operand ``%B_in``, or a copy of it at a ``B_ALIGNMENT``-byte boundary; and the
+    lines freeing that copy, for the end of the function.  (Used by the BSR SpMM too.)
+
+    Every nonzero loads whole vectors of a row of B.  When B's rows start
+    off a cache-line boundary, each 64-byte load spans two lines and the
+    kernel runs at half speed: a DLMC 512^2 pattern at 90%, N=128, float32,
+    1 thread, took 0.19 ms with B at 16 or 48 bytes past a line and
+    0.093 ms at a line (numpy allocates at 16-byte boundaries).  So B is
+    copied (a ``memcpy`` of B, about 10 us for 256 KiB) when it is off the
+    boundary, its rows are a whole number of boundaries long (else no copy
+    aligns every row) and A has at least ``COPY_REUSE`` nonzeros per row of
+    B (each row of B is then read that many times on average).
+    """
+    return [f"%bc_align = arith.constant {B_ALIGNMENT} : index",
+            f"%bc_item = arith.constant {itemsize} : index",
+            f"%bc_reuse = arith.constant {COPY_REUSE} : index",
+            f"%bc_ptr = memref.extract_aligned_pointer_as_index %B_in : memref<?x?x{elt}> -> index",
+            f"%bc_rows = memref.dim %B_in, %c0 : memref<?x?x{elt}>",
+            f"%bc_cols = memref.dim %B_in, %c1 : memref<?x?x{elt}>",
+            f"%bc_nnz = memref.dim %val, %c0 : memref<?x{elt}>",
+            "%bc_off = arith.remui %bc_ptr, %bc_align : index",
+            "%bc_row_bytes = arith.muli %bc_cols, %bc_item : index",
+            "%bc_row_off = arith.remui %bc_row_bytes, %bc_align : index",
+            "%bc_reads = arith.muli %bc_rows, %bc_reuse : index",
+            "%bc_off_line = arith.cmpi ne, %bc_off, %c0 : index",
+            "%bc_rows_whole = arith.cmpi eq, %bc_row_off, %c0 : index",
+            "%bc_reused = arith.cmpi uge, %bc_nnz, %bc_reads : index",
+            "%bc_copy_rows = arith.andi %bc_off_line, %bc_rows_whole : i1",
+            "%bc_copied = arith.andi %bc_copy_rows, %bc_reused : i1",
+            f"%B = scf.if %bc_copied -> (memref<?x?x{elt}>) {{",
+            f"%bc_new = memref.alloc(%bc_rows, %bc_cols) {{alignment = {B_ALIGNMENT} : i64}} : memref<?x?x{elt}>",
+            f"memref.copy %B_in, %bc_new : memref<?x?x{elt}> to memref<?x?x{elt}>",
+            f"scf.yield %bc_new : memref<?x?x{elt}>",
+            "} else {",
+            f"scf.yield %B_in : memref<?x?x{elt}>",
+            "}"], ["scf.if %bc_copied {", f"memref.dealloc %B : memref<?x?x{elt}>", "}"]
+
+
 def _epilogue_pass(types: dict[str, str], reads: list[str], vec: str, lanes: int) -> list[str]:
     """Row ``%i`` of C through the epilogue functions, in place: whole vectors, then the scalar tail.
 
@@ -238,12 +279,13 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
 
 
 def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int = ACCUMULATORS,
-                function_name: str = KERNEL_NAME) -> ir.Module:
+                function_name: str = KERNEL_NAME, b_aligned: bool = False) -> ir.Module:
     """The tiled SpMM module of ``problem`` in the current context.
 
     The function is the kernel (``KERNEL_NAME``: C interface, ``FILLS_OUTPUT``);
     another ``function_name`` makes it a private helper of a larger kernel
-    (``native_linear``).
+    (``native_linear``).  ``b_aligned``: the caller guarantees B starts at a
+    ``B_ALIGNMENT`` boundary (its own scratch), so no copy is considered.
     """
     a_name, b_name, bias, bias_dim, epilogue = problem.a, problem.b, problem.bias, problem.bias_dim, problem.epilogue
     ranks = dict(problem.inputs)
@@ -263,7 +305,7 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
             params += ["%pos", "%crd", "%val"]
             types += [f"memref<?x{stream.pos_t}>", f"memref<?x{stream.crd_t}>", f"memref<?x{elt}>"]
         elif name == b_name:
-            params.append("%B")
+            params.append("%B" if b_aligned else "%B_in")
             types.append(f"memref<?x?x{elt}>")
         elif name == bias:
             params.append("%bias")
@@ -362,9 +404,10 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
     if epilogue is not None:
         reads = {name: ranks[name] for name in epilogue.operands}
         helpers = epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j, reads, elt, lanes)
-        finish_row = _epilogue_pass(dict(zip(params, types)), ["%B" if r == b_name else f"%e_{r}" for r in reads],
+        finish_row = _epilogue_pass({**dict(zip(params, types)), "%B": f"memref<?x?x{elt}>"}, ["%B" if r == b_name else f"%e_{r}" for r in reads],
                                     vec, lanes)
     offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
+    b_prologue, b_epilogue = ([], []) if b_aligned else aligned_b(elt, dtype.itemsize)
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
              f"func.func {'' if function_name == KERNEL_NAME else 'private '}@{function_name}({signature}) "
@@ -373,6 +416,7 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
              *consts,
              (f"%rows = arith.constant {rows} : index" if rows is not None
               else f"%rows = memref.dim %C, %c0 : memref<?x?x{elt}>"),
+             *b_prologue,
              *stream.sizes(),
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
              *tier_lines,
@@ -383,6 +427,7 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
                                   f"scf.for %j = {start} to %N step %c1 {{", *scalar_lines, *scalar_loop,
                                   f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>", "}"],
                          dtype.itemsize, finish_row),
+             *b_epilogue,
              f"return %C : memref<?x?x{elt}>",
              "}", helpers, "}"]
     text = "\n".join(lines).replace("{elt}", elt)
