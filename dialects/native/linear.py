@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, func, memref, scf, vector
+from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
+from sparse_mlir.dialects.native.loops import RegisterTranspose
 from sparse_mlir.dialects.native.spmm import (
     ACCUMULATORS,
     B_ALIGNMENT,
@@ -104,7 +105,7 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
     (x_value,), y = values[x], block.arguments[-1]
     tile = vector_bits // 8 // spec.dtype.itemsize
     with ir.InsertionPoint(block):
-        tiles = _Tiles(element, tile)
+        tiles = RegisterTranspose(element, tile)
         batch, inputs = memref.dim(x_value, tiles.c0), memref.dim(x_value, tiles.c1)
         rows = arith.constant(index, outputs) if outputs is not None else memref.dim(y, tiles.c1)
 
@@ -121,48 +122,8 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
         func.ReturnOp([y])
 
 
-class _Tiles:
-    """Constants and the register-tile transpose shared by both kernel layouts (built at the insertion point)."""
 
-    def __init__(self, element: ir.Type, tile: int):
-        index = ir.IndexType.get()
-        self.c0, self.c1 = arith.constant(index, 0), arith.constant(index, 1)
-        self.tile = tile
-        self.step = arith.constant(index, tile)
-        self.pad = arith.constant(element, 0.0 if isinstance(element, ir.FloatType) else 0)
-        self.square = ir.VectorType.get([tile, tile], element)
-        self.identity = ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(2, 2))
-        self.masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)] * 2)  # not in bounds: edge tiles are masked
-
-    def transpose(self, src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value, parallel: bool,
-                  src_row: ir.Value | None = None, dst_row: ir.Value | None = None) -> None:
-        """``dst[dst_row + k, r] = src[src_row + r, k]`` for ``r < rows``, ``k < cols``, in ``tile x tile``
-        register tiles (rows of tiles in parallel or not; tiles past either memref's end are masked)."""
-        index = ir.IndexType.get()
-        if parallel:
-            loop = scf.ParallelOp([], [self.c0], [rows], [self.step], [])
-            body = loop.regions[0].blocks.append(index)
-        else:
-            loop = scf.ForOp(self.c0, rows, self.step)
-            body = loop.body
-        with ir.InsertionPoint(body):
-            r = body.arguments[0]
-            read_row = r if src_row is None else arith.addi(src_row, r)
-            columns = scf.ForOp(self.c0, cols, self.step)
-            with ir.InsertionPoint(columns.body):
-                k = columns.induction_variable
-                write_row = k if dst_row is None else arith.addi(dst_row, k)
-                tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad, self.masked)
-                vector.transfer_write(None, vector.transpose(self.square, tile_in, [1, 0]), dst, [write_row, r],
-                                      self.identity, self.masked)
-                scf.YieldOp([])
-            if parallel:
-                scf.ReduceOp([], 0)
-            else:
-                scf.YieldOp([])
-
-
-def _whole(tiles: _Tiles, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
+def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
            rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None]) -> None:
     """``XT = X^T``, ``T = W @ XT``, ``Y = T^T`` over the whole batch, each stage threaded (an epilogue or bias
     that reads the batch index sees the SpMM's columns as batch rows)."""
@@ -176,7 +137,7 @@ def _whole(tiles: _Tiles, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.V
     memref.dealloc(t)
 
 
-def _batch_blocks(tiles: _Tiles, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
+def _batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
                   rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None], itemsize: int, full_tile: int) -> None:
     """``Y = (W @ X^T)^T`` by blocks of the batch: each block of X's rows is transposed into a scratch ``XT``
     that fits L2 (``BLOCK_BYTES``), multiplied into a scratch ``T`` and transposed into its rows of Y.

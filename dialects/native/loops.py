@@ -12,15 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, func, memref, scf
+from mlir.dialects import arith, func, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.linalg import KERNEL_NAME
 
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["add", "as_index", "constant_like", "csr_levels", "csr_product_module", "dynamic_vector", "for_each", "if_else", "index", "is_float",
-           "load_index", "mul", "parallel", "reduce_loop", "store_index", "sub"]
+__all__ = ["RegisterTranspose", "add", "as_index", "constant_like", "csr_levels", "csr_product_module",
+           "dynamic_vector", "for_each", "if_else", "index", "is_float", "load_index", "mul", "parallel",
+           "reduce_loop", "store_index", "sub"]
 
 
 def index(value: int) -> ir.Value:
@@ -143,3 +144,51 @@ def csr_product_module(spec: KernelSpec, formats: dict[str, Format],
             func.ReturnOp(list(body(buffers, element, out_types)))
     module.operation.verify()
     return module
+
+
+class RegisterTranspose:
+    """Transposes between memrefs in ``tile x tile`` register tiles (``vector.transpose``), for the kernels that
+    need a transposed operand in scratch (the Linear layer's ``X^T`` and ``Y``, the SDDMM's ``B^T``).
+
+    A scalar transpose writes each element to another cache line (7 ns
+    an element for a column of B at an 8-16 KiB stride); a register tile
+    reads and writes whole vectors.  Its constants are built at the
+    insertion point of the constructor.
+    """
+
+    def __init__(self, element: ir.Type, tile: int):
+        index = ir.IndexType.get()
+        self.c0, self.c1 = arith.constant(index, 0), arith.constant(index, 1)
+        self.tile = tile
+        self.step = arith.constant(index, tile)
+        self.pad = arith.constant(element, 0.0 if isinstance(element, ir.FloatType) else 0)
+        self.square = ir.VectorType.get([tile, tile], element)
+        self.identity = ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(2, 2))
+        self.masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)] * 2)  # not in bounds: edge tiles are masked
+
+    def transpose(self, src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value, parallel: bool,
+                  src_row: ir.Value | None = None, dst_row: ir.Value | None = None) -> None:
+        """``dst[dst_row + k, r] = src[src_row + r, k]`` for ``r < rows``, ``k < cols``, in ``tile x tile``
+        register tiles (rows of tiles in parallel or not; tiles past either memref's end are masked)."""
+        index = ir.IndexType.get()
+        if parallel:
+            loop = scf.ParallelOp([], [self.c0], [rows], [self.step], [])
+            body = loop.regions[0].blocks.append(index)
+        else:
+            loop = scf.ForOp(self.c0, rows, self.step)
+            body = loop.body
+        with ir.InsertionPoint(body):
+            r = body.arguments[0]
+            read_row = r if src_row is None else arith.addi(src_row, r)
+            columns = scf.ForOp(self.c0, cols, self.step)
+            with ir.InsertionPoint(columns.body):
+                k = columns.induction_variable
+                write_row = k if dst_row is None else arith.addi(dst_row, k)
+                tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad, self.masked)
+                vector.transfer_write(None, vector.transpose(self.square, tile_in, [1, 0]), dst, [write_row, r],
+                                      self.identity, self.masked)
+                scf.YieldOp([])
+            if parallel:
+                scf.ReduceOp([], 0)
+            else:
+                scf.YieldOp([])

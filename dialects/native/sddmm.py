@@ -5,8 +5,8 @@ The sampled product of attention and graph networks: only the entries of
 ``S`` are computed, each a dot product of a row of ``A`` and a column of
 ``B``.  The sparsifier walks ``B`` by columns (stride ``N``) and one scalar
 FMA chain per entry.  Here ``B`` is first transposed into a scratch
-``[N, K]`` (in row tiles, threaded) so both factors of every dot product
-are contiguous; then rows of ``S`` run in parallel and each entry's dot
+``[N, K]`` (in register tiles, threaded; its rows on cache lines) so both
+factors of every dot product are contiguous; then rows of ``S`` run in parallel and each entry's dot
 product is a vector FMA loop over ``K`` with two independent accumulator
 chains, a horizontal sum and a scalar tail.  ``C``'s positions and
 coordinates are copies of ``S``'s; its values are new.  The function has the
@@ -22,7 +22,13 @@ from mlir import ir
 from mlir.dialects import arith, func, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.linalg import KERNEL_NAME
-from sparse_mlir.dialects.native.loops import add, for_each, mul, parallel
+from sparse_mlir.dialects.native.loops import (
+    RegisterTranspose,
+    add,
+    for_each,
+    mul,
+    parallel,
+)
 from sparse_mlir.dialects.native.loops import index as _index
 
 from sparse_mlir.dsl.patterns import sddmm_operands
@@ -31,7 +37,7 @@ from sparse_mlir.formats import Format
 
 __all__ = ["native_sddmm"]
 
-_TILE = 64  # columns of B per transposed tile: 64 rows of B^T (16 KiB at K = 64, float32) stay in L1
+_ALIGNMENT = 64  # bytes: B^T's rows (whole lines when K is a multiple of 16 floats) start on cache lines
 ENTRIES = 2  # entries of a row computed together (their B^T rows gathered at once, A's vectors shared); 4 and 8 measured no faster
 
 
@@ -93,16 +99,8 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     out_val = memref.alloc(level[2], [nnz], [])
     # B^T, so each dot product reads two contiguous rows
     matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
-    bt = memref.alloc(matrix, [n_cols, inner], [])
-    # in tiles of TILE columns: each row k of the tile is one contiguous read of B, and the tile's TILE rows of
-    # B^T stay in L1 while k walks (a column at a time read B with an 8-16 KiB stride: 7 ns per element)
-    tile = _index(_TILE)
-
-    def transpose(j0: ir.Value) -> None:
-        j1 = arith.minui(arith.addi(j0, tile), n_cols)
-        for_each(c0, inner, lambda k: for_each(j0, j1, lambda j: memref.store(memref.load(b, [k, j]), bt, [j, k])))
-
-    parallel(n_cols, transpose, tile)
+    bt = memref.alloc(matrix, [n_cols, inner], [], alignment=_ALIGNMENT)
+    RegisterTranspose(element, lanes).transpose(b, bt, inner, n_cols, parallel=True)
     vec = ir.VectorType.get([lanes], element)
     zeros = arith.constant(vec, ir.DenseElementsAttr.get_splat(
         vec, ir.FloatAttr.get(element, 0.0) if is_float else ir.IntegerAttr.get(element, 0)))
