@@ -1,5 +1,5 @@
 """The tiled CPU SpMM reads whole vectors of B's rows; B may start anywhere (numpy aligns to 16 bytes, a slice
-anywhere): B off a cache line is copied to one when that pays (``spmm._aligned_b``).  Whatever B's address, row
+anywhere): B off a cache line is copied to one when that pays (``spmm.aligned_b``).  Whatever B's address, row
 length, dtype or reuse, the result is the same as from an aligned B, and B is not modified."""
 
 from __future__ import annotations

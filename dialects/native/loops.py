@@ -19,10 +19,14 @@ from sparse_mlir.dialects.linalg import KERNEL_NAME
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["RegisterTranspose", "add", "as_index", "constant_like", "csr_levels", "csr_product_module",
+__all__ = ["LINE_BYTES", "RegisterTranspose", "add", "as_index", "constant_like", "csr_levels", "csr_product_module",
            "dynamic_vector", "for_each", "if_else", "index", "is_float", "load_index", "mul", "parallel",
            "reduce_loop", "store_index", "sub"]
 
+
+# a cache line, and one 512-bit vector: scratch whose rows are read as whole vectors starts on one (a vector load
+# across two lines costs two loads: the tiled SpMM ran at half speed with B off a line)
+LINE_BYTES = 64
 
 def index(value: int) -> ir.Value:
     """An ``index`` constant."""

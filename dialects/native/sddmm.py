@@ -6,8 +6,8 @@ The sampled product of attention and graph networks: only the entries of
 ``B``.  The sparsifier walks ``B`` by columns (stride ``N``) and one scalar
 FMA chain per entry.  Here ``B`` is first transposed into a scratch
 ``[N, K]`` (in register tiles, threaded; its rows on cache lines) so both
-factors of every dot product are contiguous; then rows of ``S`` run in parallel and each entry's dot
-product is a vector FMA loop over ``K`` with two independent accumulator
+factors of every dot product are contiguous; then rows of ``S`` run in
+parallel and each entry's dot product is a vector FMA loop over ``K`` with two independent accumulator
 chains, a horizontal sum and a scalar tail.  ``C``'s positions and
 coordinates are copies of ``S``'s; its values are new.  The function has the
 sparse assembler's signature (level buffers, then dense memrefs, returning
@@ -23,6 +23,7 @@ from mlir.dialects import arith, func, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.linalg import KERNEL_NAME
 from sparse_mlir.dialects.native.loops import (
+    LINE_BYTES,
     RegisterTranspose,
     add,
     for_each,
@@ -37,7 +38,6 @@ from sparse_mlir.formats import Format
 
 __all__ = ["native_sddmm"]
 
-_ALIGNMENT = 64  # bytes: B^T's rows (whole lines when K is a multiple of 16 floats) start on cache lines
 ENTRIES = 2  # entries of a row computed together (their B^T rows gathered at once, A's vectors shared); 4 and 8 measured no faster
 
 
@@ -99,7 +99,7 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     out_val = memref.alloc(level[2], [nnz], [])
     # B^T, so each dot product reads two contiguous rows
     matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
-    bt = memref.alloc(matrix, [n_cols, inner], [], alignment=_ALIGNMENT)
+    bt = memref.alloc(matrix, [n_cols, inner], [], alignment=LINE_BYTES)  # rows on lines when K fills whole ones
     RegisterTranspose(element, lanes).transpose(b, bt, inner, n_cols, parallel=True)
     vec = ir.VectorType.get([lanes], element)
     zeros = arith.constant(vec, ir.DenseElementsAttr.get_splat(

@@ -37,6 +37,7 @@ from sparse_mlir.dialects.epilogue import (
     epilogue_functions,
 )
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
+from sparse_mlir.dialects.native.loops import LINE_BYTES
 
 from sparse_mlir.dsl.patterns import is_csr, spmm_epilogue, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -49,7 +50,7 @@ ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chain
 # place, and 16-64 rows outran the prefetchers (2:4 at 4096^2, N=32: 8 rows 1.6-1.9 ns per nonzero, 64 rows 2.5)
 ROW_BLOCK = 8
 PANEL_BYTES = 8192  # B's rows per panel: a quarter of a 32 KiB L1, the rest streams A and C
-B_ALIGNMENT = 64  # bytes: a cache line, and one 512-bit vector (``_aligned_b``)
+B_ALIGNMENT = LINE_BYTES  # where ``aligned_b`` puts B
 COPY_REUSE = 4  # nonzeros of A per row of B at least for B to be copied to that boundary
 
 
