@@ -236,8 +236,8 @@ def _block_columns(pattern: Pattern, block_columns: int, cols: int) -> int:
     return min(cols, max(unit, block_columns // unit * unit))
 
 
-def _damped_cholesky(gram: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:
-    """The lower Cholesky factor of ``H = X^T X + damp * mean(diag) * I`` and the features that were never seen.
+def _damped(gram: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:
+    """``H = X^T X + damp * mean(diag) * I`` and the features that were never seen.
 
     A feature whose inputs were all zero has a zero row and column in ``H``:
     its diagonal is set to 1 (its weights are removed first, they never mattered).
@@ -246,6 +246,12 @@ def _damped_cholesky(gram: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndar
     dead = np.diag(h) == 0
     h[dead, dead] = 1.0
     h[np.diag_indices_from(h)] += damp * float(np.mean(np.diag(h)))
+    return h, dead
+
+
+def _damped_cholesky(gram: np.ndarray, damp: float) -> tuple[np.ndarray, np.ndarray]:
+    """The lower Cholesky factor of ``H`` (``_damped``) and the features that were never seen."""
+    h, dead = _damped(gram, damp)
     try:
         return scipy.linalg.cholesky(h, lower=True), dead
     except np.linalg.LinAlgError as exc:
@@ -318,10 +324,7 @@ def _refit(w: np.ndarray, gram: np.ndarray, mask: np.ndarray, damp: float, chunk
     (``W``: the dense weights the layer aims at, ``H`` damped as in the sweep).
     Rows with as many kept columns are solved together, a chunk at a time.
     """
-    h = gram.copy()
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    h[np.diag_indices_from(h)] += damp * float(np.mean(np.diag(h)))
+    h, _ = _damped(gram, damp)
     rhs = w @ h  # row o: (H w_o)^T
     out = np.zeros_like(w)
     counts = mask.sum(axis=1)
@@ -384,7 +387,7 @@ def _gradual_mask(scores: np.ndarray, pattern: Pattern, fraction: float) -> np.n
     if pattern.kind != "n:m":
         return select(scores, Pattern(pattern.kind, fraction * pattern.sparsity, scope=pattern.scope,
                                       block=pattern.block))
-    rows, cols = scores.shape
+    cols = scores.shape[1]
     keep = cols - int(round(fraction * pattern.sparsity * cols))
     return keep_largest(np.where(select(scores, pattern), np.inf, scores), keep) | select(scores, pattern)
 
