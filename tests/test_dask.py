@@ -259,10 +259,13 @@ def test_a_killed_worker_is_retried_without_a_wrong_result(no_mlir_client, rng, 
 
     def die_once(chunk: np.ndarray) -> np.ndarray:
         distributed.get_worker()  # raises anywhere but on a worker: never end the test's own process
-        if not marker.exists():
-            marker.write_text(str(os.getpid()))
-            os._exit(1)  # the worker process ends mid-computation, holding some of A's blocks
-        return chunk
+        try:  # created atomically: with two workers racing here, exactly one of them dies
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return chunk
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os._exit(1)  # the worker process ends mid-computation, holding some of A's blocks
 
     x = da.from_array(rng.normal(size=400), chunks=100)
     product = a @ x.map_blocks(die_once, meta=np.empty(0, x.dtype))
@@ -271,9 +274,11 @@ def test_a_killed_worker_is_retried_without_a_wrong_result(no_mlir_client, rng, 
             y = product.compute()
             break
         except distributed.client.FutureCancelledError:
-            # a race in distributed itself (about 1 run in 5 here): when the dying worker held the persisted
-            # blocks, the scheduler may cancel the whole graph ("already forgotten") instead of rerunning it;
-            # the caller then gets an error, never a wrong or partial result, and the same graph runs again
+            # a race in distributed itself: when the dying worker held the persisted blocks, the scheduler may
+            # cancel the whole graph ("already forgotten") instead of rerunning it; the caller then gets an
+            # error, never a wrong or partial result, and the same graph runs again. (The plan is scattered to
+            # every worker, so it survives one death; before the marker was atomic, both workers could die
+            # and take every copy with them, which no retry recovers: CI saw that once.)
             if attempt == 2:
                 raise
     np.testing.assert_allclose(y, m @ x.compute())
