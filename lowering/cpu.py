@@ -85,6 +85,7 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
                             f"dialects.select)", stage="input", target="cpu")
     parallel = options.openmp is not None
     parallel = frontend.sparsify(module, parallel=parallel, target="cpu")
+    rewrites.resolve_thread_count(module, parallel)
     stages["sparsified"] = str(module)
     if parallel:
         _run(module, TO_OPENMP, "mapped")

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith
+from mlir.dialects import arith, func
+from sparse_mlir.dialects.native.loops import THREAD_COUNT
 
-__all__ = ["drop_identity_generics", "widen_bool_buffers", "export_only", "allow_contraction",
-           "inline_alloca_scopes", "balance_parallel_loops"]
+__all__ = [
+    "allow_contraction",
+    "balance_parallel_loops",
+    "drop_identity_generics",
+    "export_only",
+    "inline_alloca_scopes",
+    "resolve_thread_count",
+    "widen_bool_buffers",
+]
 
 
 def widen_bool_buffers(module: ir.Module) -> None:
@@ -164,3 +172,43 @@ def drop_identity_generics(module: ir.Module) -> None:
         for result, init in zip(op.results, list(op.operands)[-n_out:]):
             result.replace_all_uses_with(init)
         op.erase()
+
+
+OPENMP_THREADS = "omp_get_max_threads"  # the OpenMP runtime's team size for the next parallel region
+
+
+def resolve_thread_count(module: ir.Module, parallel: bool) -> None:
+    """Replace the calls to ``loops.THREAD_COUNT`` with the thread count: ``omp_get_max_threads()`` when
+    ``parallel`` (the runtime has set it for this call), else 1; its declaration goes.
+
+    Emitters cannot know whether their module will be threaded (that is the
+    build's choice), but a kernel giving each thread its own scratch needs
+    the number of threads its parallel loop will get.
+    """
+    calls: list[ir.Operation] = []
+    declarations: list[ir.Operation] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == THREAD_COUNT:
+            calls.append(op)
+        elif op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == THREAD_COUNT:
+            declarations.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    if not calls and not declarations:
+        return
+    index, i32 = ir.IndexType.get(), ir.IntegerType.get_signless(32)
+    if parallel and calls:
+        with ir.InsertionPoint.at_block_begin(module.body), module.operation.location:
+            func.FuncOp(OPENMP_THREADS, ir.FunctionType.get([], [i32]), visibility="private")
+    for call in calls:
+        with ir.InsertionPoint(call), call.location:
+            if parallel:
+                count = arith.index_cast(index, func.call([i32], ir.FlatSymbolRefAttr.get(OPENMP_THREADS), []))
+            else:
+                count = arith.constant(index, 1)
+        call.results[0].replace_all_uses_with(count)
+        call.erase()
+    for declaration in declarations:
+        declaration.erase()

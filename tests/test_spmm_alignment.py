@@ -60,3 +60,23 @@ def test_bsr_blocks_with_b_off_a_line(rng):
     np.testing.assert_allclose(expected, dense @ b, rtol=1e-4, atol=1e-5)
     for offset in range(1, 16):
         np.testing.assert_array_equal(kernel(A=a, B=_at_offset(b, offset)), expected)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "2:4"])
+@pytest.mark.parametrize("rows", [0, 1, 9, 203])
+def test_any_thread_count_gives_the_one_thread_result(rng, fmt, rows):
+    """The tiled SpMM hands ranges of rows to threads from a counter, each thread with its own aligned copy of B
+    (``spmm._work_queue``): more threads than ranges, ranges cut short by the last row, no rows at all."""
+    from sparse_mlir.runtime import threads
+
+    dense = rng.standard_normal((rows, 64)).astype(np.float32)
+    dense = prune_nm(dense, 2, 4) if fmt == "2:4" else dense * (rng.random(dense.shape) < 0.4)
+    a = sm.SparseTensor.from_dense(dense, fmt)
+    b = _at_offset(rng.standard_normal((64, 64)).astype(np.float32), 4)  # off a line: copied by each thread
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": fmt}, dtype="float32")
+    with threads.fixed(1):
+        expected = kernel(A=a, B=b)
+    np.testing.assert_allclose(expected, dense @ b, rtol=1e-4, atol=1e-4)
+    for count in (2, 3, 8):
+        with threads.fixed(count):
+            np.testing.assert_array_equal(kernel(A=a, B=b), expected)

@@ -19,14 +19,38 @@ from sparse_mlir.dialects.linalg import KERNEL_NAME
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["LINE_BYTES", "RegisterTranspose", "add", "as_index", "constant_like", "csr_levels", "csr_product_module",
-           "dynamic_vector", "for_each", "if_else", "index", "is_float", "load_index", "mul", "parallel",
-           "reduce_loop", "store_index", "sub"]
+__all__ = [
+    "LINE_BYTES",
+    "THREAD_COUNT",
+    "RegisterTranspose",
+    "add",
+    "as_index",
+    "constant_like",
+    "csr_levels",
+    "csr_product_module",
+    "dynamic_vector",
+    "for_each",
+    "if_else",
+    "index",
+    "is_float",
+    "load_index",
+    "mul",
+    "parallel",
+    "reduce_loop",
+    "store_index",
+    "sub",
+]
 
 
 # a cache line, and one 512-bit vector: scratch whose rows are read as whole vectors starts on one (a vector load
 # across two lines costs two loads: the tiled SpMM ran at half speed with B off a line)
 LINE_BYTES = 64
+
+# a function an emitter may call (``() -> index``) for the threads its parallel loop will get: the CPU pipeline
+# replaces each call with ``omp_get_max_threads()`` in a threaded build and with 1 otherwise
+# (``lowering.rewrites.resolve_thread_count``), so a kernel can give each thread its own scratch
+THREAD_COUNT = "sparse_mlir_thread_count"
+
 
 def index(value: int) -> ir.Value:
     """An ``index`` constant."""

@@ -37,7 +37,7 @@ from sparse_mlir.dialects.epilogue import (
     epilogue_functions,
 )
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.dialects.native.loops import LINE_BYTES
+from sparse_mlir.dialects.native.loops import LINE_BYTES, THREAD_COUNT
 
 from sparse_mlir.dsl.patterns import is_csr, spmm_epilogue, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -52,6 +52,9 @@ ROW_BLOCK = 8
 PANEL_BYTES = 8192  # B's rows per panel: a quarter of a 32 KiB L1, the rest streams A and C
 B_ALIGNMENT = LINE_BYTES  # where ``aligned_b`` puts B
 COPY_REUSE = 4  # nonzeros of A per row of B at least for B to be copied to that boundary
+# ranges of rows ``_work_queue`` cuts per thread: more balance the threads better, each costs an atomic increment
+# on a line the threads share
+RANGES_PER_THREAD = 16
 
 
 class _Stream:
@@ -104,15 +107,15 @@ class _Stream:
                 f"%c{self.nm.m}m = arith.constant {self.nm.m} : index",
                 *(f"%c{e} = arith.constant {e} : index" for e in range(self.nm.n))}
 
-    def sizes(self) -> list[str]:
+    def sizes(self, b: str) -> list[str]:
         """``%groups`` per row and ``%row_len`` (entries per row), after ``constants``: compiled in, or from
-        B's rows (A's columns; the C entry point has checked that they are a multiple of ``m``)."""
+        the rows of B (``b``: A's columns; the C entry point has checked that they are a multiple of ``m``)."""
         if not self.nm:
             return []
         if self.groups is not None:
             return [f"%groups = arith.constant {self.groups} : index",
                     f"%row_len = arith.constant {self.groups * self.nm.n} : index"]
-        return ["%b_rows = memref.dim %B, %c0 : memref<?x?x{elt}>",
+        return [f"%b_rows = memref.dim {b}, %c0 : memref<?x?x{{elt}}>",
                 f"%groups = arith.divui %b_rows, %c{self.nm.m}m : index",
                 f"%row_len = arith.muli %groups, %c{self.nm.n}n : index"]
 
@@ -144,55 +147,110 @@ def column_tiers(tiers: list[int], lanes: int, tile_loop: Callable[[str, int, st
     return bounds, loops, start
 
 
-def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, finish_row: list[str] = ()) -> list[str]:
-    """The parallel loop running ``row_body`` for every row ``%i``.
+def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, finish_row: list[str] = (),
+               copy_b: str | None = None) -> list[str]:
+    """The threaded loop running ``row_body`` for every row ``%i`` (``_work_queue`` hands out the rows).
 
-    CSR: one parallel iteration per row.  N:M: blocks of ``ROW_BLOCK`` rows,
-    each walked panel by panel (``%glo`` to ``%ghi`` of a row's groups, the
-    ones whose rows of B fit in ``PANEL_BYTES``), so a panel of B is read
-    from L2 once per block instead of once per row; ``%first`` tells the
-    row body whether to start from scratch or from the sums stored in C.
-    Positions are implicit, so a panel's bounds need no search.
-    ``finish_row`` runs on each row ``%i`` once its sums are complete (the
-    epilogue): after the row (CSR), after the block's last panel (N:M).
+    CSR: rows one by one.  N:M: blocks of ``ROW_BLOCK`` rows, each walked
+    panel by panel (``%glo`` to ``%ghi`` of a row's groups, the ones whose
+    rows of B fit in ``PANEL_BYTES``), so a panel of B is read from L2 once
+    per block instead of once per row; ``%first`` tells the row body
+    whether to start from scratch or from the sums stored in C.  Positions
+    are implicit, so a panel's bounds need no search.  ``finish_row`` runs
+    on each row ``%i`` once its sums are complete (the epilogue): after the
+    row (CSR), after the block's last panel (N:M).  ``copy_b``: the element
+    type when each thread may copy B to a line boundary (``b_copy``).
     """
     if stream.nm is None:
-        return ["scf.parallel (%i) = (%c0) to (%rows) step (%c1) {", *row_body, *finish_row, "scf.reduce", "}"]
+        return _work_queue(["scf.for %i = %ra to %rb step %c1 {", *row_body, *finish_row, "}"], "%c1", itemsize,
+                           copy_b)
     group_bytes = itemsize * stream.nm.m
-    return [f"%row_block = arith.constant {ROW_BLOCK} : index",
-            f"%panel_budget = arith.constant {PANEL_BYTES} : index",
-            f"%group_bytes = arith.constant {group_bytes} : index",
-            "%b_group = arith.muli %N, %group_bytes : index",  # bytes of B one group of columns reads
-            "%b_group1 = arith.maxui %b_group, %c1 : index",
-            "%panel_fit = arith.divui %panel_budget, %b_group1 : index",
-            "%panel = arith.maxui %panel_fit, %c1 : index",
-            # at least one panel, so that rows without groups still store their zeros (or bias)
-            (f"%panels_end = arith.constant {max(stream.groups, 1)} : index" if stream.groups is not None
-             else "%panels_end = arith.maxui %groups, %c1 : index"),
-            "scf.parallel (%ib) = (%c0) to (%rows) step (%row_block) {",
-            "%ib_end = arith.addi %ib, %row_block : index", "%ie = arith.minui %ib_end, %rows : index",
-            "scf.for %glo = %c0 to %panels_end step %panel {",
-            "%glo_end = arith.addi %glo, %panel : index", "%ghi = arith.minui %glo_end, %groups : index",
-            "%first = arith.cmpi eq, %glo, %c0 : index",
-            "scf.for %i = %ib to %ie step %c1 {", *row_body, "}",
+    setup = [f"%row_block = arith.constant {ROW_BLOCK} : index",
+             f"%panel_budget = arith.constant {PANEL_BYTES} : index",
+             f"%group_bytes = arith.constant {group_bytes} : index",
+             "%b_group = arith.muli %N, %group_bytes : index",  # bytes of B one group of columns reads
+             "%b_group1 = arith.maxui %b_group, %c1 : index",
+             "%panel_fit = arith.divui %panel_budget, %b_group1 : index",
+             "%panel = arith.maxui %panel_fit, %c1 : index",
+             # at least one panel, so that rows without groups still store their zeros (or bias)
+             (f"%panels_end = arith.constant {max(stream.groups, 1)} : index" if stream.groups is not None
+              else "%panels_end = arith.maxui %groups, %c1 : index")]
+    blocks = ["scf.for %ib = %ra to %rb step %row_block {",
+              "%ib_end = arith.addi %ib, %row_block : index", "%ie = arith.minui %ib_end, %rb : index",
+              "scf.for %glo = %c0 to %panels_end step %panel {",
+              "%glo_end = arith.addi %glo, %panel : index", "%ghi = arith.minui %glo_end, %groups : index",
+              "%first = arith.cmpi eq, %glo, %c0 : index",
+              "scf.for %i = %ib to %ie step %c1 {", *row_body, "}",
+              "}",
+              *(["scf.for %i = %ib to %ie step %c1 {", *finish_row, "}"] if finish_row else []),
+              "}"]
+    return setup + _work_queue(blocks, "%row_block", itemsize, copy_b)
+
+
+def _work_queue(rows_lines: list[str], grain: str, itemsize: int, copy_b: str | None) -> list[str]:
+    """One parallel iteration per thread, each taking ranges of rows ``[%ra, %rb)`` (multiples of ``grain``
+    rows) from a shared counter until none are left, and running ``rows_lines`` on each.
+
+    Why not a parallel loop over the rows: B copied to a line boundary
+    (``b_copy``) before such a loop is written by one core and then read
+    by the others from that core's cache.  Here each thread copies B for
+    itself, so the lines it reads are in its own L2, and skips the copy
+    when the other threads have taken every range already.  The ranges are
+    handed out as threads come for them (about ``RANGES_PER_THREAD`` per
+    thread), so a thread that starts late or runs slowly (a core shared
+    with another library's pool) does less, as with a guided schedule.
+    """
+    copy, free = b_copy(copy_b) if copy_b else ([], [])
+    return [f"%threads = func.call @{THREAD_COUNT}() : () -> index",
+            *(b_copy_decision(copy_b, itemsize, "%threads") if copy_b else []),
+            f"%wq_per = arith.constant {RANGES_PER_THREAD} : index",
+            "%wq_ranges_wanted = arith.muli %threads, %wq_per : index",
+            "%wq_rows_each = arith.ceildivui %rows, %wq_ranges_wanted : index",
+            f"%wq_grains = arith.ceildivui %wq_rows_each, {grain} : index",
+            "%wq_grains1 = arith.maxui %wq_grains, %c1 : index",
+            f"%wq_size = arith.muli %wq_grains1, {grain} : index",
+            "%wq_ranges = arith.ceildivui %rows, %wq_size : index",
+            f"%wq_next = memref.alloc() {{alignment = {LINE_BYTES} : i64}} : memref<1xi64>",
+            "%wq_zero = arith.constant 0 : i64", "%wq_one = arith.constant 1 : i64",
+            "memref.store %wq_zero, %wq_next[%c0] : memref<1xi64>",
+            "scf.parallel (%wq_t) = (%c0) to (%threads) step (%c1) {",
+            "%wq_first_raw = memref.atomic_rmw addi %wq_one, %wq_next[%c0] : (i64, memref<1xi64>) -> i64",
+            "%wq_first = arith.index_castui %wq_first_raw : i64 to index",
+            "%wq_any = arith.cmpi ult, %wq_first, %wq_ranges : index",
+            "scf.if %wq_any {",
+            *copy,
+            "%wq_end = scf.while (%wq_u0 = %wq_first) : (index) -> index {",
+            "%wq_more = arith.cmpi ult, %wq_u0, %wq_ranges : index",
+            "scf.condition(%wq_more) %wq_u0 : index",
+            "} do {",
+            "^bb0(%wq_u: index):",
+            "%ra = arith.muli %wq_u, %wq_size : index",
+            "%ra_end = arith.addi %ra, %wq_size : index",
+            "%rb = arith.minui %ra_end, %rows : index",
+            *rows_lines,
+            "%wq_taken_raw = memref.atomic_rmw addi %wq_one, %wq_next[%c0] : (i64, memref<1xi64>) -> i64",
+            "%wq_taken = arith.index_castui %wq_taken_raw : i64 to index",
+            "scf.yield %wq_taken : index",
             "}",
-            *(["scf.for %i = %ib to %ie step %c1 {", *finish_row, "}"] if finish_row else []),
-            "scf.reduce", "}"]
+            *free,
+            "}",
+            "scf.reduce", "}",
+            "memref.dealloc %wq_next : memref<1xi64>"]
 
 
-def aligned_b(elt: str, itemsize: int) -> tuple[list[str], list[str]]:
-    """Lines defining ``%B``: the operand ``%B_in``, or a copy of it at a ``B_ALIGNMENT``-byte boundary; and the
-    lines freeing that copy, for the end of the function.  (Used by the BSR SpMM too.)
+def b_copy_decision(elt: str, itemsize: int, copies: str = "%c1") -> list[str]:
+    """Lines setting ``%bc_copied``: whether ``%B_in`` is worth copying to a ``B_ALIGNMENT`` boundary, made
+    ``copies`` times (once per thread, ``_work_queue``).
 
     Every nonzero loads whole vectors of a row of B.  When B's rows start
     off a cache-line boundary, each 64-byte load spans two lines and the
     kernel runs at half speed: a DLMC 512^2 pattern at 90%, N=128, float32,
     1 thread, took 0.19 ms with B at 16 or 48 bytes past a line and
     0.093 ms at a line (numpy allocates at 16-byte boundaries).  So B is
-    copied (a ``memcpy`` of B, about 10 us for 256 KiB) when it is off the
+    copied (a ``memcpy``, about 7 us for 256 KiB) when it is off the
     boundary, its rows are a whole number of boundaries long (else no copy
     aligns every row) and A has at least ``COPY_REUSE`` nonzeros per row of
-    B (each row of B is then read that many times on average).
+    B for each copy (each row of a copy is then read that many times on average).
     """
     return [f"%bc_align = arith.constant {B_ALIGNMENT} : index",
             f"%bc_item = arith.constant {itemsize} : index",
@@ -204,19 +262,33 @@ def aligned_b(elt: str, itemsize: int) -> tuple[list[str], list[str]]:
             "%bc_off = arith.remui %bc_ptr, %bc_align : index",
             "%bc_row_bytes = arith.muli %bc_cols, %bc_item : index",
             "%bc_row_off = arith.remui %bc_row_bytes, %bc_align : index",
-            "%bc_reads = arith.muli %bc_rows, %bc_reuse : index",
+            "%bc_one_copy = arith.muli %bc_rows, %bc_reuse : index",
+            f"%bc_reads = arith.muli %bc_one_copy, {copies} : index",
             "%bc_off_line = arith.cmpi ne, %bc_off, %c0 : index",
             "%bc_rows_whole = arith.cmpi eq, %bc_row_off, %c0 : index",
             "%bc_reused = arith.cmpi uge, %bc_nnz, %bc_reads : index",
             "%bc_copy_rows = arith.andi %bc_off_line, %bc_rows_whole : i1",
-            "%bc_copied = arith.andi %bc_copy_rows, %bc_reused : i1",
-            f"%B = scf.if %bc_copied -> (memref<?x?x{elt}>) {{",
+            "%bc_copied = arith.andi %bc_copy_rows, %bc_reused : i1"]
+
+
+def b_copy(elt: str) -> tuple[list[str], list[str]]:
+    """Lines defining ``%B`` (``%B_in``, or when ``%bc_copied`` a copy of it on a ``B_ALIGNMENT`` boundary), and
+    the lines freeing that copy."""
+    return [f"%B = scf.if %bc_copied -> (memref<?x?x{elt}>) {{",
             f"%bc_new = memref.alloc(%bc_rows, %bc_cols) {{alignment = {B_ALIGNMENT} : i64}} : memref<?x?x{elt}>",
             f"memref.copy %B_in, %bc_new : memref<?x?x{elt}> to memref<?x?x{elt}>",
             f"scf.yield %bc_new : memref<?x?x{elt}>",
             "} else {",
             f"scf.yield %B_in : memref<?x?x{elt}>",
             "}"], ["scf.if %bc_copied {", f"memref.dealloc %B : memref<?x?x{elt}>", "}"]
+
+
+def aligned_b(elt: str, itemsize: int) -> tuple[list[str], list[str]]:
+    """Lines defining ``%B`` from ``%B_in``, copied once to a line boundary when that pays (``b_copy_decision``),
+    and the lines freeing the copy, for the end of the function.  (The BSR SpMM's; the tiled SpMM copies per
+    thread.)"""
+    prologue, epilogue = b_copy(elt)
+    return b_copy_decision(elt, itemsize) + prologue, epilogue
 
 
 def _epilogue_pass(types: dict[str, str], reads: list[str], vec: str, lanes: int) -> list[str]:
@@ -408,7 +480,6 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
         finish_row = _epilogue_pass({**dict(zip(params, types)), "%B": f"memref<?x?x{elt}>"}, ["%B" if r == b_name else f"%e_{r}" for r in reads],
                                     vec, lanes)
     offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
-    b_prologue, b_epilogue = ([], []) if b_aligned else aligned_b(elt, dtype.itemsize)
     consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
     lines = ["module {",
              f"func.func {'' if function_name == KERNEL_NAME else 'private '}@{function_name}({signature}) "
@@ -417,8 +488,7 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
              *consts,
              (f"%rows = arith.constant {rows} : index" if rows is not None
               else f"%rows = memref.dim %C, %c0 : memref<?x?x{elt}>"),
-             *b_prologue,
-             *stream.sizes(),
+             *stream.sizes("%B" if b_aligned else "%B_in"),
              f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
              *tier_lines,
              f"%zero = arith.constant {zero} : {elt}",
@@ -427,10 +497,9 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
              *_rows_loop(stream, [*stream.setup(), *row_init, *tier_loops,
                                   f"scf.for %j = {start} to %N step %c1 {{", *scalar_lines, *scalar_loop,
                                   f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>", "}"],
-                         dtype.itemsize, finish_row),
-             *b_epilogue,
+                         dtype.itemsize, finish_row, None if b_aligned else elt),
              f"return %C : memref<?x?x{elt}>",
-             "}", helpers, "}"]
+             "}", f"func.func private @{THREAD_COUNT}() -> index", helpers, "}"]
     text = "\n".join(lines).replace("{elt}", elt)
     module = ir.Module.parse(text)
     module.operation.verify()

@@ -9,6 +9,7 @@ from ir_helpers import cpu_shapes, functions, op_counts, planned, verified
 from mlir import ir
 from sparse_mlir.dialects.epilogue import SCALAR_EPILOGUE, VECTOR_EPILOGUE, Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
+from sparse_mlir.dialects.native.loops import THREAD_COUNT
 from sparse_mlir.dialects.native.spmm import SpmmProblem, native_spmm, spmm_module
 
 from sparse_mlir.formats import CSR, NM
@@ -35,8 +36,11 @@ def test_csr_spmm_keeps_column_tiles_in_registers(bits, lanes):
     kernel = functions(module)[KERNEL_NAME]
     assert "llvm.emit_c_interface" in kernel.attributes and FILLS_OUTPUT in kernel.attributes
     ops = op_counts(module)
-    assert ops["scf.parallel"] == 1 and ops["scf.if"] == 2  # a row per iteration, no panels; B's aligned copy
-    assert ops["memref.copy"] == 1 and "alignment = 64" in str(module)  # ... made and freed when it pays
+    # one parallel iteration per thread, taking ranges of rows from a shared counter (no panels); each thread's
+    # aligned copy of B, made and freed when it pays, inside "any range left"
+    assert ops["scf.parallel"] == 1 and ops["scf.while"] == 1 and ops["memref.atomic_rmw"] == 2
+    assert ops["scf.if"] == 3 and ops["memref.copy"] == 1 and "alignment = 64" in str(module)
+    assert ops["func.call"] == 1 and THREAD_COUNT in functions(module)  # the thread count, resolved when lowered
     assert ops["vector.fma"] == sum(TIERS) and ops["math.fma"] == 1  # one FMA per register per nonzero, then scalars
     assert ops["vector.store"] == sum(TIERS)  # C stored once per tile
     assert f"vector<{lanes}xf32>" in str(module)
@@ -49,7 +53,7 @@ def test_nm_rows_walk_unrolled_groups_in_panels():
     ops = op_counts(module)
     # both entries of a group unrolled, in separate accumulator sets while registers allow
     assert ops["vector.fma"] == 2 * sum(TIERS) and ops["math.fma"] == 2
-    assert ops["scf.if"] == len(TIERS) + 1 + 2  # each tile and the scalar column start from zero or from C
+    assert ops["scf.if"] == len(TIERS) + 1 + 3  # each tile and the scalar column start from zero or from C
     assert ops["scf.parallel"] == 1 and ops["arith.minui"] >= 2  # blocks of rows, panels of groups
     inputs, _ = _types(module)
     assert inputs[:3] == ["memref<?xi32>", "memref<?xi8>", "memref<?xf32>"]  # positions are implicit: unread
@@ -65,17 +69,17 @@ def test_a_bias_seeds_the_sums(bias, load):
     plain = op_counts(verified(_build("C[i,j] = A[i,k] * B[k,j]", {"A": "csr"})))
     ops = op_counts(verified(_build(f"C[i,j] = A[i,k] * B[k,j] + {bias}", {"A": "csr"})))
     assert ops[load] > plain[load] and ops["vector.fma"] == plain["vector.fma"]
-    assert not ops["func.call"]  # no epilogue: the bias is where the sums start
+    assert ops["func.call"] == plain["func.call"] == 1  # no epilogue (only the thread count): the bias seeds
 
 
 def test_an_epilogue_runs_on_each_finished_row():
     module = verified(_build("C[i,j] = relu(A[i,k]*B[k,j] + bias[j]) * 2.0", {"A": "csr"}))
     found = functions(module)
-    assert set(found) == {KERNEL_NAME, VECTOR_EPILOGUE, SCALAR_EPILOGUE}
+    assert set(found) == {KERNEL_NAME, VECTOR_EPILOGUE, SCALAR_EPILOGUE, THREAD_COUNT}
     for name in (VECTOR_EPILOGUE, SCALAR_EPILOGUE):
         assert ir.StringAttr(found[name].attributes["sym_visibility"]).value == "private"
     ops = op_counts(module)
-    assert ops["func.call"] == 2 and ops["arith.maximumf"] == 2  # relu, in each epilogue function
+    assert ops["func.call"] == 3 and ops["arith.maximumf"] == 2  # relu, in each epilogue function
     assert _types(module, VECTOR_EPILOGUE) == (["vector<8xf32>", "index", "index", "memref<?xf32>"],
                                                ["vector<8xf32>"])
 
@@ -111,7 +115,7 @@ def test_spmm_module_takes_no_kernel_spec():
                           "W", "XT", epilogue=epilogue)
     module = verified(spmm_module(problem, 512, function_name="core"))
     found = functions(module)
-    assert set(found) == {"core", VECTOR_EPILOGUE, SCALAR_EPILOGUE}
+    assert set(found) == {"core", VECTOR_EPILOGUE, SCALAR_EPILOGUE, THREAD_COUNT}
     assert ir.StringAttr(found["core"].attributes["sym_visibility"]).value == "private"
     assert "llvm.emit_c_interface" not in found["core"].attributes and FILLS_OUTPUT not in found["core"].attributes
     assert "vector<8xf64>" in str(module)
@@ -119,3 +123,17 @@ def test_spmm_module_takes_no_kernel_spec():
     inputs, _ = _types(verified(spmm_module(plain)))
     assert inputs == ["memref<?x?xf32>", "memref<?xi32>", "memref<?xi32>", "memref<?xf32>", "memref<?xf32>",
                       "memref<?x?xf32>"]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_thread_count_becomes_the_openmp_team_size_or_one(parallel):
+    """``lowering.rewrites.resolve_thread_count``: a threaded build asks the OpenMP runtime, a serial one has 1."""
+    from sparse_mlir.lowering.rewrites import OPENMP_THREADS, resolve_thread_count
+
+    module = verified(_build("C[i,j] = A[i,k] * B[k,j]", {"A": "csr"}))
+    resolve_thread_count(module, parallel)
+    module.operation.verify()
+    found = functions(module)
+    assert THREAD_COUNT not in found and THREAD_COUNT not in str(module)
+    assert (OPENMP_THREADS in found) == parallel
+    assert op_counts(module)["func.call"] == (1 if parallel else 0)
