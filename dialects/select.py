@@ -23,6 +23,7 @@ from typing import NamedTuple
 from mlir import ir
 from sparse_mlir.dialects.linalg import build_kernel_module
 from sparse_mlir.dialects.native.bsr import native_bsr_spmm
+from sparse_mlir.dialects.native.format_spmv import native_format_spmv
 from sparse_mlir.dialects.native.gpu import (
     NativeKernels,
     gpu_gemm_f16,
@@ -81,6 +82,7 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("bsr_spmm", lambda spec, shapes, bits: native_bsr_spmm(spec, spec.formats, shapes, bits)),
     Emitter("linear", lambda spec, shapes, bits: native_linear(spec, spec.formats, shapes, bits)),
     Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes, bits)),
+    Emitter("format_spmv", lambda spec, shapes, bits: native_format_spmv(spec, spec.formats, shapes, bits)),
     Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
     Emitter("spgemm", lambda spec, shapes, bits: native_spgemm(spec, spec.formats, shapes, bits)),
     Emitter("sparse_add", lambda spec, shapes, bits: native_sparse_add(spec, spec.formats, shapes, bits)),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from mlir import ir
 from mlir.dialects import arith, gpu, math, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
+from sparse_mlir.dialects.native.loops import level_types
 
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
@@ -133,15 +134,8 @@ def row_bounds(pos: ir.Value, row: ir.Value, valid: ir.Value) -> tuple[ir.Value,
 
 def level_buffer_types(fmt: Format, elt: ir.Type) -> list[ir.Type]:
     """The ``memref<?x...>`` of each buffer of ``fmt``'s codegen format (N:M positions included), in order."""
-    types = []
-    for name in fmt.codegen_format.buffer_names:
-        if name == "values":
-            types.append(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], elt, loc=ir.Location.unknown()))
-        else:
-            width = (fmt.pos_width if name.startswith("pos") else fmt.crd_width) or 64
-            types.append(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(width),
-                                           loc=ir.Location.unknown()))
-    return types
+    with ir.Location.unknown():
+        return level_types(fmt, elt)
 
 
 def dense_type(shape: Sequence[int | None], elt: ir.Type) -> ir.Type:

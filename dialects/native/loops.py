@@ -28,17 +28,21 @@ __all__ = [
     "constant_like",
     "csr_levels",
     "csr_product_module",
+    "declare_thread_count",
     "dynamic_vector",
     "for_each",
     "if_else",
     "index",
     "is_float",
+    "level_types",
     "load_index",
+    "lower_bound",
     "mul",
     "parallel",
     "reduce_loop",
     "store_index",
     "sub",
+    "thread_count",
 ]
 
 
@@ -141,6 +145,48 @@ def if_else(condition: ir.Value, then: Callable[[], Sequence[ir.Value]],
     with ir.InsertionPoint(op.else_block):
         scf.YieldOp(list(otherwise()))
     return list(op.results)
+
+
+def level_types(fmt: Format, element: ir.Type) -> list[ir.Type]:
+    """The ``memref<?x...>`` of each buffer of ``fmt``'s codegen format, in the kernel signature's order
+    (positions and coordinates at their widths, 0 meaning ``index``: 64 bits; the values of ``element``)."""
+    types = []
+    for name in fmt.codegen_format.buffer_names:
+        if name == "values":
+            types.append(dynamic_vector(element))
+        else:
+            width = (fmt.pos_width if name.startswith("pos") else fmt.crd_width) or 64
+            types.append(dynamic_vector(ir.IntegerType.get_signless(width)))
+    return types
+
+
+def thread_count() -> ir.Value:
+    """A call of ``THREAD_COUNT`` (the threads the kernel's parallel loops get); the module must declare it
+    (``declare_thread_count``)."""
+    return func.call([ir.IndexType.get()], ir.FlatSymbolRefAttr.get(THREAD_COUNT), [])
+
+
+def declare_thread_count() -> None:
+    """Declare ``THREAD_COUNT`` at the insertion point (a module's body)."""
+    func.FuncOp(THREAD_COUNT, ir.FunctionType.get([], [ir.IndexType.get()]), visibility="private")
+
+
+def lower_bound(buffer: ir.Value, lo: ir.Value, hi: ir.Value, value: ir.Value) -> ir.Value:
+    """The first ``p`` in ``[lo, hi)`` with ``buffer[p] >= value`` (``hi`` if none) in an ascending integer
+    buffer (positions), by bisection: ``value`` is an ``index``."""
+    i_type = ir.IndexType.get()
+    search = scf.WhileOp([i_type, i_type], [lo, hi])
+    before = search.before.blocks.append(i_type, i_type)
+    with ir.InsertionPoint(before):
+        low, high = before.arguments
+        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, low, high), [low, high])
+    after = search.after.blocks.append(i_type, i_type)
+    with ir.InsertionPoint(after):
+        low, high = after.arguments
+        middle = arith.addi(low, arith.shrui(arith.subi(high, low), index(1)))
+        below = arith.cmpi(arith.CmpIPredicate.ult, load_index(buffer, middle), value)
+        scf.YieldOp([arith.select(below, arith.addi(middle, index(1)), low), arith.select(below, high, middle)])
+    return search.results[0]
 
 
 def csr_levels(fmt: Format, element: ir.Type) -> list[ir.Type]:

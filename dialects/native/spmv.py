@@ -49,7 +49,7 @@ from sparse_mlir.dsl.patterns import spmv_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["DISTANCE", "SHORT_ROW", "UNROLL", "native_spmv"]
+__all__ = ["DISTANCE", "SHORT_ROW", "UNROLL", "RowSums", "native_spmv"]
 
 UNROLL = 4
 # rows shorter than this take one plain loop: no unrolled loop, prefetch or combining adds for them
@@ -87,41 +87,51 @@ def _module(spec: KernelSpec, fmt: Format, rows: int | None, a_name: str, x_name
         buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
         y = next(args)
         with ir.InsertionPoint(block):
-            _Rows(*buffers[a_name], *buffers[x_name], y, element).emit(rows)
+            RowSums(*buffers[a_name], *buffers[x_name], y, element).emit(
+                index(rows) if rows is not None else memref.dim(y, index(0)))
             func.ReturnOp([y])
     module.operation.verify()
     return module
 
 
-class _Rows:
-    """The row loop over ``A``'s level buffers, ``x`` and ``y``."""
+class RowSums:
+    """The parallel loop over compressed rows: ``y[row] = sum of val[k] * x[crd[k]]`` (or of ``val[k]``: a row
+    sum, ``x`` is ``None``) over each row's entries ``pos[r]..pos[r+1]``.
 
-    def __init__(self, pos: ir.Value, crd: ir.Value, val: ir.Value, x: ir.Value, y: ir.Value,
-                 element: ir.Type) -> None:
-        self.pos, self.crd, self.val, self.x, self.y = pos, crd, val, x, y
+    ``row`` is the stored row ``r`` itself (CSR, or a CSC read transposed:
+    the outer level is the result's index), or ``stored[r]`` when the outer
+    level stores only some rows (DCSR: ``stored`` is its outer coordinates).
+    Long rows are unrolled into independent accumulators and prefetch
+    ``x`` ahead (see the module docstring); short ones take one plain loop.
+    """
+
+    def __init__(self, pos: ir.Value, crd: ir.Value, val: ir.Value, x: ir.Value | None, y: ir.Value,
+                 element: ir.Type, stored: ir.Value | None = None) -> None:
+        self.pos, self.crd, self.val, self.x, self.y, self.stored = pos, crd, val, x, y, stored
         self.element = element
         self.zero = constant_like(element, 0)
         nnz = memref.dim(crd, index(0))
         # the last entry (0 when there is none): where the prefetch of a row near the end stops
         self.last = arith.subi(arith.maxui(nnz, index(1)), index(1))
 
-    def emit(self, rows: int | None) -> None:
-        n_rows = index(rows) if rows is not None else memref.dim(self.y, index(0))
-        parallel(n_rows, self._row)
+    def emit(self, count: ir.Value) -> None:
+        """Rows ``0..count`` of the outer level, in parallel."""
+        parallel(count, self._row)
 
-    def _row(self, i: ir.Value) -> None:
-        lo = load_index(self.pos, i)
-        hi = load_index(self.pos, arith.addi(i, index(1)))
+    def _row(self, r: ir.Value) -> None:
+        lo = load_index(self.pos, r)
+        hi = load_index(self.pos, arith.addi(r, index(1)))
         length = arith.subi(hi, lo)
         long = arith.cmpi(arith.CmpIPredicate.uge, length, index(SHORT_ROW))
         start, partial = if_else(long, lambda: self._unrolled(lo, hi, length), lambda: [lo, self.zero],
                                  [ir.IndexType.get(), self.element])
         (total,) = reduce_loop(start, hi, [partial], lambda k, s: [add(s[0], self._term(k))])
-        memref.store(total, self.y, [i])
+        memref.store(total, self.y, [r if self.stored is None else load_index(self.stored, r)])
 
     def _term(self, k: ir.Value) -> ir.Value:
-        """``val[k] * x[crd[k]]``."""
-        return mul(memref.load(self.val, [k]), memref.load(self.x, [load_index(self.crd, k)]))
+        """``val[k] * x[crd[k]]``, or ``val[k]`` without ``x``."""
+        value = memref.load(self.val, [k])
+        return value if self.x is None else mul(value, memref.load(self.x, [load_index(self.crd, k)]))
 
     def _unrolled(self, lo: ir.Value, hi: ir.Value, length: ir.Value) -> list[ir.Value]:
         """A long row's entries ``UNROLL`` a step into as many accumulators, prefetching ``x`` ahead; returns
@@ -130,8 +140,9 @@ class _Rows:
         body_end = arith.subi(hi, arith.remui(length, unroll))
 
         def step(k: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
-            ahead = arith.minui(arith.addi(k, index(DISTANCE)), self.last)
-            memref.prefetch(self.x, [load_index(self.crd, ahead)], False, 3, True)
+            if self.x is not None:
+                ahead = arith.minui(arith.addi(k, index(DISTANCE)), self.last)
+                memref.prefetch(self.x, [load_index(self.crd, ahead)], False, 3, True)
             return [add(s, self._term(arith.addi(k, index(u)))) for u, s in enumerate(sums)]
 
         sums = reduce_loop(lo, body_end, [self.zero] * UNROLL, step, unroll)

@@ -70,12 +70,19 @@ def _linear(spec: KernelSpec, formats: dict[str, Format]) -> bool:
     return linear_operands(spec, formats) is not None or linear_epilogue(spec, formats) is not None
 
 
+def _format_spmv(spec: KernelSpec, formats: dict[str, Format]) -> bool:
+    """``dialects.native.format_spmv``: a COO, DCSR or CSC SpMV or row sum summed in its own type."""
+    return product_operands(spec, formats) is not None and len(spec.output_indices) == 1 \
+        and spec.output_dtype == spec.dtype
+
+
 # the shape-generic rows of ``dialects.select.CPU_EMITTERS``, by emitter name, in the table's order
 SHAPE_GENERIC_CPU: tuple[tuple[str, Match], ...] = (
     ("spmm", _spmm),
     ("bsr_spmm", _bsr),
     ("linear", _linear),
     ("spmv", lambda spec, formats: spmv_operands(spec, formats) is not None),
+    ("format_spmv", lambda spec, formats: _format_spmv(spec, formats)),
     ("sddmm", lambda spec, formats: sddmm_operands(spec, formats) is not None),
     ("spgemm", lambda spec, formats: spgemm_operands(spec, formats) is not None),
     ("sparse_add", lambda spec, formats: sparse_sum_operands(spec, formats) is not None),
