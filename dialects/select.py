@@ -40,7 +40,7 @@ from sparse_mlir.dialects.native.gpu_sddmm import gpu_sddmm
 from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.sddmm import native_sddmm
-from sparse_mlir.dialects.native.sparse_add import native_sparse_add
+from sparse_mlir.dialects.native.sparse_add import native_sparse_add, native_sparse_product
 from sparse_mlir.dialects.native.spgemm import native_spgemm
 from sparse_mlir.dialects.native.spmm import native_spmm
 from sparse_mlir.dialects.native.spmv import native_spmv
@@ -86,6 +86,7 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
     Emitter("spgemm", lambda spec, shapes, bits: native_spgemm(spec, spec.formats, shapes, bits)),
     Emitter("sparse_add", lambda spec, shapes, bits: native_sparse_add(spec, spec.formats, shapes, bits)),
+    Emitter("sparse_product", lambda spec, shapes, bits: native_sparse_product(spec, spec.formats, shapes, bits)),
 )
 
 # CUDA: build(spec, shapes, deterministic) -> NativeKernels | None, in the current context

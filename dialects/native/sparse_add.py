@@ -33,6 +33,17 @@ that cancels to zero stays stored (as in the sparsifier's kernel; scipy
 drops it).  The coefficients come from the expression
 (``dsl.patterns.sparse_sum_operands``): ``A - B``, ``2*A + B*0.5``.
 
+The elementwise product ``C[i,j] = A[i,j] * B[i,j]`` (``native_sparse_product``)
+takes the same two passes over the *intersection* of the rows, found by a
+scatter and a probe instead of a merge (``_Intersection``): the shorter row
+marks its columns in the chunk's bitmap and notes their positions, the
+longer one tests each of its columns, in order, so ``C``'s columns come out
+sorted; the shorter row then clears its bits.  No step depends on the one
+before (a merge step depends on the last comparison: 5 ns a step, 2.2 ms
+against the sparsifier's 1.3 for 4096^2 at 1% times 1%), and a row 30 times
+longer than the other costs a bit test an entry, not a merge step.  Rows of
+the same columns multiply entry by entry.
+
 The function has the sparse assembler's signature (level buffers in,
 ``C``'s level buffers out, allocated with ``malloc`` so the C entry point
 hands them to the caller).  A ``None`` row count (a shape-generic build) is
@@ -44,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, memref, scf
+from mlir.dialects import arith, math, memref, scf
 from sparse_mlir.dialects.native.loops import (
     add,
     constant_like,
@@ -60,11 +71,11 @@ from sparse_mlir.dialects.native.loops import (
     store_index,
 )
 
-from sparse_mlir.dsl.patterns import SparseSum, sparse_sum_operands
+from sparse_mlir.dsl.patterns import SparseSum, sparse_product_operands, sparse_sum_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "native_sparse_add"]
+__all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "native_sparse_add", "native_sparse_product"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
 CHUNK_ENTRIES = 4096  # operand entries per chunk at least: below that a chunk's set-up outweighs its merging
@@ -82,12 +93,23 @@ def native_sparse_add(spec: KernelSpec, formats: dict[str, Format], shapes: Shap
     if found is None:
         return None
     with ir.Location.unknown():
-        return _module(spec, formats, shapes, found)
+        return _module(spec, formats, shapes, found, _Merge)
 
 
-def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, found: SparseSum) -> ir.Module:
+def native_sparse_product(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes,
+                          vector_bits: int = 256) -> ir.Module | None:
+    """The elementwise-product module (``A .* B``, all CSR) for ``spec``, or ``None`` when it does not apply."""
+    found = sparse_product_operands(spec, formats)
+    if found is None:
+        return None
+    with ir.Location.unknown():
+        return _module(spec, formats, shapes, found, _Intersection)
+
+
+def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, found: SparseSum,
+            kind: type[_Merge]) -> ir.Module:
     def body(buffers: dict[str, list[ir.Value]], element: ir.Type, out_types: list[ir.Type]) -> list[ir.Value]:
-        merge = _Merge(buffers[found.a], buffers[found.b], found.alpha, found.beta, element, out_types)
+        merge = kind(buffers[found.a], buffers[found.b], found.alpha, found.beta, element, out_types)
         return merge.emit(shapes[spec.output][0])
 
     return csr_product_module(spec, formats, body)
@@ -177,6 +199,10 @@ class _Merge:
         memref.dealloc(firsts)
         return list(out)
 
+    def _combine(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        """An entry of ``C`` from the two operands' (scaled) entries at one column."""
+        return add(x, y)
+
     def _entries_before(self, row: ir.Value) -> ir.Value:
         """Entries of ``A`` and ``B`` in the rows before ``row``: the sum of their positions there."""
         return arith.addi(load_index(self.a.pos, row), load_index(self.b.pos, row))
@@ -254,23 +280,64 @@ class _Merge:
 
     def _count(self, bounds: _Chunks, chunk: ir.Value) -> ir.Value:
         """How many entries of ``C`` the rows of ``chunk`` hold."""
-        def merged(i: ir.Value, count: ir.Value) -> list[ir.Value]:
-            p, q, p_end, q_end, (count,) = self._merge(
-                i, [count], lambda p, q, ja, jb, take_a, take_b, carried: [arith.addi(carried[0], index(1))])
-            rest = arith.addi(arith.subi(p_end, p), arith.subi(q_end, q))
-            return [arith.addi(count, rest)]
+        scratch = self._scratch()
 
         def row(i: ir.Value, count: list[ir.Value]) -> list[ir.Value]:
             start, end = self.a.row(i)
             return if_else(self._same_columns(i), lambda: [arith.addi(count[0], arith.subi(end, start))],
-                           lambda: merged(i, count[0]), [self.index])
+                           lambda: [self._count_row(i, count[0], scratch)], [self.index])
 
         begin, end = bounds.rows(chunk)
-        return reduce_loop(begin, end, [index(0)], row)[0]
+        count = reduce_loop(begin, end, [index(0)], row)[0]
+        self._free(scratch)
+        return count
+
+    def _count_row(self, i: ir.Value, count: ir.Value, scratch: object) -> ir.Value:
+        """``count`` plus the entries of ``C``'s row ``i`` (its operand rows' columns differ)."""
+        p, q, p_end, q_end, (count,) = self._merge(
+            i, [count], lambda p, q, ja, jb, take_a, take_b, carried: [arith.addi(carried[0], index(1))])
+        return arith.addi(count, arith.addi(arith.subi(p_end, p), arith.subi(q_end, q)))
+
+    def _scratch(self) -> object:
+        """Per-chunk scratch, allocated inside the chunk's parallel iteration (none for the merge)."""
+        return None
+
+    def _free(self, scratch: object) -> None:
+        pass
 
     def _fill(self, bounds: _Chunks, chunk: ir.Value, first: ir.Value, out: tuple[ir.Value, ...]) -> None:
         """Write the rows of ``chunk`` from entry ``first`` of ``C`` on, and each row's end position."""
         out_pos, out_crd, out_val = out
+
+        def same(i: ir.Value, o: ir.Value) -> list[ir.Value]:
+            p0, p_end = self.a.row(i)
+            q0 = load_index(self.b.pos, i)
+
+            def entry(k: ir.Value) -> None:
+                at = arith.addi(o, arith.subi(k, p0))
+                store_index(load_index(self.a.crd, k), out_crd, at)
+                memref.store(self._combine(self.a.value(k), self.b.value(arith.addi(q0, arith.subi(k, p0)))),
+                             out_val, [at])
+
+            for_each(p0, p_end, entry)
+            return [arith.addi(o, arith.subi(p_end, p0))]
+
+        scratch = self._scratch()
+
+        def row(i: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
+            (o,) = if_else(self._same_columns(i), lambda: same(i, carried[0]),
+                           lambda: [self._fill_row(i, carried[0], out, scratch)], [self.index])
+            store_index(o, out_pos, arith.addi(i, index(1)))
+            return [o]
+
+        begin, end = bounds.rows(chunk)
+        reduce_loop(begin, end, [first], row)
+        self._free(scratch)
+
+    def _fill_row(self, i: ir.Value, o: ir.Value, out: tuple[ir.Value, ...], scratch: object) -> ir.Value:
+        """Write ``C``'s row ``i`` (its operand rows' columns differ) from entry ``o`` on; returns where it ends:
+        a merge, then the rest of whichever row is left."""
+        _, out_crd, out_val = out
 
         def both(p: ir.Value, q: ir.Value, ja: ir.Value, jb: ir.Value, take_a: ir.Value, take_b: ir.Value,
                  carried: list[ir.Value]) -> list[ir.Value]:
@@ -291,30 +358,115 @@ class _Merge:
             for_each(start, stop, copy)
             return arith.addi(o, arith.subi(stop, start))
 
-        def merged(i: ir.Value, o: ir.Value) -> list[ir.Value]:
-            p, q, p_end, q_end, (o,) = self._merge(i, [o], both)
-            return [rest(self.b, q, q_end, rest(self.a, p, p_end, o))]
+        p, q, p_end, q_end, (o,) = self._merge(i, [o], both)
+        return rest(self.b, q, q_end, rest(self.a, p, p_end, o))
 
-        def same(i: ir.Value, o: ir.Value) -> list[ir.Value]:
-            p0, p_end = self.a.row(i)
-            q0 = load_index(self.b.pos, i)
 
-            def entry(k: ir.Value) -> None:
-                at = arith.addi(o, arith.subi(k, p0))
-                store_index(load_index(self.a.crd, k), out_crd, at)
-                memref.store(add(self.a.value(k), self.b.value(arith.addi(q0, arith.subi(k, p0)))), out_val, [at])
+class _Intersection(_Merge):
+    """The elementwise product's body: each row pair's common columns by a scatter of the shorter row into the
+    chunk's bitmap and a probe of the longer one (module docstring)."""
 
-            for_each(p0, p_end, entry)
-            return [arith.addi(o, arith.subi(p_end, p0))]
+    _I64 = 64
 
-        def row(i: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
-            (o,) = if_else(self._same_columns(i), lambda: same(i, carried[0]), lambda: merged(i, carried[0]),
-                           [self.index])
-            store_index(o, out_pos, arith.addi(i, index(1)))
-            return [o]
+    def emit(self, rows: int | None) -> list[ir.Value]:
+        c0, c1 = index(0), index(1)
+        n_rows = index(rows) if rows is not None else arith.subi(memref.dim(self.a.pos, c0), c1)
+        self.n_cols = arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))
+        return super().emit(rows)
 
-        begin, end = bounds.rows(chunk)
-        reduce_loop(begin, end, [first], row)
+    def _columns(self, operand: _Operand, n_rows: ir.Value) -> ir.Value:
+        """One more than ``operand``'s largest column: the largest last column of its (sorted) rows."""
+        def last(i: ir.Value, most: list[ir.Value]) -> list[ir.Value]:
+            start, end = operand.row(i)
+            column = load_index(operand.crd, arith.subi(arith.maxui(end, index(1)), index(1)))
+            return [arith.select(arith.cmpi(arith.CmpIPredicate.ult, start, end),
+                                 arith.maxui(most[0], arith.addi(column, index(1))), most[0])]
+
+        return reduce_loop(index(0), n_rows, [index(0)], last)[0]
+
+    def _combine(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return mul(x, y)
+
+    def _scratch(self) -> tuple[ir.Value, ir.Value]:
+        """A cleared bitmap over the columns and (uninitialized) each marked column's position in its row."""
+        i64 = ir.IntegerType.get_signless(self._I64)
+        words = arith.maxui(arith.ceildivui(self.n_cols, index(self._I64)), index(1))
+        bits = memref.alloc(dynamic_vector(i64), [words], [])
+        zero = arith.constant(i64, 0)
+        for_each(index(0), words, lambda w: memref.store(zero, bits, [w]))
+        return bits, memref.alloc(dynamic_vector(self.index), [arith.maxui(self.n_cols, index(1))], [])
+
+    def _free(self, scratch: tuple[ir.Value, ir.Value]) -> None:
+        for buffer in scratch:
+            memref.dealloc(buffer)
+
+    @staticmethod
+    def _bit(bits: ir.Value, j: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """Column ``j``'s word index and its bit in that word."""
+        i64 = ir.IntegerType.get_signless(64)
+        return arith.shrui(j, index(6)), arith.shli(arith.constant(i64, 1),
+                                                     arith.index_castui(i64, arith.andi(j, index(63))))
+
+    def _marked(self, bits: ir.Value, j: ir.Value) -> ir.Value:
+        at, bit = self._bit(bits, j)
+        return arith.cmpi(arith.CmpIPredicate.ne, arith.andi(memref.load(bits, [at]), bit),
+                          arith.constant(ir.IntegerType.get_signless(64), 0))
+
+    def _pair(self, i: ir.Value, visit: Callable[[_Operand, _Operand, ir.Value, ir.Value, ir.Value], ir.Value],
+              init: ir.Value, scratch: tuple[ir.Value, ir.Value], positions: bool) -> ir.Value:
+        """Scatter the shorter of row ``i``'s two operand rows, then ``visit(long, short, m, j, carried)`` for
+        each entry ``m`` (column ``j``) of the longer one whose column the shorter holds, in order; the
+        shorter row's bits are cleared after.  ``positions``: note where each scattered column sits."""
+        bits, where = scratch
+        a_start, a_end = self.a.row(i)
+        b_start, b_end = self.b.row(i)
+
+        def scatter_and_probe(short: _Operand, long: _Operand) -> list[ir.Value]:
+            s_start, s_end = short.row(i)
+            l_start, l_end = long.row(i)
+
+            def mark(k: ir.Value) -> None:
+                j = load_index(short.crd, k)
+                at, bit = self._bit(bits, j)
+                memref.store(arith.ori(memref.load(bits, [at]), bit), bits, [at])
+                if positions:
+                    memref.store(k, where, [j])
+
+            for_each(s_start, s_end, mark)
+
+            def probe(m: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
+                j = load_index(long.crd, m)
+                return if_else(self._marked(bits, j), lambda: [visit(long, short, m, j, carried[0])],
+                               lambda: [carried[0]], [init.type])
+
+            result = reduce_loop(l_start, l_end, [init], probe)[0]
+
+            def unmark(k: ir.Value) -> None:
+                at, bit = self._bit(bits, load_index(short.crd, k))
+                keep = arith.xori(bit, arith.constant(ir.IntegerType.get_signless(64), -1))
+                memref.store(arith.andi(memref.load(bits, [at]), keep), bits, [at])
+
+            for_each(s_start, s_end, unmark)
+            return [result]
+
+        a_shorter = arith.cmpi(arith.CmpIPredicate.ule, arith.subi(a_end, a_start), arith.subi(b_end, b_start))
+        return if_else(a_shorter, lambda: scatter_and_probe(self.a, self.b),
+                       lambda: scatter_and_probe(self.b, self.a), [init.type])[0]
+
+    def _count_row(self, i: ir.Value, count: ir.Value, scratch: object) -> ir.Value:
+        return self._pair(i, lambda long, short, m, j, carried: arith.addi(carried, index(1)), count,
+                          scratch, positions=False)
+
+    def _fill_row(self, i: ir.Value, o: ir.Value, out: tuple[ir.Value, ...], scratch: object) -> ir.Value:
+        _, out_crd, out_val = out
+        where = scratch[1]
+
+        def write(long: _Operand, short: _Operand, m: ir.Value, j: ir.Value, o: ir.Value) -> ir.Value:
+            store_index(j, out_crd, o)
+            memref.store(mul(long.value(m), short.value(memref.load(where, [j]))), out_val, [o])
+            return arith.addi(o, index(1))
+
+        return self._pair(i, write, o, scratch, positions=True)
 
 
 class _Chunks:

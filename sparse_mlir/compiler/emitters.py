@@ -39,6 +39,7 @@ from sparse_mlir.dsl.patterns import (
     product_operands,
     scatters,
     sddmm_operands,
+    sparse_product_operands,
     sparse_sum_operands,
     spgemm_operands,
     spmm_epilogue,
@@ -86,6 +87,7 @@ SHAPE_GENERIC_CPU: tuple[tuple[str, Match], ...] = (
     ("sddmm", lambda spec, formats: sddmm_operands(spec, formats) is not None),
     ("spgemm", lambda spec, formats: spgemm_operands(spec, formats) is not None),
     ("sparse_add", lambda spec, formats: sparse_sum_operands(spec, formats) is not None),
+    ("sparse_product", lambda spec, formats: sparse_product_operands(spec, formats) is not None),
 )
 
 

@@ -16,7 +16,7 @@ from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, Format, LevelKind
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
            "spmm_epilogue", "linear_epilogue", "sddmm_operands", "spgemm_operands", "sparse_sum_operands",
-           "SparseSum", "threads_sparse_output", "format_kind", "product_operands", "scatters",
+           "SparseSum", "sparse_product_operands", "threads_sparse_output", "format_kind", "product_operands", "scatters",
            "total_reduction_operands", "fiber_operands"]
 
 
@@ -338,6 +338,28 @@ def sparse_sum_operands(spec: KernelSpec, formats: dict[str, Format]) -> SparseS
     return SparseSum(a.tensor, b.tensor, alpha, beta)
 
 
+def sparse_product_operands(spec: KernelSpec, formats: dict[str, Format]) -> SparseSum | None:
+    """The elementwise product ``C[i,j] = A[i,j] * B[i,j]`` with CSR ``A``, ``B`` and ``C`` (any index widths), as
+    ``SparseSum(a, b, 1, 1)`` (the merge's operands: an intersection, not a union), or ``None``.
+
+    ``A`` and ``B`` are two different tensors, each read at ``[i,j]`` in the
+    output's index order; ``C`` holds the columns both rows store.
+    """
+    if not spec.sparse_output or len(spec.stages) != 1 or spec.output_dtype != spec.dtype:
+        return None
+    stage = spec.stages[0]
+    body = stage.body
+    if stage.reduce or stage.indices != spec.output_indices or len(stage.indices) != 2 \
+            or not isinstance(body, Binary) or body.op != "*" or not is_csr(formats.get(spec.output)):
+        return None
+    a, b = body.lhs, body.rhs
+    if not (isinstance(a, Access) and isinstance(b, Access)) or a.tensor == b.tensor:
+        return None
+    if a.index != stage.indices or b.index != stage.indices or not all(is_csr(formats.get(t.tensor)) for t in (a, b)):
+        return None
+    return SparseSum(a.tensor, b.tensor, 1, 1)
+
+
 def _linear_terms(node: Expr, factor: float) -> list[tuple[Access, float | int]] | None:
     """``node * factor`` as ``[(access, coefficient), ...]`` in reading order, or ``None`` when it is not a sum
     of accesses each times numeric literals."""
@@ -358,10 +380,11 @@ def _linear_terms(node: Expr, factor: float) -> list[tuple[Access, float | int]]
 
 def threads_sparse_output(spec: KernelSpec, formats: dict[str, Format]) -> bool:
     """Whether a hand-scheduled kernel writes this sparse result with rows in parallel (SDDMM, SpGEMM, the sparse
-    add); the sparsifier never threads insertion into a sparse output."""
+    add and elementwise product); the sparsifier never threads insertion into a sparse output."""
     return spec.sparse_output and (sddmm_operands(spec, formats) is not None
                                    or spgemm_operands(spec, formats) is not None
-                                   or sparse_sum_operands(spec, formats) is not None)
+                                   or sparse_sum_operands(spec, formats) is not None
+                                   or sparse_product_operands(spec, formats) is not None)
 
 
 _KINDS = {"coo": COO, "csc": CSC, "dcsr": DCSR, "csr": CSR}

@@ -47,7 +47,7 @@ DISPATCH = [
     ("C[i,j] = A[i,j] + B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}, "float32", "sparse_add", None),
     ("C[i,j] = 2*A[i,j] - B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}, "int64", "sparse_add", None),
     ("C[i,j] = A[i,j] + B[i,j]", {"A": "csr", "B": "csr", "C": "dcsr"}, "float32", "sparsifier", None),
-    ("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}, "float32", "sparsifier", None),
+    ("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}, "float32", "sparse_product", None),
 ]
 IDS = [f"{expression} {formats} {dtype}" for expression, formats, dtype, *_ in DISPATCH]
 

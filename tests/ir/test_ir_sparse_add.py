@@ -95,3 +95,23 @@ def test_sizes_left_to_run_time_are_read_from_the_buffers():
 ])
 def test_other_kernels_are_not_sparse_adds(expression, formats):
     assert _build(expression, formats) is None
+
+
+def test_elementwise_product_scatters_and_probes_instead_of_merging():
+    """``A .* B`` (``native_sparse_product``): the same two parallel passes, each row pair's common columns found
+    by a bitmap scatter of the shorter row and a probe of the longer (both orders built), no merge loop."""
+    from sparse_mlir.dialects.native.sparse_add import native_sparse_product
+
+    spec = planned("C[i,j] = A[i,j] * B[i,j]", CSR3, "float64")
+    module = verified(native_sparse_product(spec, spec.formats, cpu_shapes(spec, EXTENTS)))
+    ops = op_counts(module)
+    assert ops["scf.parallel"] == 2
+    assert ops["memref.alloc"] == 2 * 2 + 4  # each pass's bitmap and positions; firsts and C's three buffers
+    assert ops["arith.mulf"] >= 2 and not ops["arith.addf"]
+    assert native_sparse_add(spec, spec.formats, cpu_shapes(spec, EXTENTS)) is None
+    for expression, formats in (("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "C": "csr"}),  # a dense B
+                                ("C[i,j] = A[i,j] * A[i,j]", {"A": "csr", "C": "csr"}),
+                                ("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "B": "csr"}),  # a dense result
+                                ("C[i,j] = A[i,j] * B[j,i]", CSR3)):
+        other = planned(expression, formats, "float64")
+        assert native_sparse_product(other, other.formats, cpu_shapes(other, EXTENTS)) is None
