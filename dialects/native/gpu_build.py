@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from mlir import ir
 from mlir.dialects import arith, gpu, math, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.native.loops import level_types
+from sparse_mlir.dialects.native.loops import bisect, level_types
 
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
@@ -201,24 +201,6 @@ def search(buffer: ir.Value, lo: ir.Value, hi: ir.Value, key: ir.Value, above: b
     """
     predicate = arith.CmpIPredicate.ule if above else arith.CmpIPredicate.ult
     return bisect(lo, hi, lambda mid: arith.cmpi(predicate, load_index(buffer, mid), key))
-
-
-def bisect(lo: ir.Value, hi: ir.Value, before: Callable[[ir.Value], ir.Value]) -> ir.Value:
-    """The first ``k`` in ``[lo, hi)`` that ``before(k)`` (an ``i1``, true for a prefix of the range) is false
-    for, else ``hi``: a binary search of ``log2(hi - lo)`` steps."""
-    idx = index_type()
-    loop = scf.WhileOp([idx, idx], [lo, hi])
-    head = loop.before.blocks.append(idx, idx)
-    with ir.InsertionPoint(head):
-        left, right = head.arguments
-        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, left, right), [left, right])
-    body = loop.after.blocks.append(idx, idx)
-    with ir.InsertionPoint(body):
-        left, right = body.arguments
-        mid = arith.addi(left, arith.divui(arith.subi(right, left), const(2)))
-        go_right = before(mid)
-        scf.YieldOp([arith.select(go_right, arith.addi(mid, const(1)), left), arith.select(go_right, right, mid)])
-    return loop.results[0]
 
 
 def sum_range(lo: ir.Value, hi: ir.Value, step: ir.Value, zero: ir.Value,

@@ -25,6 +25,7 @@ __all__ = [
     "RegisterTranspose",
     "add",
     "as_index",
+    "bisect",
     "constant_like",
     "csr_levels",
     "csr_product_module",
@@ -171,22 +172,28 @@ def declare_thread_count() -> None:
     func.FuncOp(THREAD_COUNT, ir.FunctionType.get([], [ir.IndexType.get()]), visibility="private")
 
 
+def bisect(lo: ir.Value, hi: ir.Value, before: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """The first ``k`` in ``[lo, hi)`` that ``before(k)`` (an ``i1``, true for a prefix of the range) is false
+    for, else ``hi``: a binary search of ``log2(hi - lo)`` steps (CPU and GPU builders alike)."""
+    i_type = ir.IndexType.get()
+    loop = scf.WhileOp([i_type, i_type], [lo, hi])
+    head = loop.before.blocks.append(i_type, i_type)
+    with ir.InsertionPoint(head):
+        left, right = head.arguments
+        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, left, right), [left, right])
+    body = loop.after.blocks.append(i_type, i_type)
+    with ir.InsertionPoint(body):
+        left, right = body.arguments
+        mid = arith.addi(left, arith.divui(arith.subi(right, left), index(2)))
+        go_right = before(mid)
+        scf.YieldOp([arith.select(go_right, arith.addi(mid, index(1)), left), arith.select(go_right, right, mid)])
+    return loop.results[0]
+
+
 def lower_bound(buffer: ir.Value, lo: ir.Value, hi: ir.Value, value: ir.Value) -> ir.Value:
     """The first ``p`` in ``[lo, hi)`` with ``buffer[p] >= value`` (``hi`` if none) in an ascending integer
-    buffer (positions), by bisection: ``value`` is an ``index``."""
-    i_type = ir.IndexType.get()
-    search = scf.WhileOp([i_type, i_type], [lo, hi])
-    before = search.before.blocks.append(i_type, i_type)
-    with ir.InsertionPoint(before):
-        low, high = before.arguments
-        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, low, high), [low, high])
-    after = search.after.blocks.append(i_type, i_type)
-    with ir.InsertionPoint(after):
-        low, high = after.arguments
-        middle = arith.addi(low, arith.shrui(arith.subi(high, low), index(1)))
-        below = arith.cmpi(arith.CmpIPredicate.ult, load_index(buffer, middle), value)
-        scf.YieldOp([arith.select(below, arith.addi(middle, index(1)), low), arith.select(below, high, middle)])
-    return search.results[0]
+    buffer (positions): ``value`` is an ``index``."""
+    return bisect(lo, hi, lambda mid: arith.cmpi(arith.CmpIPredicate.ult, load_index(buffer, mid), value))
 
 
 def csr_levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
