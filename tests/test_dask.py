@@ -268,12 +268,14 @@ def test_a_killed_worker_is_retried_without_a_wrong_result(no_mlir_client, rng, 
         os._exit(1)  # the worker process ends mid-computation, holding some of A's blocks
 
     x = da.from_array(rng.normal(size=400), chunks=100)
-    product = a @ x.map_blocks(die_once, meta=np.empty(0, x.dtype))
     for attempt in range(3):
+        product = a @ x.map_blocks(die_once, meta=np.empty(0, x.dtype))
         try:
             y = product.compute()
             break
         except distributed.client.FutureCancelledError:
+            # the persisted blocks the dead worker held are lost for good ("lost dependencies"): persist again
+            a = RowShardedMatrix.from_scipy(m, 100).persist()
             # a race in distributed itself: when the dying worker held the persisted blocks, the scheduler may
             # cancel the whole graph ("already forgotten") instead of rerunning it; the caller then gets an
             # error, never a wrong or partial result, and the same graph runs again. (The plan is scattered to
