@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, math, memref, scf
+from mlir.dialects import arith, memref, scf
 from sparse_mlir.dialects.native.loops import (
     add,
     constant_like,
