@@ -59,7 +59,7 @@ from sparse_mlir.dialects.native.loops import (
     reduce_loop,
     thread_count,
 )
-from sparse_mlir.dialects.native.spmv import RowSums
+from sparse_mlir.dialects.native.spmv import RowSums, row_term
 
 from sparse_mlir.dsl.patterns import format_kind, product_operands, scatters
 from sparse_mlir.dsl.plan import KernelSpec
@@ -118,12 +118,6 @@ def _module(spec: KernelSpec, fmt: Format, a: str, x: str | None, body: Callable
     return module
 
 
-def _term(val: ir.Value, crd: ir.Value, x: ir.Value | None, k: ir.Value) -> ir.Value:
-    """``val[k] * x[crd[k]]``, or ``val[k]`` for a sum (no ``x``)."""
-    value = memref.load(val, [k])
-    return value if x is None else mul(value, memref.load(x, [load_index(crd, k)]))
-
-
 def _add_to(y: ir.Value, at: ir.Value, value: ir.Value) -> None:
     memref.store(add(memref.load(y, [at]), value), y, [at])
 
@@ -150,7 +144,7 @@ def _coo(pos0: ir.Value, crd0: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Va
     chunks = arith.minui(arith.ceildivui(nnz, index(COO_CHUNK_ENTRIES)), index(COO_CHUNKS))
     head, tail = (memref.alloc(dynamic_vector(element), [chunks], []) for _ in range(2))
     head_row, tail_row, disorder = (memref.alloc(dynamic_vector(i_type), [chunks], []) for _ in range(3))
-    term = functools.partial(_term, val, crd1, x)
+    term = functools.partial(row_term, val, crd1, x)
 
     def chunk(c: ir.Value) -> None:
         lo = arith.divui(arith.muli(c, nnz), chunks)

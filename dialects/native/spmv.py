@@ -49,7 +49,7 @@ from sparse_mlir.dsl.patterns import spmv_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["DISTANCE", "SHORT_ROW", "UNROLL", "RowSums", "native_spmv"]
+__all__ = ["DISTANCE", "SHORT_ROW", "UNROLL", "RowSums", "native_spmv", "row_term"]
 
 UNROLL = 4
 # rows shorter than this take one plain loop: no unrolled loop, prefetch or combining adds for them
@@ -94,6 +94,12 @@ def _module(spec: KernelSpec, fmt: Format, rows: int | None, a_name: str, x_name
     return module
 
 
+def row_term(val: ir.Value, crd: ir.Value, x: ir.Value | None, k: ir.Value) -> ir.Value:
+    """``val[k] * x[crd[k]]``, or ``val[k]`` for a row sum (no ``x``): one term of a sparse row times ``x``."""
+    value = memref.load(val, [k])
+    return value if x is None else mul(value, memref.load(x, [load_index(crd, k)]))
+
+
 class RowSums:
     """The parallel loop over compressed rows: ``y[row] = sum of val[k] * x[crd[k]]`` (or of ``val[k]``: a row
     sum, ``x`` is ``None``) over each row's entries ``pos[r]..pos[r+1]``.
@@ -129,9 +135,7 @@ class RowSums:
         memref.store(total, self.y, [r if self.stored is None else load_index(self.stored, r)])
 
     def _term(self, k: ir.Value) -> ir.Value:
-        """``val[k] * x[crd[k]]``, or ``val[k]`` without ``x``."""
-        value = memref.load(self.val, [k])
-        return value if self.x is None else mul(value, memref.load(self.x, [load_index(self.crd, k)]))
+        return row_term(self.val, self.crd, self.x, k)
 
     def _unrolled(self, lo: ir.Value, hi: ir.Value, length: ir.Value) -> list[ir.Value]:
         """A long row's entries ``UNROLL`` a step into as many accumulators, prefetching ``x`` ahead; returns
