@@ -1,37 +1,92 @@
-"""SDDMM ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (CSR S, 4096^2 at 1%, K = 64, float32) against torch.sparse.sampled_addmm.
+"""SDDMM ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (CSR S and C, float32) against ``torch.sparse.sampled_addmm``.
 
-``python benchmarks/sddmm.py``: medians of 7 calls, both systems in this process; the ratio is torch's time
-over ours (above 1: ours is faster).
+``python benchmarks/sddmm.py [--rounds 7 --repeats 5]``: S random 4096^2 at 1%, K = 64 and 128, with ``B`` given
+as ``B[k,j]`` (a ``[K, N]`` matrix: ours transposes it) and as ``B[j,k]`` (attention's ``Q K^T`` with ``K`` as
+stored, ``[N, K]``: no transpose; torch gets the transposed view).  Ours at the configured threads and at one,
+torch at the same two, alternating in one process (medians over rounds), after a check against scipy.
+**Ratios: torch's time / ours at the same thread count, above 1: ours faster.**
 """
 
 from __future__ import annotations
 
-import numpy as np
+import argparse
+import functools
+import os
+import warnings
+from collections.abc import Callable
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: the check's matmul leaves no spinning BLAS pool
+
+import numpy as np  # noqa: E402
 import scipy.sparse as sp
+from spgemm import round_robin  # benchmarks/: this script's folder, first on sys.path
 
 import sparse_mlir as sm
-from sparse_mlir.timing import median_seconds
+from sparse_mlir.knobs import knobs
+from sparse_mlir.runtime.threads import fixed
+
+FORMATS = {"S": "csr", "C": "csr"}
+EXPRESSIONS = {"B[k,j]": "C[i,j] = S[i,j] * A[i,k] * B[k,j]", "B[j,k]": "C[i,j] = S[i,j] * A[i,k] * B[j,k]"}
+
+
+def _serial(fn: Callable[[], object]) -> Callable[[], object]:
+    def call() -> object:
+        with fixed(1):
+            return fn()
+    return call
+
+
+def _torch_calls(s: sp.csr_array, a: np.ndarray, b_kn: np.ndarray, layout: str, threads: int
+                 ) -> dict[str, Callable[[], object]]:
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed: no torch columns")
+        return {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "sparse CSR support is in beta"
+        ts = torch.sparse_csr_tensor(torch.from_numpy(s.indptr.astype(np.int64)),
+                                     torch.from_numpy(s.indices.astype(np.int64)), torch.from_numpy(s.data), s.shape)
+    ta = torch.from_numpy(a)
+    tb = torch.from_numpy(b_kn) if layout == "B[k,j]" else torch.from_numpy(np.ascontiguousarray(b_kn.T)).T
+
+    def at(count: int) -> Callable[[], object]:
+        def call() -> object:
+            torch.set_num_threads(count)
+            return torch.sparse.sampled_addmm(ts, ta, tb, beta=0.0)
+        return call
+
+    return {"torch": at(threads), "torch 1 thread": at(1)}
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    threads = knobs.num_threads()
     rng = np.random.default_rng(0)
-    n, k = 4096, 64
-    s = sp.random(n, n, density=0.01, format="csr", dtype=np.float32, random_state=1)
-    a, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    kernel = sm.compile("C[i,j] = S[i,j] * A[i,k] * B[k,j]", formats={"S": "csr", "C": "csr"}, dtype="float32")
+    n = 4096
+    s = sp.random_array((n, n), density=0.01, format="csr", dtype=np.float32, rng=rng)
     tensor = sm.SparseTensor.from_scipy(s)
-    ours = median_seconds(lambda: kernel(S=tensor, A=a, B=b), repeats=7)
-    print(f"SDDMM CSR {n}^2 at 1% ({s.nnz} entries), K={k}, float32: ours {ours * 1e3:.2f} ms")
-    try:
-        import torch
-
-        ts = torch.sparse_csr_tensor(torch.from_numpy(s.indptr.astype(np.int64)),
-                                     torch.from_numpy(s.indices.astype(np.int64)), torch.from_numpy(s.data), (n, n))
-        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        theirs = median_seconds(lambda: torch.sparse.sampled_addmm(ts, ta, tb, beta=0.0), repeats=7)
-        print(f"torch.sparse.sampled_addmm {theirs * 1e3:.2f} ms: torch/ours {theirs / ours:.2f}x (above 1: ours faster)")
-    except ImportError:
-        print("torch not installed: no comparison")
+    print(f"S {n}^2 at 1% ({s.nnz} entries), float32, {threads} threads; ratios: torch / ours (above 1: ours faster)")
+    for k in (64, 128):
+        a = rng.standard_normal((n, k), dtype=np.float32)
+        b_kn = rng.standard_normal((k, n), dtype=np.float32)
+        want = s.multiply(a @ b_kn).tocsr()
+        for layout, expression in EXPRESSIONS.items():
+            kernel = sm.compile(expression, formats=FORMATS, dtype="float32")
+            b = b_kn if layout == "B[k,j]" else np.ascontiguousarray(b_kn.T)
+            ours = functools.partial(kernel, S=tensor, A=a, B=b)
+            assert abs(ours().to_scipy() - want).max() <= 1e-4 * max(1.0, abs(want).max())
+            calls = {"ours": ours, "ours 1 thread": _serial(ours), **_torch_calls(s, a, b_kn, layout, threads)}
+            times = round_robin(calls, args.rounds, args.repeats)
+            line = f"K={k:<4} {layout}: ours {times['ours'] * 1e3:.3f} ms, 1 thread {times['ours 1 thread'] * 1e3:.3f} ms"
+            if "torch" in times:
+                line += (f"; torch {times['torch'] * 1e3:.3f} / {times['torch 1 thread'] * 1e3:.3f} ms; torch/ours "
+                         f"{times['torch'] / times['ours']:.2f}x ({threads} threads), "
+                         f"{times['torch 1 thread'] / times['ours 1 thread']:.2f}x (1 thread)")
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

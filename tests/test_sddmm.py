@@ -58,11 +58,61 @@ def test_what_is_not_an_sddmm_is_left_to_the_sparsifier():
     assert not matched("C[i,j] = S[i,j] * (A[i,k] + B[k,j])", {"S": "csr", "C": "csr"})
 
 
-def test_horizontal_sums_may_be_reassociated(rng):
-    """Each entry's dot product ends in a horizontal sum of a vector; without ``reassoc`` LLVM emits it as one
-    chain of dependent scalar adds (16 for a 512-bit float32 vector), slower than the FMAs before it."""
+def test_dot_products_are_summed_by_shuffles_not_one_horizontal_sum_each(rng):
+    """A horizontal sum per entry is log2(lanes) dependent shuffle-and-add steps, and cost more than the FMAs
+    before it; the entries of a group are summed together by a transposed reduction (``loops.lane_sums``)."""
     s, a, b = _operands(rng, "float32", 64)
     kernel = sm.compile("C[i,j] = S[i,j] * A[i,k] * B[k,j]", formats={"S": "csr", "C": "csr"}, dtype="float32")
     kernel(S=sm.SparseTensor.from_scipy(s), A=a, B=b)
-    sums = [line for line in kernel.ir["llvm"].splitlines() if "vector.reduce.fadd" in line]
-    assert sums and all("reassoc" in line for line in sums)
+    llvm = kernel.ir["llvm"]
+    assert "vector.reduce.fadd" not in llvm and "llvm.shufflevector" in llvm
+
+
+def _rows_of_every_length(rng, dtype: str, rows: int = 48, cols: int = 64) -> sp.csr_matrix:
+    """Row ``r`` holds ``r`` entries: full groups of 16 and every remainder, and an empty row."""
+    dense = np.zeros((rows, cols))
+    for r in range(rows):
+        dense[r, rng.choice(cols, size=r, replace=False)] = rng.integers(1, 5, r)
+    return sp.csr_matrix(dense.astype(dtype))
+
+
+def _at_line_offset(matrix: np.ndarray, offset: int) -> np.ndarray:
+    """A C-contiguous copy of ``matrix`` starting ``offset`` bytes past a 64-byte line."""
+    buffer = np.empty(matrix.size * matrix.itemsize + 128, dtype=np.uint8)
+    start = (offset - buffer.ctypes.data) % 64
+    placed = buffer[start:start + matrix.size * matrix.itemsize].view(matrix.dtype).reshape(matrix.shape)
+    placed[...] = matrix
+    assert placed.ctypes.data % 64 == offset and placed.flags.c_contiguous
+    return placed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("k", [16, 37, 64, 65])
+@pytest.mark.parametrize("expression", ["C[i,j] = S[i,j] * A[i,k] * B[k,j]", "C[i,j] = S[i,j] * A[i,k] * B[j,k]"])
+def test_every_row_length_with_b_either_way_round(expression, dtype, k, rng):
+    """Groups of a row's entries (16, then the rest's binary digits) and ``B`` as ``[K, N]`` or ``[N, K]``."""
+    s = _rows_of_every_length(rng, dtype)
+    draw = (lambda shape: rng.integers(-3, 4, shape)) if dtype.startswith("int") else rng.standard_normal
+    a, b = draw((s.shape[0], k)).astype(dtype), draw((k, s.shape[1])).astype(dtype)
+    operand = b if "B[k,j]" in expression else np.ascontiguousarray(b.T)
+    kernel = sm.compile(expression, formats={"S": "csr", "C": "csr"}, dtype=dtype)
+    got = kernel(S=sm.SparseTensor.from_scipy(s), A=a, B=operand).to_scipy()
+    want = s.multiply(a.astype(np.float64) @ b.astype(np.float64))
+    np.testing.assert_array_equal(got.indices, s.indices)
+    np.testing.assert_allclose(got.toarray(), want.toarray(), rtol=1e-5, atol=1e-5 * max(1, abs(want).max()))
+
+
+@pytest.mark.parametrize("offset", [0, 16, 48])
+@pytest.mark.parametrize("density", [0.02, 0.5])  # B's rows read about once (left in place) or 24 times (copied)
+def test_b_by_rows_on_or_off_a_line_is_read_in_place_or_copied(offset, density, rng):
+    """``B[j,k]`` needs no transpose; off a cache line, with its rows whole lines and reused, it is copied onto
+    one first.  Either way the result is the same and ``B`` is not modified."""
+    rows, cols, k = 64, 48, 32
+    s = sp.random(rows, cols, density=density, format="csr", dtype=np.float32, random_state=2)
+    a = rng.standard_normal((rows, k), dtype=np.float32)
+    b_rows = _at_line_offset(rng.standard_normal((cols, k), dtype=np.float32), offset)
+    before = b_rows.copy()
+    kernel = sm.compile("C[i,j] = S[i,j] * A[i,k] * B[j,k]", formats={"S": "csr", "C": "csr"}, dtype="float32")
+    got = kernel(S=sm.SparseTensor.from_scipy(s), A=a, B=b_rows).to_scipy()
+    np.testing.assert_allclose(got.toarray(), s.multiply(a @ before.T).toarray(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(b_rows, before)

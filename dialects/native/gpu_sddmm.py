@@ -62,7 +62,7 @@ from sparse_mlir.dialects.native.gpu_build import (
 )
 
 from sparse_mlir.abi.gpu_program import GridRule, KernelArg, Launch, SizeOf, SizeTest
-from sparse_mlir.dsl.patterns import sddmm_operands
+from sparse_mlir.dsl.patterns import gpu_sddmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
@@ -75,10 +75,10 @@ Shapes = dict[str, tuple[int | None, ...]]
 
 def gpu_sddmm(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes) -> NativeKernels | None:
     """The SDDMM program for ``spec``, or ``None`` unless it is the SDDMM pattern over floats."""
-    found = sddmm_operands(spec, formats)
-    if found is None or spec.dtype.kind != "f":
+    found = gpu_sddmm_operands(spec, formats)
+    if found is None:
         return None
-    s, a, b = found
+    s, a, b, _ = found
     rows, cols = shapes[s]
     inner = shapes[a][1]
     elt, out = float_type(TYPE_NAMES[spec.dtype.name]), float_type(TYPE_NAMES[spec.output_dtype.name])

@@ -110,6 +110,32 @@ def mul(x: ir.Value, y: ir.Value) -> ir.Value:
     return arith.mulf(x, y) if is_float(x.type) else arith.muli(x, y)
 
 
+def lane_sums(vectors: Sequence[ir.Value]) -> ir.Value:
+    """A vector whose lane ``e`` holds the sum of ``vectors[e]``'s lanes (a power of two of them, at most the
+    lane count; the lanes past them are zero).
+
+    A transposed reduction: each level halves the lanes an entry's partial sums take, packing two vectors into
+    one with two shuffles and an add, so ``g`` sums take ``2g - 1`` shuffle pairs instead of ``g``
+    horizontal sums of ``log2(lanes)`` dependent steps each (the SDDMM's dot products).
+    """
+    vector_type = ir.VectorType(vectors[0].type)
+    lanes = vector_type.shape[0]
+    assert len(vectors) & (len(vectors) - 1) == 0 and len(vectors) <= lanes, "a power of two, at most the lanes"
+    zero = arith.constant(vector_type, ir.DenseElementsAttr.get_splat(
+        vector_type, ir.FloatAttr.get(vector_type.element_type, 0.0) if is_float(vector_type.element_type)
+        else ir.IntegerAttr.get(vector_type.element_type, 0)))
+    level, block = list(vectors), lanes  # each vector holds lanes // block entries, their partials in blocks
+    while block > 1:
+        half = block // 2
+        low = [b * block + t for b in range(lanes // block) for t in range(half)]
+        high = [lane + half for lane in low]
+        pairs = [(level[e], level[e + 1] if e + 1 < len(level) else zero) for e in range(0, len(level), 2)]
+        level = [add(vector.shuffle(x, y, low + [lanes + lane for lane in low]),
+                      vector.shuffle(x, y, high + [lanes + lane for lane in high])) for x, y in pairs]
+        block = half
+    return level[0]
+
+
 def for_each(lower: ir.Value, upper: ir.Value, body: Callable[[ir.Value], None], step: ir.Value | None = None) -> None:
     """``scf.for`` without carried values: ``body(index)``."""
     loop = scf.ForOp(lower, upper, step if step is not None else index(1))
@@ -246,28 +272,67 @@ class RegisterTranspose:
         self.square = ir.VectorType.get([tile, tile], element)
         self.identity = ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(2, 2))
         self.masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)] * 2)  # not in bounds: edge tiles are masked
+        self.unmasked = ir.ArrayAttr.get([ir.BoolAttr.get(True)] * 2)
+
+    def _inside(self, corners: Sequence[tuple[ir.Value, ir.Value, ir.Value]]) -> ir.Value:
+        """Whether the tile at each ``(memref, row, col)`` lies inside that memref: such tiles are read and written
+        without masks (a masked tile computes a mask per row, and costs about 3x an interior one)."""
+        inside = None
+        for buffer, row, col in corners:
+            for dim, at in ((0, row), (1, col)):
+                fits = arith.cmpi(arith.CmpIPredicate.ule, arith.addi(at, self.step), memref.dim(buffer, index(dim)))
+                inside = fits if inside is None else arith.andi(inside, fits)
+        return inside
+
+    def _interior(self, src: ir.Value, dst: ir.Value, src_row: ir.Value, src_col: ir.Value, dst_row: ir.Value,
+                  dst_col: ir.Value) -> None:
+        """One tile inside both memrefs, transposed by butterflies: at each of log2(tile) stages, rows ``a`` and
+        ``a + d`` swap the halves of their ``2d``-lane blocks (two two-source shuffles), ``tile * log2(tile)``
+        shuffles in all.  Measured against ``vector.transpose`` of an unmasked tile on the Linear kernel
+        (4096 x 384, 10% CSR, 2 threads): 1.36-1.46 ms before, 1.26-1.34 ms after."""
+        row_type = ir.VectorType.get([self.tile], self.square.element_type)
+        rows = [vector.load(row_type, src, [arith.addi(src_row, index(t)), src_col]) for t in range(self.tile)]
+        distance = self.tile // 2
+        while distance:
+            low = [lane if lane & distance == 0 else self.tile + lane - distance for lane in range(self.tile)]
+            high = [lane + distance if lane & distance == 0 else self.tile + lane for lane in range(self.tile)]
+            for a in range(self.tile):
+                if a & distance == 0:
+                    rows[a], rows[a + distance] = (vector.shuffle(rows[a], rows[a + distance], low),
+                                                   vector.shuffle(rows[a], rows[a + distance], high))
+            distance //= 2
+        for t, row in enumerate(rows):
+            vector.store(row, dst, [arith.addi(dst_row, index(t)), dst_col])
 
     def transpose(self, src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value, parallel: bool,
                   src_row: ir.Value | None = None, dst_row: ir.Value | None = None) -> None:
         """``dst[dst_row + k, r] = src[src_row + r, k]`` for ``r < rows``, ``k < cols``, in ``tile x tile``
         register tiles (rows of tiles in parallel or not; tiles past either memref's end are masked)."""
         index = ir.IndexType.get()
-        if parallel:
-            loop = scf.ParallelOp([], [self.c0], [rows], [self.step], [])
+        if parallel:  # tiles of dst's rows (src's columns) outside: each writes whole lines of dst
+            loop = scf.ParallelOp([], [self.c0], [cols], [self.step], [])
             body = loop.regions[0].blocks.append(index)
         else:
-            loop = scf.ForOp(self.c0, rows, self.step)
+            loop = scf.ForOp(self.c0, cols, self.step)
             body = loop.body
         with ir.InsertionPoint(body):
-            r = body.arguments[0]
-            read_row = r if src_row is None else arith.addi(src_row, r)
-            columns = scf.ForOp(self.c0, cols, self.step)
+            k = body.arguments[0]
+            write_row = k if dst_row is None else arith.addi(dst_row, k)
+            columns = scf.ForOp(self.c0, rows, self.step)
             with ir.InsertionPoint(columns.body):
-                k = columns.induction_variable
-                write_row = k if dst_row is None else arith.addi(dst_row, k)
-                tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad, self.masked)
-                vector.transfer_write(None, vector.transpose(self.square, tile_in, [1, 0]), dst, [write_row, r],
-                                      self.identity, self.masked)
+                r = columns.induction_variable
+                read_row = r if src_row is None else arith.addi(src_row, r)
+                inside = self._inside([(src, read_row, k), (dst, write_row, r)])
+                whole = scf.IfOp(inside, [], has_else=True)
+                with ir.InsertionPoint(whole.then_block):
+                    self._interior(src, dst, read_row, k, write_row, r)
+                    scf.YieldOp([])
+                with ir.InsertionPoint(whole.else_block):
+                    tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad,
+                                                   self.masked)
+                    vector.transfer_write(None, vector.transpose(self.square, tile_in, [1, 0]), dst,
+                                          [write_row, r], self.identity, self.masked)
+                    scf.YieldOp([])
                 scf.YieldOp([])
             if parallel:
                 scf.ReduceOp([], 0)

@@ -33,6 +33,7 @@ from sparse_mlir.dsl.patterns import (
     bsr_blocks,
     fiber_operands,
     format_kind,
+    gpu_sddmm_operands,
     is_csr,
     linear_epilogue,
     linear_operands,
@@ -148,7 +149,7 @@ SHAPE_GENERIC_CUDA: tuple[tuple[str, CudaMatch], ...] = (
     ("total_reduction", lambda spec, formats, _: _own_type_sums(spec) and
      total_reduction_operands(spec, formats) is not None),
     ("csf_fibers", lambda spec, formats, _: _own_type_sums(spec) and fiber_operands(spec, formats) is not None),
-    ("sddmm", lambda spec, formats, _: spec.dtype.kind == "f" and sddmm_operands(spec, formats) is not None),
+    ("sddmm", lambda spec, formats, _: gpu_sddmm_operands(spec, formats) is not None),
 )
 
 

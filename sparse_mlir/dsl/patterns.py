@@ -15,7 +15,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, Format, LevelKind
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
-           "spmm_epilogue", "linear_epilogue", "sddmm_operands", "spgemm_operands", "sparse_sum_operands",
+           "spmm_epilogue", "linear_epilogue", "Sddmm", "sddmm_operands", "gpu_sddmm_operands", "spgemm_operands", "sparse_sum_operands",
            "SparseSum", "sparse_product_operands", "threads_sparse_output", "format_kind", "product_operands", "scatters",
            "total_reduction_operands", "fiber_operands"]
 
@@ -242,28 +242,46 @@ def _tensors(node: Expr) -> set[str]:
     return set().union(*(_tensors(c) for c in node.children())) if node.children() else set()
 
 
-def sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str, str] | None:
-    """``(S, A, B)`` when the kernel is ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (factors in any order) with CSR ``S``
-    and a CSR ``C`` of the same index widths; ``None`` otherwise."""
+class Sddmm(NamedTuple):
+    """The operands of an SDDMM ``C[i,j] = S[i,j] * A[i,k] * B[k,j]``.  ``b_transposed``: ``B`` is indexed
+    ``B[j,k]`` (attention's ``Q K^T`` with ``K`` as stored), so its rows already hold the columns each dot product
+    reads and no transpose is needed."""
+
+    s: str
+    a: str
+    b: str
+    b_transposed: bool = False
+
+
+def sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> Sddmm | None:
+    """The SDDMM's operands when the kernel is ``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` or ``... * B[j,k]`` (factors
+    in any order) with CSR ``S`` and a CSR ``C`` of the same index widths; ``None`` otherwise."""
     found = _sparse_contraction(spec)
     if found is None or len(found[3]) != 3:
         return None
     i, j, k, factors = found
     roles: dict[str, str] = {}
+    transposed = False
     for f in factors:
         if f.index == (i, j) and f.tensor in formats:
             roles["s"] = f.tensor
         elif f.index == (i, k) and f.tensor not in formats:
             roles["a"] = f.tensor
-        elif f.index == (k, j) and f.tensor not in formats:
-            roles["b"] = f.tensor
+        elif f.index in ((k, j), (j, k)) and f.tensor not in formats:
+            roles["b"], transposed = f.tensor, f.index == (j, k)
     if len(roles) != 3 or len({roles["s"], roles["a"], roles["b"]}) != 3:
         return None
     s_fmt, c_fmt = formats[roles["s"]], formats[spec.output]
     if not (is_csr(s_fmt) and is_csr(c_fmt)) or (s_fmt.pos_width, s_fmt.crd_width) != (c_fmt.pos_width,
                                                                                       c_fmt.crd_width):
         return None
-    return roles["s"], roles["a"], roles["b"]
+    return Sddmm(roles["s"], roles["a"], roles["b"], transposed)
+
+
+def gpu_sddmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> Sddmm | None:
+    """``sddmm_operands`` for the GPU SDDMM: float kernels with ``B[k,j]`` (it transposes ``B`` itself)."""
+    found = sddmm_operands(spec, formats)
+    return found if found is not None and spec.dtype.kind == "f" and not found.b_transposed else None
 
 
 def _sparse_contraction(spec: KernelSpec) -> tuple[str, str, str, list[Access]] | None:

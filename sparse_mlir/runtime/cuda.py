@@ -21,7 +21,7 @@ from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.abi.gpu_program import CHIPS, GpuProgram
 from sparse_mlir.compiler import driver
 from sparse_mlir.compiler.driver import Artifact, BuildOptions
-from sparse_mlir.dsl.patterns import sddmm_operands
+from sparse_mlir.dsl.patterns import gpu_sddmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.errors import DeviceError, OperandError
 from sparse_mlir.formats import Format
@@ -189,8 +189,8 @@ class CudaKernel(Kernel):
 def _pattern_source(spec: KernelSpec) -> str | None:
     """The sparse input whose pattern a sparse result keeps, where the GPU produces one (the float SDDMM's ``S``),
     else ``None``."""
-    found = sddmm_operands(spec, spec.formats)
-    return found[0] if found is not None and spec.dtype.kind == "f" else None
+    found = gpu_sddmm_operands(spec, spec.formats)
+    return found.s if found is not None else None
 
 
 class _Shaped:
