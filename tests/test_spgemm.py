@@ -9,6 +9,9 @@ index widths, thread count, row lengths and column count.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +208,39 @@ def test_bad_operands_are_named_errors():
         kernel(A=wild, B=sp.csr_array(np.ones((4, 6))))
     with pytest.raises(DTypeError):
         kernel(A=sp.csr_array(np.ones((5, 4))), B=sp.csr_array(np.ones((4, 6), dtype=np.float32)))
+
+
+
+_HUGE_PAGE_PROBE = """
+import sys
+from pathlib import Path
+import numpy as np, scipy.sparse as sp, sparse_mlir as sm
+a = sp.random_array((1200, 1200), density=0.05, format="csr", rng=np.random.default_rng(0))
+kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr", "B": "csr", "C": "csr"}, dtype="float64")
+got = kernel(A=sm.SparseTensor.from_scipy(a), B=sm.SparseTensor.from_scipy(a))
+assert abs(got.to_scipy() - a @ a).max() < 1e-12
+values = got.buffers[2]
+address, inside = values.ctypes.data + values.nbytes // 2, False  # past the page the buffer starts in
+for line in Path("/proc/self/smaps").read_text().splitlines():
+    head = line.split()[0]
+    if "-" in head and not head.endswith(":"):
+        low, high = (int(x, 16) for x in head.split("-"))
+        inside = low <= address < high
+    elif inside and head == "VmFlags:":
+        print(values.nbytes, "hg" in line.split()[1:])
+"""
+
+
+def test_a_large_result_asks_for_huge_pages():
+    """C's values and coordinates (here 11.5 and 5.8 MB) are fresh mmap memory on each call; without huge pages
+    every 4 KiB of them faults on first touch (``loops.result_buffer``).  The probe runs in a process whose
+    malloc maps every buffer from 1 MiB on its own (``MALLOC_MMAP_THRESHOLD_``), so the values' mapping carries
+    the advice (``hg`` in its VmFlags) only if the kernel gave it."""
+    if not Path("/proc/self/smaps").is_file():
+        pytest.skip("no /proc/self/smaps: not Linux")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    done = subprocess.run([sys.executable, "-c", _HUGE_PAGE_PROBE], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    nbytes, advised = done.stdout.split()
+    assert int(nbytes) >= 8 << 20 and advised == "True"

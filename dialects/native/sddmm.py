@@ -35,11 +35,13 @@ from sparse_mlir.dialects.native.loops import (
     LINE_BYTES,
     RegisterTranspose,
     add,
+    declare_madvise,
     for_each,
     lane_sums,
     mul,
     parallel,
     reduce_loop,
+    result_buffer,
 )
 from sparse_mlir.dialects.native.loops import index as _index
 
@@ -84,6 +86,7 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
     inputs = [t for name in spec.inputs for t in types[name]]
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
+        declare_madvise()  # for ``result_buffer``
         fn = func.FuncOp(KERNEL_NAME, (inputs, level))
         fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
         block = fn.add_entry_block()
@@ -133,11 +136,11 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     nnz = memref.dim(crd, c0)
     inner = memref.dim(a, c1)
     # C's positions and coordinates: S's, copied into buffers the caller will own
-    out_pos = memref.alloc(level[0], [memref.dim(pos, c0)], [])
+    out_pos = result_buffer(level[0], memref.dim(pos, c0))
     memref.copy(pos, out_pos)
-    out_crd = memref.alloc(level[1], [nnz], [])
+    out_crd = result_buffer(level[1], nnz)
     memref.copy(crd, out_crd)
-    out_val = memref.alloc(level[2], [nnz], [])
+    out_val = result_buffer(level[2], nnz)
     copied = None
     if b_transposed:  # B[j,k]: its rows are what each dot product reads
         bt, copied = _on_lines(b, nnz, n_cols, inner, element)

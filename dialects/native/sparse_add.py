@@ -68,6 +68,7 @@ from sparse_mlir.dialects.native.loops import (
     mul,
     parallel,
     reduce_loop,
+    result_buffer,
     store_index,
 )
 
@@ -193,7 +194,7 @@ class _Merge:
         (nnz,) = reduce_loop(c0, chunks, [c0], running)
         out_pos = memref.alloc(self.out_types[0], [arith.addi(n_rows, c1)], [])
         store_index(c0, out_pos, c0)
-        out = (out_pos, memref.alloc(self.out_types[1], [nnz], []), memref.alloc(self.out_types[2], [nnz], []))
+        out = (out_pos, result_buffer(self.out_types[1], nnz), result_buffer(self.out_types[2], nnz))
         # 3. fill
         parallel(chunks, lambda c: self._fill(bounds, c, memref.load(firsts, [c]), out))
         memref.dealloc(firsts)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf
 from mlir.dialects import sparse_tensor as st
-from sparse_mlir.dialects.native.loops import csr_product_module, reduce_loop
+from sparse_mlir.dialects.native.loops import csr_product_module, reduce_loop, result_buffer
 from sparse_mlir.dialects.native.loops import dynamic_vector as _vector
 from sparse_mlir.dialects.native.loops import for_each as _for
 from sparse_mlir.dialects.native.loops import if_else as _if
@@ -283,7 +283,7 @@ class _Gustavson:
         nnz = self._prefix_sum(offsets, n_rows)
         out_pos = memref.alloc(self.out_types[0], [rows1], [])
         _for(c0, rows1, lambda i: _store_as(memref.load(offsets, [i]), out_pos, i))
-        out = (memref.alloc(self.out_types[1], [nnz], []), memref.alloc(self.out_types[2], [nnz], []))
+        out = (result_buffer(self.out_types[1], nnz), result_buffer(self.out_types[2], nnz))
         # 4. numeric
         _parallel(chunks, lambda c: self._numeric(c, starts, n_cols, offsets, out))
         memref.dealloc(offsets)

@@ -41,8 +41,10 @@ def test_sparse_add_takes_and_returns_level_buffers_with_two_parallel_passes():
     # search for each end of a chunk's rows in each pass
     assert ops["scf.while"] == 2 * 2 + 2 * 2
     # per pass: an empty side skips the merge, the clamp is for rows at the buffers' end, and rows of the same
-    # columns (checked when of the same length) add entry by entry; the merge steps are selects
-    assert ops["scf.if"] == 2 * 4
+    # columns (checked when of the same length) add entry by entry; the merge steps are selects.  C's
+    # coordinates and values each ask for huge pages when large (``loops.result_buffer``)
+    assert ops["scf.if"] == 2 * 4 + 2
+    assert ops["func.call"] == 2 and "func.func private @madvise" in str(module)
     assert ops["arith.select"] >= 2 * 2 * 2 + 2 * 3  # each merge loop: the next columns; fill: the value
     assert ops["arith.addf"] == 3 and not ops["arith.mulf"]  # two merge loops, same-column rows; coefficients 1
     # C's three buffers and the chunks' first entries, which are freed
