@@ -58,9 +58,9 @@ def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
 
 
 # below this many stored operand entries a fork costs more than it saves.  For SpMV the entries are A's values plus
-# x.  Measured on a 2-core Zen 5 shared with other jobs (load average 5; benchmarks/short_rows.py, session 6):
-# 2 threads never paid there, 1 thread / 2 threads from 0.08 at 10k entries to 0.67 at 655k (each threaded call
-# waits ~60 us for a busy core); a quiet machine is needed to move this value, so it stays as measured before
+# x.  Placed on a quiet 2-core Intel Xeon (benchmarks/short_rows.py, session 9): 1 thread / 2 threads was 0.89 at
+# 10k entries and 1.09 at 20k with 4 a row, 0.92 at 8.4k and 1.03 at 16.9k with 32 a row.  (Session 6's Zen 5,
+# shared at load average 5, never gained from a second thread: that host could not place it.)
 SERIAL_BELOW = 16384
 
 
