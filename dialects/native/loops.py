@@ -162,8 +162,9 @@ def lane_sums(vectors: Sequence[ir.Value]) -> ir.Value:
     lane count; the lanes past them are zero).
 
     A transposed reduction: each level halves the lanes an entry's partial sums take, packing two vectors into
-    one with two shuffles and an add, so ``g`` sums take ``2g - 1`` shuffle pairs instead of ``g``
-    horizontal sums of ``log2(lanes)`` dependent steps each (the SDDMM's dot products).
+    one with two shuffles and an add, so ``g`` sums take ``g - 1`` shuffle pairs (and one more for each level the
+    group is short of the lanes) instead of ``g`` horizontal sums of ``log2(lanes)`` dependent steps each (the
+    SDDMM's dot products).
     """
     vector_type = ir.VectorType(vectors[0].type)
     lanes = vector_type.shape[0]
@@ -303,7 +304,8 @@ def csr_product_module(spec: KernelSpec, formats: dict[str, Format],
 
 
 class RegisterTranspose:
-    """Transposes between memrefs in ``tile x tile`` register tiles (``vector.transpose``), for the kernels that
+    """Transposes between memrefs in ``tile x tile`` register tiles (butterflies of shuffles inside both memrefs,
+    a masked ``vector.transpose`` at their edges), for the kernels that
     need a transposed operand in scratch (the Linear layer's ``X^T`` and ``Y``, the SDDMM's ``B^T``).
 
     A scalar transpose writes each element to another cache line (7 ns
@@ -325,7 +327,7 @@ class RegisterTranspose:
 
     def _inside(self, corners: Sequence[tuple[ir.Value, ir.Value, ir.Value]]) -> ir.Value:
         """Whether the tile at each ``(memref, row, col)`` lies inside that memref: such tiles are read and written
-        without masks (a masked tile computes a mask per row, and costs about 3x an interior one)."""
+        without masks (a masked tile computes a mask for each of its rows)."""
         inside = None
         for buffer, row, col in corners:
             for dim, at in ((0, row), (1, col)):
@@ -356,7 +358,9 @@ class RegisterTranspose:
     def transpose(self, src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value, parallel: bool,
                   src_row: ir.Value | None = None, dst_row: ir.Value | None = None) -> None:
         """``dst[dst_row + k, r] = src[src_row + r, k]`` for ``r < rows``, ``k < cols``, in ``tile x tile``
-        register tiles (rows of tiles in parallel or not; tiles past either memref's end are masked)."""
+        register tiles (tiles of dst's rows in parallel or not: with ``K = 64`` the rows of src made 4 parallel
+        iterations, and B's transpose took 0.10 ms at 1 and 2 threads, 0.053 at 2 after; tiles past either memref's
+        end are masked)."""
         index = ir.IndexType.get()
         if parallel:  # tiles of dst's rows (src's columns) outside: each writes whole lines of dst
             loop = scf.ParallelOp([], [self.c0], [cols], [self.step], [])

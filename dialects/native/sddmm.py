@@ -15,7 +15,9 @@ group's accumulators are summed together by a transposed reduction
 (``loops.lane_sums``) into one vector, multiplied by ``S``'s values and
 stored at once.  A horizontal sum per entry took about 40% of the time
 (4096^2 at 1%, K=64, 1 thread: 0.79 ms before, 0.59 ms after).
-``C``'s positions and
+Written ``B[j,k]`` (attention's ``Q K^T`` with ``K`` as stored), ``B``'s
+rows are already what the dot products read: no transpose, only a copy onto
+a cache line when it starts off one (``_on_lines``).  ``C``'s positions and
 coordinates are copies of ``S``'s; its values are new.  The function has the
 sparse assembler's signature (level buffers, then dense memrefs, returning
 ``C``'s buffers, allocated with ``malloc`` so the C entry point hands them
@@ -49,13 +51,14 @@ from sparse_mlir.dsl.patterns import Sddmm, sddmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["K_UNROLL", "LINE_READS", "native_sddmm"]
+__all__ = ["GROUP", "K_UNROLL", "LINE_READS", "native_sddmm"]
 
-# vectors of K per step of the dot products' loop: each entry's B^T row address (spilled: a group has 16) is then
-# reloaded once per 4 FMAs
+# vectors of K per step of the dot products' loop, so a spilled B^T row address (a group has 16) is reloaded once
+# per 4 FMAs; measured the same as 1 (kept: it costs nothing)
 K_UNROLL = 4
-GROUP = 16
+GROUP = 16  # entries of a row per group at most (and at most the lanes): 8 and 4 measured the same
 LINE_READS = 2  # reads per row of an off-line B[j,k] from which copying it onto lines pays
+
 
 def native_sddmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                  vector_bits: int = 256) -> ir.Module | None:
@@ -107,8 +110,7 @@ def _on_lines(b: ir.Value, nnz: ir.Value, n_cols: ir.Value, inner: ir.Value, ele
     bytes; an unaligned B took 0.77 ms against 0.53 on a line (4096^2 at 1%, K=64, 1 thread)."""
     c0 = _index(0)
     line = _index(LINE_BYTES)
-    itemsize = _index(ir.FloatType(element).width // 8 if isinstance(element, ir.FloatType)
-                      else ir.IntegerType(element).width // 8)
+    itemsize = _index(element.width // 8)
     off_line = arith.cmpi(arith.CmpIPredicate.ne,
                           arith.remui(memref.extract_aligned_pointer_as_index(b), line), c0)
     whole_lines = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(arith.muli(inner, itemsize), line), c0)
