@@ -211,6 +211,76 @@ def bench_spmv(name: str, A: sp.csr_matrix, rounds: int) -> Result:
     return Result(name, "SpMV", sparsity, times, moved, 0.0, [f"max err {err:.1e}"])
 
 
+def _torch_csr(A: sp.spmatrix) -> object | None:
+    """``A`` as a torch CSR tensor (int64 indices, as torch's sparse products want), or ``None`` without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    with warnings.catch_warnings():  # "beta" notices
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int64)),
+                                       torch.from_numpy(A.indices.astype(np.int64)), torch.from_numpy(A.data),
+                                       size=A.shape)
+
+
+def bench_sddmm(name: str, S: sp.csr_matrix, k: int, rounds: int) -> Result:
+    """``C[i,j] = S[i,j] * A[i,k] * B[k,j]`` (CSR S and C, float32): torch's ``sampled_addmm``; scipy's
+    ``S.multiply(A @ B)`` (the dense product, then the sample); dense numpy ``A @ B`` (what SDDMM avoids)."""
+    S = sp.csr_matrix(S, dtype=np.float32)
+    S.sort_indices()
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((S.shape[0], k), dtype=np.float32)
+    B = rng.standard_normal((k, S.shape[1]), dtype=np.float32)
+    tensor = sm.SparseTensor.from_scipy(S)
+    kernel = sm.compile("C[i,j] = S[i,j] * A[i,k] * B[k,j]", formats={"S": "csr", "C": "csr"}, dtype="float32")
+    systems: dict[str, Callable[[], object]] = {"sparse_mlir": lambda: kernel(S=tensor, A=A, B=B),
+                                                "scipy": lambda: S.multiply(A @ B), "dense_numpy": lambda: A @ B}
+    notes = ["sparse_dot_mkl: no SDDMM"]
+    ts = _torch_csr(S)
+    if ts is None:
+        notes.append("torch: not installed")
+    else:
+        import torch
+
+        ta, tb = torch.from_numpy(A), torch.from_numpy(B)
+        systems["torch_csr"] = lambda: torch.sparse.sampled_addmm(ts, ta, tb, beta=0.0)
+    err = float(abs(kernel(S=tensor, A=A, B=B).to_scipy() - S.multiply(A @ B)).max())
+    times = interleaved(systems, rounds)
+    moved = S.nnz * 16 + (S.shape[0] + 1) * 8 + (A.size + B.size) * 4
+    return Result(name, f"SDDMM K={k}", 1.0 - S.nnz / (S.shape[0] * S.shape[1]), times, moved, 0.0,
+                  [f"max err {err:.1e}", *notes])
+
+
+def bench_spgemm(name: str, A: sp.csr_matrix, rounds: int) -> Result:
+    """``C = A @ A`` (CSR x CSR -> CSR, float64): scipy's ``A @ A`` (its rows come out unsorted; ours are
+    sorted), torch's sparse CSR matmul and sparse_dot_mkl's ``dot_product_mkl``; no dense baseline."""
+    A = sp.csr_matrix(A, dtype=np.float64)
+    A.sort_indices()
+    tensor = sm.SparseTensor.from_scipy(A)
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr", "B": "csr", "C": "csr"}, dtype="float64")
+    systems: dict[str, Callable[[], object]] = {"sparse_mlir": lambda: kernel(A=tensor, B=tensor),
+                                                "scipy": lambda: A @ A}
+    notes = ["scipy's rows unsorted"]
+    ta = _torch_csr(A)
+    if ta is None:
+        notes.append("torch: not installed")
+    else:
+        systems["torch_csr"] = lambda: ta @ ta
+    try:
+        from sparse_dot_mkl import dot_product_mkl
+
+        systems["sparse_dot_mkl"] = lambda: dot_product_mkl(A, A)
+    except ImportError:
+        notes.append("sparse_dot_mkl: not installed")
+    got = kernel(A=tensor, B=tensor).to_scipy()
+    err = float(abs(got - A @ A).max()) if got.nnz else 0.0
+    times = interleaved(systems, rounds)
+    moved = (A.nnz * 12 + (A.shape[0] + 1) * 4) * 2 + got.nnz * 12
+    return Result(name, "SpGEMM", 1.0 - A.nnz / (A.shape[0] * A.shape[1]), times, moved, 0.0,
+                  [f"max err {err:.1e}", *notes])
+
+
 def random_csr(rows: int, cols: int, sparsity: float, seed: int = 0) -> sp.csr_matrix:
     return sp.random(rows, cols, density=1.0 - sparsity, format="csr", dtype=np.float32, random_state=seed)
 
@@ -280,6 +350,13 @@ def workloads(quick: bool) -> list[tuple[str, Callable[[int], Result]]]:
         if (suite / f"{name}.mtx.gz").exists():
             out.append((f"SpMV {name}", lambda r, n=name: bench_spmv(n, read_matrix(suite / f"{n}.mtx.gz"), r)))
     out.append(("SpMV random 4096 s=0.9", lambda r: bench_spmv("random4096/0.9", random_csr(4096, 4096, 0.9), r)))
+    size = 1024 if quick else 4096
+    out.append(("SDDMM", lambda r: bench_sddmm(f"sddmm{size}/0.01", random_csr(size, size, 0.99, seed=1), 64, r)))
+    for name in (["west0479"] if quick else ["west0479", "bcsstk13", "cryg2500", "hangGlider_2", "rajat01",
+                                               "zenios"]):
+        if (suite / f"{name}.mtx.gz").exists():
+            out.append((f"SpGEMM {name}", lambda r, n=name: bench_spgemm(f"spgemm/{n}",
+                                                                         read_matrix(suite / f"{n}.mtx.gz"), r)))
     out.append(("SpMV power-law", lambda r: bench_spmv("power-law", power_law(20_000 if quick else 200_000), r)))
     mdual = Path("/usr/share/doc/libmetis-dev/examples/graphs/mdual.graph")
     if mdual.exists() and not quick:
@@ -357,6 +434,18 @@ def check_targets(results: list[Result], bandwidth: float) -> list[tuple[str, bo
                         f"{r.speedup(lib):.2f}x {lib}"))
         if r.name == "1Mx1M":
             out.append(("SpMV 16M nnz: >= 80% roofline", r.roofline(bandwidth) >= 0.8, f"{r.roofline(bandwidth):.0%}"))
+    sddmm = next((r for r in results if r.name == "sddmm4096/0.01"), None)
+    if sddmm:
+        out.append(("SDDMM 4096^2 1% K=64: >= 2x torch", sddmm.speedup("torch_csr") >= 2.0
+                    if "torch_csr" in sddmm.times else None, f"{sddmm.speedup('torch_csr'):.2f}x"))
+    spgemm = [r for r in results if r.name.startswith("spgemm/")]
+    if spgemm:
+        vs_scipy = geomean([r.speedup("scipy") for r in spgemm])
+        out.append(("SpGEMM A@A SuiteSparse: >= 1.5x scipy (geomean)", vs_scipy >= 1.5, f"{vs_scipy:.2f}x"))
+        ran = all("sparse_dot_mkl" in r.times for r in spgemm)
+        vs_mkl = geomean([r.speedup("sparse_dot_mkl") for r in spgemm]) if ran else float("nan")
+        out.append(("SpGEMM A@A SuiteSparse: >= 1.0x MKL (geomean)", vs_mkl >= 1.0 if ran else None,
+                    f"{vs_mkl:.2f}x"))
     two_four = next((r for r in results if r.name == "2:4 4096"), None)
     if two_four:
         out.append(("2:4 N=32: >= 1.5x dense", two_four.speedup("dense_numpy") >= 1.5,
