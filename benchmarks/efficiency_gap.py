@@ -135,24 +135,32 @@ def stream_bandwidth(quick: bool) -> float:
 DENSE_LIMIT = 50_000_000  # entries: larger matrices get no dense baseline (it would not fit)
 
 
+def _torch_csr(A: sp.spmatrix, index_dtype: type = np.int64) -> object | None:
+    """``A`` as a torch CSR tensor with ``index_dtype`` indices (int64 for torch's sparse x sparse and sampled
+    products), or ``None`` without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    with warnings.catch_warnings():  # "beta" and "invariant checks disabled" notices
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(index_dtype)),
+                                       torch.from_numpy(A.indices.astype(index_dtype)), torch.from_numpy(A.data),
+                                       size=A.shape)
+
+
 def _comparators(A: sp.csr_matrix, dense_rhs: np.ndarray) -> dict[str, Callable[[], object]]:
     """scipy CSR, torch CSR with int32 indices, sparse_dot_mkl and dense numpy, when installed."""
     out: dict[str, Callable[[], object]] = {"scipy": lambda: A @ dense_rhs}
     if A.shape[0] * A.shape[1] <= DENSE_LIMIT:
         dense = A.toarray()
         out["dense_numpy"] = lambda: dense @ dense_rhs
-    try:
+    t = _torch_csr(A, np.int32)
+    if t is not None:
         import torch
 
-        with warnings.catch_warnings():  # "beta" and "invariant checks disabled" notices
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int32)),
-                                        torch.from_numpy(A.indices.astype(np.int32)), torch.from_numpy(A.data),
-                                        size=A.shape)
         rhs = torch.from_numpy(dense_rhs)
         out["torch_csr"] = lambda: t @ rhs if rhs.ndim == 2 else torch.mv(t, rhs)
-    except ImportError:
-        pass
     try:
         from sparse_dot_mkl import dot_product_mkl
 
@@ -209,19 +217,6 @@ def bench_spmv(name: str, A: sp.csr_matrix, rounds: int) -> Result:
     moved = A.nnz * 12 + (A.shape[0] + 1) * 4 + A.shape[1] * 8 + A.shape[0] * 8
     sparsity = 1.0 - A.nnz / max(A.shape[0] * A.shape[1], 1)
     return Result(name, "SpMV", sparsity, times, moved, 0.0, [f"max err {err:.1e}"])
-
-
-def _torch_csr(A: sp.spmatrix) -> object | None:
-    """``A`` as a torch CSR tensor (int64 indices, as torch's sparse products want), or ``None`` without torch."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    with warnings.catch_warnings():  # "beta" notices
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int64)),
-                                       torch.from_numpy(A.indices.astype(np.int64)), torch.from_numpy(A.data),
-                                       size=A.shape)
 
 
 def bench_sddmm(name: str, S: sp.csr_matrix, k: int, rounds: int) -> Result:

@@ -169,9 +169,7 @@ def lane_sums(vectors: Sequence[ir.Value]) -> ir.Value:
     vector_type = ir.VectorType(vectors[0].type)
     lanes = vector_type.shape[0]
     assert len(vectors) & (len(vectors) - 1) == 0 and len(vectors) <= lanes, "a power of two, at most the lanes"
-    zero = arith.constant(vector_type, ir.DenseElementsAttr.get_splat(
-        vector_type, ir.FloatAttr.get(vector_type.element_type, 0.0) if is_float(vector_type.element_type)
-        else ir.IntegerAttr.get(vector_type.element_type, 0)))
+    zero = constant_like(vector_type, 0)
     level, block = list(vectors), lanes  # each vector holds lanes // block entries, their partials in blocks
     while block > 1:
         half = block // 2

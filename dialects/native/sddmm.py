@@ -37,6 +37,7 @@ from sparse_mlir.dialects.native.loops import (
     LINE_BYTES,
     RegisterTranspose,
     add,
+    constant_like,
     declare_madvise,
     for_each,
     lane_sums,
@@ -151,15 +152,14 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
         bt = memref.alloc(matrix, [n_cols, inner], [], alignment=LINE_BYTES)  # rows on lines when K fills lines
         RegisterTranspose(element, lanes).transpose(b, bt, inner, n_cols, parallel=True)
     vec = ir.VectorType.get([lanes], element)
-    zeros = arith.constant(vec, ir.DenseElementsAttr.get_splat(
-        vec, ir.FloatAttr.get(element, 0.0) if is_float else ir.IntegerAttr.get(element, 0)))
+    zeros = constant_like(vec, 0)
     lanes_index = _index(lanes)
     whole = arith.muli(arith.divui(inner, lanes_index), lanes_index)  # K in whole vectors; the rest is masked
     unrolled_step = _index(K_UNROLL * lanes)
     unrolled = arith.muli(arith.divui(inner, unrolled_step), unrolled_step)
     minor = ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(2, 1))
     masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)])
-    pad = arith.constant(element, 0.0 if is_float else 0)
+    pad = constant_like(element, 0)
 
     def fma(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
         return vector.fma(x, y, acc) if is_float else add(acc, mul(x, y))

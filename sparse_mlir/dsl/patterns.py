@@ -15,7 +15,8 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, Format, LevelKind
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
-           "spmm_epilogue", "linear_epilogue", "Sddmm", "sddmm_operands", "gpu_sddmm_operands", "spgemm_operands", "sparse_sum_operands",
+           "spmm_epilogue", "linear_epilogue", "Sddmm", "sddmm_operands", "gpu_sddmm_operands", "spgemm_operands",
+           "sparse_sum_operands",
            "SparseSum", "sparse_product_operands", "threads_sparse_output", "format_kind", "product_operands", "scatters",
            "total_reduction_operands", "fiber_operands"]
 
