@@ -108,8 +108,38 @@ def test_small_calls_run_serially_large_ones_threaded(monkeypatch):
     count from there; an explicit ``fixed`` count always wins."""
     monkeypatch.setenv("SPARSE_MLIR_NUM_THREADS", "2")
     assert threads.for_work(threads.SERIAL_BELOW - 1) == 1
-    assert threads.for_work(threads.SERIAL_BELOW) == 2
+    assert threads.for_work(threads.COLD_SERIAL_BELOW) == 2
     with fixed(2):
         assert threads.for_work(10) == 2
     with fixed(1):
         assert threads.for_work(10 * threads.SERIAL_BELOW) == 1
+
+
+def test_small_calls_stay_serial_while_the_pool_sleeps(monkeypatch):
+    """Below ``COLD_SERIAL_BELOW`` entries a call forks only when the last call on this thread came within the
+    blocktime (the workers still spin, or a burst of calls shares one wake-up); with ``KMP_BLOCKTIME=0`` never.
+    Larger calls always fork."""
+    monkeypatch.setenv("SPARSE_MLIR_NUM_THREADS", "2")
+    small, large = threads.SERIAL_BELOW, threads.COLD_SERIAL_BELOW
+    clock = [1000.0]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")
+    assert [threads.for_work(small) for _ in range(3)] == [1, 1, 1]
+    assert threads.for_work(large) == 2
+    for text, seconds in (("10", 0.01), ("10ms", 0.01), ("300us", 3e-4), ("1s", 1.0)):
+        monkeypatch.setenv("KMP_BLOCKTIME", text)
+        clock[0] += 100.0
+        assert threads.for_work(small) == 1  # an isolated call: the workers slept
+        clock[0] += seconds / 2
+        assert threads.for_work(small) == 2  # within the blocktime of the last one
+        clock[0] += seconds * 1.5
+        assert threads.for_work(small) == 1, text
+    monkeypatch.setenv("KMP_BLOCKTIME", "infinite")
+    clock[0] += 1e6
+    assert threads.for_work(small) == 2
+    monkeypatch.delenv("KMP_BLOCKTIME")
+    clock[0] += 100.0
+    with threads.blocktime(0):
+        assert [threads.for_work(small) for _ in range(2)] == [1, 1]
+    clock[0] += 100.0
+    assert [threads.for_work(small) for _ in range(2)] == [1, 2]  # the default blocktime, BLOCKTIME_MS

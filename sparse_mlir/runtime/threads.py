@@ -7,7 +7,11 @@ found on the usual paths).  The thread count is read at call time
 (``SPARSE_MLIR_NUM_THREADS``, ``OMP_NUM_THREADS``, the usable cores) and set
 with ``omp_set_num_threads`` only when it changes for the calling thread;
 idle pool threads spin ``BLOCKTIME_MS`` before sleeping unless
-``KMP_BLOCKTIME`` is set.
+``KMP_BLOCKTIME`` is set.  Small calls run on the calling thread alone:
+always below ``SERIAL_BELOW`` entries, and below ``COLD_SERIAL_BELOW``
+when the workers have gone to sleep since this thread's last call (an
+isolated call, or any call under ``KMP_BLOCKTIME=0``), since waking them
+costs more than such a call's work.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import site
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +68,11 @@ def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
 # 10k entries and 1.09 at 20k with 4 a row, 0.92 at 8.4k and 1.03 at 16.9k with 32 a row.  (Session 6's Zen 5,
 # shared at load average 5, never gained from a second thread: that host could not place it.)
 SERIAL_BELOW = 16384
+# below this many entries a call runs on the calling thread when the pool's workers sleep (``_pool_awake``): a fork
+# then waits about 0.1 ms for them to wake, longer than the work.  With KMP_BLOCKTIME=0 on a quiet 2-core AMD EPYC
+# (session 10, /tmp sweeps in benchmarks/results/2026-12-02-session10-threads.md), 1 thread / 2 threads was 0.80-0.86
+# at 92k entries (SpMM N=128), 1.01 at 123k, 0.89-1.31 at 157k and 1.28-1.45 at 236k; SpMV 0.90-1.02 at 144k.
+COLD_SERIAL_BELOW = 131072
 
 
 _loaded: dict[Path, ctypes.CDLL] = {}
@@ -118,11 +129,46 @@ def blocktime(ms: int) -> Iterator[None]:
 
 
 def for_work(entries: int) -> int:
-    """Threads for a call touching ``entries`` operand entries: the configured count, or 1 when tiny."""
+    """Threads for a call touching ``entries`` operand entries: the configured count, or 1 when tiny, or 1 when
+    small and the pool's workers are asleep (``COLD_SERIAL_BELOW``)."""
     fixed_count = getattr(_local, "fixed", None)
     if fixed_count is not None:
         return fixed_count
-    return 1 if entries < SERIAL_BELOW else knobs.num_threads()
+    if entries < SERIAL_BELOW:
+        return 1
+    count = knobs.num_threads()
+    if count > 1 and entries < COLD_SERIAL_BELOW:
+        now = time.monotonic()
+        awake = _pool_awake(now)
+        _local.last_call = now
+        if not awake:
+            return 1
+    return count
+
+
+def _pool_awake(now: float) -> bool:
+    """Whether this Python thread called a kernel of at least ``SERIAL_BELOW`` entries within the blocktime: its
+    pool's workers then still spin (or the calls come in a burst, and one wake-up serves the rest of it).
+
+    Measured from the last call's start, which the C call path knows: after
+    a call longer than the blocktime a small one runs serially though the
+    workers may still spin; that costs less than a wake-up would.
+    """
+    last = getattr(_local, "last_call", None)
+    return last is not None and now - last < _blocktime_seconds()
+
+
+def _blocktime_seconds() -> float:
+    """How long idle workers of this thread's pool spin: ``KMP_BLOCKTIME`` (milliseconds, or with a ``us``,
+    ``ms`` or ``s`` suffix, or ``infinite``) when set, else this thread's ``blocktime``."""
+    text = knobs.kmp_blocktime()
+    if text is None:
+        return getattr(_local, "blocktime", BLOCKTIME_MS) / 1e3
+    text = text.strip().lower()
+    for suffix, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("", 1e-3)):
+        if text.endswith(suffix) and text[:len(text) - len(suffix)].isdigit():
+            return int(text[:len(text) - len(suffix)]) * scale
+    return math.inf  # "infinite", or a form the runtime may read otherwise: assume the workers spin
 
 
 @contextlib.contextmanager
