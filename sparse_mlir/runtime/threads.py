@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sparse_mlir.knobs import knobs
 
-__all__ = ["blocktime", "fixed", "for_work", "load_runtime", "openmp_library", "set_threads"]
+__all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "load_runtime", "openmp_library", "set_threads"]
 
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 _local = threading.local()
@@ -70,7 +70,8 @@ def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
 SERIAL_BELOW = 16384
 # below this many entries a call runs on the calling thread when the pool's workers sleep (``_pool_awake``): a fork
 # then waits about 0.1 ms for them to wake, longer than the work.  With KMP_BLOCKTIME=0 on a quiet 2-core AMD EPYC
-# (session 10, /tmp sweeps in benchmarks/results/2026-12-02-session10-threads.md), 1 thread / 2 threads was 0.80-0.86
+# (session 10, sweeps as in benchmarks/short_rows.py --part cold; results/2026-12-02-session10-threads.md), 1 thread
+# / 2 threads was 0.80-0.86
 # at 92k entries (SpMM N=128), 1.01 at 123k, 0.89-1.31 at 157k and 1.28-1.45 at 236k; SpMV 0.90-1.02 at 144k.
 COLD_SERIAL_BELOW = 131072
 
@@ -155,10 +156,10 @@ def _pool_awake(now: float) -> bool:
     workers may still spin; that costs less than a wake-up would.
     """
     last = getattr(_local, "last_call", None)
-    return last is not None and now - last < _blocktime_seconds()
+    return last is not None and now - last < blocktime_seconds()
 
 
-def _blocktime_seconds() -> float:
+def blocktime_seconds() -> float:
     """How long idle workers of this thread's pool spin: ``KMP_BLOCKTIME`` (milliseconds, or with a ``us``,
     ``ms`` or ``s`` suffix, or ``infinite``) when set, else this thread's ``blocktime``."""
     text = knobs.kmp_blocktime()
