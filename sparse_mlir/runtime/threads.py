@@ -71,8 +71,8 @@ SERIAL_BELOW = 16384
 # below this many entries a call runs on the calling thread when the pool's workers sleep (``_pool_awake``): a fork
 # then waits about 0.1 ms for them to wake, longer than the work.  With KMP_BLOCKTIME=0 on a quiet 2-core AMD EPYC
 # (session 10, sweeps as in benchmarks/short_rows.py --part cold; results/2026-12-02-session10-threads.md), 1 thread
-# / 2 threads was 0.80-0.86
-# at 92k entries (SpMM N=128), 1.01 at 123k, 0.89-1.31 at 157k and 1.28-1.45 at 236k; SpMV 0.90-1.02 at 144k.
+# / 2 threads was 0.80-0.86 at 92k entries (SpMM N=128), 1.01 at 123k, 0.89-1.31 at 157k and 1.28-1.45 at 236k;
+# SpMV 0.90-1.02 at 144k.
 COLD_SERIAL_BELOW = 131072
 
 
