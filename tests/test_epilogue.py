@@ -92,3 +92,18 @@ def test_linear_layers_with_an_activation_run_their_epilogue_in_the_tiled_spmm(f
         got = kernel(X=X, W=W, **operands)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
         assert "linear_spmm" in kernel.ir["input"] and "sm_epilogue_vector" in kernel.ir["input"]
+
+
+@pytest.mark.parametrize("fmt", ["csr", "2:4"])
+@pytest.mark.parametrize("expr, factor", [("C[i,j] = 2 * A[i,k] * B[k,j]", 2.0),
+                                          ("C[i,j] = -(A[i,k] * B[k,j]) * 0.25", -0.25),
+                                          ("C[i,j] = 3 * A[i,k] * (B[k,j] * 2)", 6.0)])
+def test_literal_factors_of_a_spmm_scale_its_sums_in_the_tiled_kernel(fmt, expr, factor, rng):
+    """A one-stage ``2 * A@B`` is the tiled SpMM with the sums times 2 as its epilogue (before, the
+    sparsifier's loop nest)."""
+    a, A = _matrix(fmt, 40, 48, "float32")
+    B = rng.standard_normal((48, 37)).astype(np.float32)
+    kernel = sm.compile(expr, formats={"A": fmt}, dtype="float32")
+    want = factor * (a.astype(np.float64) @ B)
+    np.testing.assert_allclose(kernel(A=A, B=B), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert "sm_epilogue_vector" in kernel.ir["input"] and "linalg.generic" not in kernel.ir["input"]

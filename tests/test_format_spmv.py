@@ -152,3 +152,30 @@ def test_scipy_operands_and_out(rng):
         result = kernel(A=operand, x=x, out=out)
         assert result is out
         np.testing.assert_array_equal(out, a @ x)  # the stale 7s are gone: the entry point zeroes y
+
+
+def _scaled(expression: str, factor: str) -> str:
+    """``expression`` with its right side multiplied by the literal ``factor`` on the left."""
+    left, right = expression.split(" = ")
+    return f"{left} = {factor} * {right}"
+
+
+@pytest.mark.parametrize("expression, fmt", [*FORMS, (SPMV, "csr")], ids=[*IDS, f"{SPMV} csr"])
+@pytest.mark.parametrize("dtype, factor, value", [("float64", "2.5", 2.5), ("int32", "-3", -3),
+                                                  ("float32", "-(2 * 0.5)", -1.0)])
+def test_literal_factors_scale_the_finished_sums_in_the_hand_scheduled_kernels(rng, expression, fmt, dtype,
+                                                                               factor, value):
+    """``2.5 * A[i,j] * x[j]``: the same emitters (CSR's own SpMV, the format kernels), each sum times the
+    literals' product, exactly for small integers; the shape-generic table agrees with the build."""
+    scaled = _scaled(expression, factor)
+    spec = plan(scaled, {"A": fmt}, dtype, None)
+    assert shape_generic_emitter(spec, spec.formats) == ("spmv" if fmt == "csr" and expression == SPMV
+                                                         else "format_spmv")
+    kernel = sm.compile(scaled, formats={"A": fmt}, dtype=dtype)
+    for shape in ((300, 200), (1, 1), (2000, 3000)):
+        a = _matrix(rng, shape, min(1.0, 6000 / (shape[0] * shape[1])), dtype)
+        args = _operands(rng, a, expression, fmt)
+        want = (_expected(a, expression, args.get("x")).astype(np.float64) * value).astype(dtype)
+        np.testing.assert_array_equal(kernel(**args), want)
+    assert "linalg.generic" not in kernel.ir["input"] and kernel.stats["specializations"] == 1
+

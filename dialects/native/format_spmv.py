@@ -61,7 +61,7 @@ from sparse_mlir.dialects.native.loops import (
 )
 from sparse_mlir.dialects.native.spmv import RowSums, row_term
 
-from sparse_mlir.dsl.patterns import format_kind, product_operands, scatters
+from sparse_mlir.dsl.patterns import format_kind, product_operands, scatters, unscaled
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
@@ -80,7 +80,8 @@ def native_format_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Sha
 
     ``vector_bits`` is unused (scalar gathers, as the CSR SpMV); it keeps the table's signature.
     """
-    found = product_operands(spec, formats)
+    core, scale = unscaled(spec)
+    found = product_operands(core, formats)
     if found is None or len(spec.output_indices) != 1 or spec.output_dtype != spec.dtype:
         return None
     a, x = found
@@ -89,15 +90,16 @@ def native_format_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Sha
         body: Callable[..., None] = _coo
     elif kind == "dcsr":
         body = _dcsr
-    elif scatters(spec, formats, a):
+    elif scatters(core, formats, a):
         body = _scatter
     else:
         body = _gather
     with ir.Location.unknown():
-        return _module(spec, formats[a], a, x, body)
+        return _module(spec, formats[a], a, x, body, scale)
 
 
-def _module(spec: KernelSpec, fmt: Format, a: str, x: str | None, body: Callable[..., None]) -> ir.Module:
+def _module(spec: KernelSpec, fmt: Format, a: str, x: str | None, body: Callable[..., None],
+            scale: float | int) -> ir.Module:
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     types = {a: level_types(fmt, element), **({x: [dynamic_vector(element)]} if x is not None else {})}
     y_type = dynamic_vector(element)
@@ -110,7 +112,7 @@ def _module(spec: KernelSpec, fmt: Format, a: str, x: str | None, body: Callable
         buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
         y = next(args)
         with ir.InsertionPoint(block):
-            body(*buffers[a], buffers[x][0] if x is not None else None, y, element)
+            body(*buffers[a], buffers[x][0] if x is not None else None, y, element, scale)
             func.ReturnOp([y])
         if body is _scatter:
             declare_thread_count()
@@ -122,20 +124,28 @@ def _add_to(y: ir.Value, at: ir.Value, value: ir.Value) -> None:
     memref.store(add(memref.load(y, [at]), value), y, [at])
 
 
+def _scaled(y: ir.Value, element: ir.Type, scale: float | int) -> None:
+    """``y *= scale`` in parallel, unless ``scale`` is 1: the literals of ``2 * A[i,j] * x[j]`` for the kernels
+    that add into ``y`` entry by entry (a pass over the rows instead of a multiply a nonzero)."""
+    if scale != 1:
+        factor = constant_like(element, scale)
+        parallel(memref.dim(y, index(0)), lambda i: memref.store(mul(memref.load(y, [i]), factor), y, [i]))
+
+
 def _dcsr(pos0: ir.Value, crd0: ir.Value, pos1: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None,
-          y: ir.Value, element: ir.Type) -> None:
+          y: ir.Value, element: ir.Type, scale: float | int) -> None:
     """The stored rows in parallel, each into ``y[crd0[r]]``."""
-    RowSums(pos1, crd1, val, x, y, element, stored=crd0).emit(load_index(pos0, index(1)))
+    RowSums(pos1, crd1, val, x, y, element, stored=crd0, scale=scale).emit(load_index(pos0, index(1)))
 
 
 def _gather(pos1: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None, y: ir.Value,
-            element: ir.Type) -> None:
+            element: ir.Type, scale: float | int) -> None:
     """A CSC read transposed: its columns are the result's entries, each a row sum as in CSR."""
-    RowSums(pos1, crd1, val, x, y, element).emit(arith.subi(memref.dim(pos1, index(0)), index(1)))
+    RowSums(pos1, crd1, val, x, y, element, scale=scale).emit(arith.subi(memref.dim(pos1, index(0)), index(1)))
 
 
 def _coo(pos0: ir.Value, crd0: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None, y: ir.Value,
-         element: ir.Type) -> None:
+         element: ir.Type, scale: float | int) -> None:
     """Equal runs of entries in parallel; each chunk's first and last row through carries (module docstring)."""
     c0, c1 = index(0), index(1)
     i_type, zero = ir.IndexType.get(), constant_like(element, 0)
@@ -197,6 +207,7 @@ def _coo(pos0: ir.Value, crd0: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Va
     if_else(arith.cmpi(arith.CmpIPredicate.ne, unsorted, c0), serially, carries, [])
     for buffer in (head, tail, head_row, tail_row, disorder):
         memref.dealloc(buffer)
+    _scaled(y, element, scale)
 
 
 def _row_is(crd0: ir.Value, k: ir.Value, row: ir.Value) -> ir.Value:
@@ -229,7 +240,7 @@ def _scan(start: ir.Value, inside: Callable[[ir.Value], ir.Value], entry_of: Cal
 
 
 def _scatter(pos1: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None, y: ir.Value,
-             element: ir.Type) -> None:
+             element: ir.Type, scale: float | int) -> None:
     """Each outer entry ``o`` adds ``A[i,o] * x[o]`` to ``y[i]``: ``T`` equal ranges of entries, range 0 into
     ``y`` and the others into private vectors, summed into ``y`` after (module docstring)."""
     c0, c1 = index(0), index(1)
@@ -293,3 +304,4 @@ def _scatter(pos1: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None, 
         return []
 
     if_else(arith.cmpi(arith.CmpIPredicate.ugt, threads, c1), threaded, serial, [])
+    _scaled(y, element, scale)

@@ -45,7 +45,7 @@ from sparse_mlir.dialects.native.loops import (
     reduce_loop,
 )
 
-from sparse_mlir.dsl.patterns import spmv_operands
+from sparse_mlir.dsl.patterns import spmv_operands, unscaled
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
@@ -65,14 +65,16 @@ def native_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     ``vector_bits`` is unused (the kernel is scalar: gathers lost to scalar loads, see above); it keeps the
     table's signature.
     """
-    found = spmv_operands(spec, formats)
+    core, scale = unscaled(spec)
+    found = spmv_operands(core, formats)
     if found is None:
         return None
     with ir.Location.unknown():
-        return _module(spec, formats[found[0]], shapes[found[0]][0], *found)
+        return _module(spec, formats[found[0]], shapes[found[0]][0], *found, scale)
 
 
-def _module(spec: KernelSpec, fmt: Format, rows: int | None, a_name: str, x_name: str) -> ir.Module:
+def _module(spec: KernelSpec, fmt: Format, rows: int | None, a_name: str, x_name: str,
+            scale: float | int) -> ir.Module:
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     levels = [dynamic_vector(ir.IntegerType.get_signless(w)) for w in (fmt.pos_width or 64, fmt.crd_width or 64)]
     types = {a_name: [*levels, dynamic_vector(element)], x_name: [dynamic_vector(element)]}
@@ -87,7 +89,7 @@ def _module(spec: KernelSpec, fmt: Format, rows: int | None, a_name: str, x_name
         buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
         y = next(args)
         with ir.InsertionPoint(block):
-            RowSums(*buffers[a_name], *buffers[x_name], y, element).emit(
+            RowSums(*buffers[a_name], *buffers[x_name], y, element, scale=scale).emit(
                 index(rows) if rows is not None else memref.dim(y, index(0)))
             func.ReturnOp([y])
     module.operation.verify()
@@ -109,13 +111,16 @@ class RowSums:
     level stores only some rows (DCSR: ``stored`` is its outer coordinates).
     Long rows are unrolled into independent accumulators and prefetch
     ``x`` ahead (see the module docstring); short ones take one plain loop.
+    Each finished sum is multiplied by ``scale`` (``y[i] = 2 * A[i,j] * x[j]``)
+    unless it is 1.
     """
 
     def __init__(self, pos: ir.Value, crd: ir.Value, val: ir.Value, x: ir.Value | None, y: ir.Value,
-                 element: ir.Type, stored: ir.Value | None = None) -> None:
+                 element: ir.Type, stored: ir.Value | None = None, scale: float | int = 1) -> None:
         self.pos, self.crd, self.val, self.x, self.y, self.stored = pos, crd, val, x, y, stored
         self.element = element
         self.zero = constant_like(element, 0)
+        self.scale = None if scale == 1 else constant_like(element, scale)
         nnz = memref.dim(crd, index(0))
         # the last entry (0 when there is none): where the prefetch of a row near the end stops
         self.last = arith.subi(arith.maxui(nnz, index(1)), index(1))
@@ -132,6 +137,8 @@ class RowSums:
         start, partial = if_else(long, lambda: self._unrolled(lo, hi, length), lambda: [lo, self.zero],
                                  [ir.IndexType.get(), self.element])
         (total,) = reduce_loop(start, hi, [partial], lambda k, s: [add(s[0], self._term(k))])
+        if self.scale is not None:
+            total = mul(total, self.scale)
         memref.store(total, self.y, [r if self.stored is None else load_index(self.stored, r)])
 
     def _term(self, k: ir.Value) -> ir.Value:

@@ -47,6 +47,7 @@ from sparse_mlir.dsl.patterns import (
     spmm_operands,
     spmv_operands,
     total_reduction_operands,
+    unscaled,
 )
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
@@ -83,8 +84,8 @@ SHAPE_GENERIC_CPU: tuple[tuple[str, Match], ...] = (
     ("spmm", _spmm),
     ("bsr_spmm", _bsr),
     ("linear", _linear),
-    ("spmv", lambda spec, formats: spmv_operands(spec, formats) is not None),
-    ("format_spmv", lambda spec, formats: _format_spmv(spec, formats)),
+    ("spmv", lambda spec, formats: spmv_operands(unscaled(spec)[0], formats) is not None),
+    ("format_spmv", lambda spec, formats: _format_spmv(unscaled(spec)[0], formats)),
     ("sddmm", lambda spec, formats: sddmm_operands(spec, formats) is not None),
     ("spgemm", lambda spec, formats: spgemm_operands(spec, formats) is not None),
     ("sparse_add", lambda spec, formats: sparse_sum_operands(spec, formats) is not None),

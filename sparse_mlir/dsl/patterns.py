@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, Format, LevelKind
@@ -18,7 +20,7 @@ __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_ope
            "spmm_epilogue", "linear_epilogue", "Sddmm", "sddmm_operands", "gpu_sddmm_operands", "spgemm_operands",
            "sparse_sum_operands",
            "SparseSum", "sparse_product_operands", "threads_sparse_output", "format_kind", "product_operands", "scatters",
-           "total_reduction_operands", "fiber_operands"]
+           "total_reduction_operands", "fiber_operands", "unscaled"]
 
 
 def is_csr(fmt: Format | None) -> bool:
@@ -33,6 +35,43 @@ def bsr_blocks(fmt: Format | None) -> tuple[int, int] | None:
         return None
     blocks = (factors[0], factors[1])
     return blocks if fmt.with_widths(32, 32) == BSR(*blocks).with_widths(32, 32) else None
+
+
+def unscaled(spec: KernelSpec) -> tuple[KernelSpec, float | int]:
+    """A one-stage kernel whose body is a product of one or two accesses and numeric literals (``2 * A[i,k] *
+    B[k,j]``, ``-(A[i,j] * x[j])``, ``0.5 * A[i,j]``) as the same kernel without the literals, and their
+    product; any other kernel as it is, and 1.
+
+    The CPU's hand-scheduled SpMV and SpMM match the product and scale each
+    finished sum (one multiply a row or a vector of the result, not one a
+    nonzero).  (The planner refuses float literals in integer kernels; an
+    integer product outside the dtype's range stays with the sparsifier.)
+    """
+    if len(spec.stages) != 1:
+        return spec, 1
+    stage = spec.stages[0]
+    accesses: list[Access] = []
+    factor: float | int = 1
+    literals = 0
+
+    def walk(node: Expr) -> bool:
+        nonlocal factor, literals
+        if isinstance(node, Access):
+            accesses.append(node)
+            return True
+        if isinstance(node, Literal):
+            factor, literals = factor * node.value, literals + 1
+            return True
+        if isinstance(node, Unary) and node.op == "-":
+            factor, literals = -factor, literals + 1
+            return walk(node.operand)
+        return isinstance(node, Binary) and node.op == "*" and walk(node.lhs) and walk(node.rhs)
+
+    if not walk(stage.body) or not literals or len(accesses) not in (1, 2) or \
+            (spec.dtype.kind != "f" and not np.iinfo(spec.dtype).min <= factor <= np.iinfo(spec.dtype).max):
+        return spec, 1
+    body = accesses[0] if len(accesses) == 1 else Binary("*", accesses[0], accesses[1])
+    return replace(spec, stages=(replace(stage, body=body),)), factor
 
 
 def spmv_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:
@@ -208,9 +247,20 @@ def spmm_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> SpmmEpilogue 
 
     ``relu(A[i,k]*B[k,j] + bias[j])``, ``exp(A@B) * 2.0``, ``max(A@B, D[i,j])``:
     the register-tiled SpMM applies the expression to the finished sums
-    instead of writing a temporary for a second loop nest.
+    instead of writing a temporary for a second loop nest.  Also a one-stage
+    ``2 * A[i,k] * B[k,j]`` (``unscaled``): the sums times 2.
     """
-    if spec.sparse_output or len(spec.stages) != 2 or spmm_operands(spec, formats) is not None:
+    if spec.sparse_output or spmm_operands(spec, formats) is not None:
+        return None
+    core, factor = unscaled(spec)
+    if core is not spec:  # ``2 * A[i,k] * B[k,j]``: the product's sums times the literals
+        found = spmm_operands(core, formats)
+        if found is None or found[2] is not None or not (is_csr(formats[found[0]]) or formats[found[0]].is_nm):
+            return None
+        i, j = core.stages[0].indices
+        scale = Binary("*", Access(spec.output, (i, j)), Literal(factor, repr(factor)))
+        return SpmmEpilogue(found[0], found[1], scale, spec.output, i, j, ())
+    if len(spec.stages) != 2:
         return None
     product, after = spec.stages
     single = replace(spec, stages=(replace(product, result=spec.output),))
