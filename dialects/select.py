@@ -74,6 +74,7 @@ class Emitter(NamedTuple):
 
     name: str
     build: Callable[[KernelSpec, Shapes, object], object]
+    scalar: bool = False  # CPU: scalar by design, so LLVM must not vectorize it behind the emitter's back (CpuChoice)
 
 
 # CPU: build(spec, shapes, vector_bits) -> ir.Module | None, in the current context
@@ -81,8 +82,9 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("spmm", lambda spec, shapes, bits: native_spmm(spec, spec.formats, shapes, bits)),
     Emitter("bsr_spmm", lambda spec, shapes, bits: native_bsr_spmm(spec, spec.formats, shapes, bits)),
     Emitter("linear", lambda spec, shapes, bits: native_linear(spec, spec.formats, shapes, bits)),
-    Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes, bits)),
-    Emitter("format_spmv", lambda spec, shapes, bits: native_format_spmv(spec, spec.formats, shapes, bits)),
+    Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes, bits), scalar=True),
+    Emitter("format_spmv", lambda spec, shapes, bits: native_format_spmv(spec, spec.formats, shapes, bits),
+            scalar=True),
     Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
     Emitter("spgemm", lambda spec, shapes, bits: native_spgemm(spec, spec.formats, shapes, bits)),
     Emitter("sparse_add", lambda spec, shapes, bits: native_sparse_add(spec, spec.formats, shapes, bits)),
@@ -109,10 +111,18 @@ CUDA_EMITTERS: tuple[Emitter, ...] = (
 
 
 class CpuChoice(NamedTuple):
-    """The module to lower and the emitter that built it (``SPARSIFIER``: the generic module)."""
+    """The module to lower and the emitter that built it (``SPARSIFIER``: the generic module).
+
+    ``scalar``: the emitter's loops are scalar on purpose, and LLVM's
+    vectorizers stay off for them.  The SpMV's independent accumulators
+    were packed by the SLP vectorizer into 4-lane gathers of ``x``, the
+    form the emitter had measured and rejected: on a Zen 4 host 1.25-1.35x
+    slower than the scalar loads (session 10).
+    """
 
     module: ir.Module
     emitter: str
+    scalar: bool = False
 
 
 class CudaChoice(NamedTuple):
@@ -128,19 +138,19 @@ def cpu_module(spec: KernelSpec, shapes: Shapes, vector_bits: int) -> CpuChoice:
     ``shapes`` gives every operand's sizes (``None``: dynamic); ``vector_bits``
     is the target's vector register width (``toolchain.vector_bits``).
     """
-    for name, build in CPU_EMITTERS:
-        module = build(spec, shapes, vector_bits)
+    for emitter in CPU_EMITTERS:
+        module = emitter.build(spec, shapes, vector_bits)
         if module is not None:
-            return CpuChoice(module, name)
+            return CpuChoice(module, emitter.name, emitter.scalar)
     return CpuChoice(generic_module(spec, shapes), SPARSIFIER)
 
 
 def cuda_choice(spec: KernelSpec, shapes: Shapes, deterministic: bool) -> CudaChoice | None:
     """The first hand-scheduled CUDA emitter that applies and what it built, or ``None``."""
-    for name, build in CUDA_EMITTERS:
-        kernels = build(spec, shapes, deterministic)
+    for emitter in CUDA_EMITTERS:
+        kernels = emitter.build(spec, shapes, deterministic)
         if kernels is not None:
-            return CudaChoice(kernels, name)
+            return CudaChoice(kernels, emitter.name)
     return None
 
 

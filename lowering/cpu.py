@@ -41,12 +41,14 @@ class CpuOptions:
     """Options that change generated code (all part of cache keys).
 
     ``openmp`` is the OpenMP runtime to link for threaded kernels, ``None``
-    for serial ones.
+    for serial ones; ``vectorize=False`` keeps LLVM's loop and SLP
+    vectorizers off (a kernel scalar by design: ``select.CpuChoice``).
     """
 
     cpu: str = "native"
     opt_level: int = 3
     openmp: Path | None = None
+    vectorize: bool = True
 
 
 TO_OPENMP = "builtin.module(convert-scf-to-openmp)"
@@ -114,12 +116,13 @@ def build_library(module: ir.Module, sig: Signature, out_path: Path, options: Cp
     """Lower and compile ``module`` to a shared library exporting ``sig.name`` (and ``sig.name + '_free'``)."""
     stages = lower_to_llvm(module, sig, options)
     toolchain.compile_shared_library(stages["llvm"], out_path, cpu=options.cpu, opt_level=options.opt_level,
-                                     openmp=options.openmp)
+                                     openmp=options.openmp, vectorize=options.vectorize)
     return stages
 
 
 def build_object(module: ir.Module, sig: Signature, obj_path: Path, options: CpuOptions) -> dict[str, str]:
     """Lower and compile ``module`` to an object file for embedding (ahead-of-time export)."""
     stages = lower_to_llvm(module, sig, options)
-    toolchain.compile_object(stages["llvm"], obj_path, cpu=options.cpu, opt_level=options.opt_level)
+    toolchain.compile_object(stages["llvm"], obj_path, cpu=options.cpu, opt_level=options.opt_level,
+                             vectorize=options.vectorize)
     return stages

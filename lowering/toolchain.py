@@ -105,12 +105,15 @@ def tool_versions() -> str:
     return ";".join(sorted(p.name for p in site.glob("xtc_*.dist-info")))
 
 
-def compile_object(llvm_dialect: str, obj_path: Path, *, cpu: str = "native", opt_level: int = 3) -> None:
-    """LLVM-dialect text -> relocatable (PIC) object file for ``cpu``."""
+def compile_object(llvm_dialect: str, obj_path: Path, *, cpu: str = "native", opt_level: int = 3,
+                   vectorize: bool = True) -> None:
+    """LLVM-dialect text -> relocatable (PIC) object file for ``cpu``; ``vectorize=False``: without LLVM's loop
+    and SLP vectorizers (explicit ``vector`` ops are kept either way)."""
     # opt needs the target too: without it, its cost model sees no vector registers and never vectorizes
     target = [f"-mtriple={host_triple()}", f"-mcpu={cpu}"]
+    scalar = [] if vectorize else ["-vectorize-loops=false", "-vectorize-slp=false"]
     cmds = [[tool("mlir-translate"), "--mlir-to-llvmir"],
-            [tool("opt"), f"-O{opt_level}", *target],
+            [tool("opt"), f"-O{opt_level}", *scalar, *target],
             [tool("llc"), f"-O{opt_level}", *target, "-relocation-model=pic", "-filetype=obj", "-o", str(obj_path)]]
     _run_pipe(cmds, llvm_dialect.encode())
 
@@ -138,11 +141,11 @@ def link_shared(objects: list[Path], out_path: Path, *, standalone: bool, openmp
 
 
 def compile_shared_library(llvm_dialect: str, out_path: Path, *, cpu: str = "native", opt_level: int = 3,
-                           openmp: Path | None = None) -> None:
+                           openmp: Path | None = None, vectorize: bool = True) -> None:
     """LLVM-dialect text -> shared library at ``out_path`` for in-process use."""
     with tempfile.TemporaryDirectory(prefix="sparse_mlir_") as tmp:
         obj = Path(tmp) / "kernel.o"
-        compile_object(llvm_dialect, obj, cpu=cpu, opt_level=opt_level)
+        compile_object(llvm_dialect, obj, cpu=cpu, opt_level=opt_level, vectorize=vectorize)
         link_shared([obj], out_path, standalone=False, openmp=openmp)
 
 

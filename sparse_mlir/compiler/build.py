@@ -53,7 +53,8 @@ def build_cpu(spec: KernelSpec, shapes: Shapes, sig: Signature, out_path: Path, 
         # the sparsifier never threads insertion into a sparse output (only hand-scheduled kernels do)
         if choice.emitter == "sparsifier" and not spec.parallelizable:
             openmp = None
-        return build(choice.module, sig, out_path, cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp))
+        return build(choice.module, sig, out_path,
+                     cpu_pipeline.CpuOptions(cpu=cpu, openmp=openmp, vectorize=not choice.scalar))
 
 
 def build_cuda(spec: KernelSpec, shapes: Shapes, sig: Signature, out_path: Path, chips: tuple[str, ...],

@@ -63,7 +63,7 @@ def test_the_first_emitter_that_applies_builds_the_kernel(expression, formats, d
         assert op_counts(choice.module)["linalg.generic"] >= 1
         assert str(choice.module) == str(select.generic_module(spec, shapes))
     # the table's matchers do not overlap here: no other row would have built these kernels either
-    assert [name for name, build in select.CPU_EMITTERS if build(spec, shapes, 256) is not None] == \
+    assert [row.name for row in select.CPU_EMITTERS if row.build(spec, shapes, 256) is not None] == \
         ([] if cpu == select.SPARSIFIER else [cpu])
     on_cuda = select.cuda_choice(spec, static_shapes(spec, EXTENTS), deterministic=False)
     assert (on_cuda and on_cuda.emitter) == cuda
