@@ -108,7 +108,7 @@ def test_small_calls_run_serially_large_ones_threaded(monkeypatch):
     count from there; an explicit ``fixed`` count always wins."""
     monkeypatch.setenv("SPARSE_MLIR_NUM_THREADS", "2")
     assert threads.for_work(threads.SERIAL_BELOW - 1) == 1
-    assert threads.for_work(threads.IDLE_SERIAL_BELOW) == 2
+    assert threads.for_work(threads.COLD_SERIAL_BELOW) == 2
     with fixed(2):
         assert threads.for_work(10) == 2
     with fixed(1):
@@ -116,19 +116,15 @@ def test_small_calls_run_serially_large_ones_threaded(monkeypatch):
 
 
 def test_small_calls_stay_serial_while_the_pool_sleeps(monkeypatch):
-    """Below ``IDLE_SERIAL_BELOW`` entries a call forks only when the last call on this thread came within the
-    blocktime (the workers still spin, or a burst of calls shares one wake-up), or, below ``COLD_SERIAL_BELOW``,
-    within ``IDLE_AFTER_S`` (asleep, not idle); with ``KMP_BLOCKTIME=0`` never below ``COLD_SERIAL_BELOW``.
+    """Below ``COLD_SERIAL_BELOW`` entries a call forks only when the last call on this thread came within the
+    blocktime (the workers still spin, or a burst of calls shares one wake-up); with ``KMP_BLOCKTIME=0`` never.
     Larger calls always fork."""
     monkeypatch.setenv("SPARSE_MLIR_NUM_THREADS", "2")
-    small, middle, large = threads.SERIAL_BELOW, threads.COLD_SERIAL_BELOW, threads.IDLE_SERIAL_BELOW
-    clock = [1e12]  # later than any real call's start on this thread
+    small, large = threads.SERIAL_BELOW, threads.COLD_SERIAL_BELOW
+    clock = [1000.0]
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
     monkeypatch.setenv("KMP_BLOCKTIME", "0")
     assert [threads.for_work(small) for _ in range(3)] == [1, 1, 1]
-    assert threads.for_work(middle) == 2  # asleep (a call just now), but worth the wake-up
-    clock[0] += 1.0
-    assert threads.for_work(middle) == 1  # idle: a longer wake-up
     assert threads.for_work(large) == 2
     for text, seconds in (("10", 0.01), ("10ms", 0.01), ("300us", 3e-4), ("1s", 1.0)):
         monkeypatch.setenv("KMP_BLOCKTIME", text)

@@ -8,11 +8,10 @@ found on the usual paths).  The thread count is read at call time
 with ``omp_set_num_threads`` only when it changes for the calling thread;
 idle pool threads spin ``BLOCKTIME_MS`` before sleeping unless
 ``KMP_BLOCKTIME`` is set.  Small calls run on the calling thread alone:
-always below ``SERIAL_BELOW`` entries, below ``COLD_SERIAL_BELOW`` when
-the workers have gone to sleep since this thread's last call (calls back to
-back under ``KMP_BLOCKTIME=0``), and below ``IDLE_SERIAL_BELOW`` after a
-pause (an isolated call), since waking them costs more than such a call's
-work.
+always below ``SERIAL_BELOW`` entries, and below ``COLD_SERIAL_BELOW``
+when the workers have gone to sleep since this thread's last call (an
+isolated call, or any call under ``KMP_BLOCKTIME=0``), since waking them
+costs more than such a call's work.
 """
 
 from __future__ import annotations
@@ -69,16 +68,12 @@ def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
 # 10k entries and 1.09 at 20k with 4 a row, 0.92 at 8.4k and 1.03 at 16.9k with 32 a row.  (Session 6's Zen 5,
 # shared at load average 5, never gained from a second thread: that host could not place it.)
 SERIAL_BELOW = 16384
-# below this many entries a call runs on the calling thread when the pool's workers sleep (``_pool_state``): a fork
-# then waits for them to wake, longer than the work.  Placed on a quiet 2-core AMD EPYC VM (session 10,
-# ``benchmarks/short_rows.py --part cold``, results/2026-12-02-session10-threads.md), ratio 1 thread / 2 threads:
-# back to back with a blocktime of 0 (the efficiency-gap benchmark's regime) SpMM N=128 0.65-0.86 at 64-92k
-# entries, 1.01 at 123k, 0.89-1.31 at 157k, 1.28-1.45 at 236k, SpMV 0.90-1.02 at 144k, 1.9 at 216k;
+# below this many entries a call runs on the calling thread when the pool's workers sleep (``_pool_awake``): a fork
+# then waits about 0.1 ms for them to wake, longer than the work.  With KMP_BLOCKTIME=0 on a quiet 2-core AMD EPYC
+# (session 10, sweeps as in benchmarks/short_rows.py --part cold; results/2026-12-02-session10-threads.md), 1 thread
+# / 2 threads was 0.80-0.86 at 92k entries (SpMM N=128), 1.01 at 123k, 0.89-1.31 at 157k and 1.28-1.45 at 236k;
+# SpMV 0.90-1.02 at 144k.
 COLD_SERIAL_BELOW = 131072
-# and after a pause (no call for IDLE_AFTER_S: the idle core's vCPU halts too, and its wake-up takes longer) SpMM
-# 0.59-0.88 up to 157k, 1.01-1.18 at 236k, SpMV 0.65-0.96 up to 288k.
-IDLE_SERIAL_BELOW = 262144
-IDLE_AFTER_S = 0.002
 
 
 _loaded: dict[Path, ctypes.CDLL] = {}
@@ -136,36 +131,32 @@ def blocktime(ms: int) -> Iterator[None]:
 
 def for_work(entries: int) -> int:
     """Threads for a call touching ``entries`` operand entries: the configured count, or 1 when tiny, or 1 when
-    small and the pool's workers are asleep (``COLD_SERIAL_BELOW``) or idle (``IDLE_SERIAL_BELOW``)."""
+    small and the pool's workers are asleep (``COLD_SERIAL_BELOW``)."""
     fixed_count = getattr(_local, "fixed", None)
     if fixed_count is not None:
         return fixed_count
     if entries < SERIAL_BELOW:
         return 1
     count = knobs.num_threads()
-    if count > 1 and entries < IDLE_SERIAL_BELOW:
+    if count > 1 and entries < COLD_SERIAL_BELOW:
         now = time.monotonic()
-        state = _pool_state(now)
+        awake = _pool_awake(now)
         _local.last_call = now
-        if state == "idle" or (state == "asleep" and entries < COLD_SERIAL_BELOW):
+        if not awake:
             return 1
     return count
 
 
-def _pool_state(now: float) -> str:
-    """``awake`` when this Python thread called a kernel of at least ``SERIAL_BELOW`` entries within the
-    blocktime (its pool's workers still spin, or the calls come in a burst and one wake-up serves the rest of
-    it), ``asleep`` when after it but within ``IDLE_AFTER_S``, else ``idle``.
+def _pool_awake(now: float) -> bool:
+    """Whether this Python thread called a kernel of at least ``SERIAL_BELOW`` entries within the blocktime: its
+    pool's workers then still spin (or the calls come in a burst, and one wake-up serves the rest of it).
 
     Measured from the last call's start, which the C call path knows: after
     a call longer than the blocktime a small one runs serially though the
     workers may still spin; that costs less than a wake-up would.
     """
     last = getattr(_local, "last_call", None)
-    elapsed = math.inf if last is None else now - last
-    if elapsed < blocktime_seconds():
-        return "awake"
-    return "asleep" if elapsed < IDLE_AFTER_S else "idle"
+    return last is not None and now - last < blocktime_seconds()
 
 
 def blocktime_seconds() -> float:
