@@ -14,15 +14,16 @@ the machine is shared, so drift hits all alike):
    ``threads.for_work`` runs calls under ``SERIAL_BELOW`` entries on one thread): ratio 1 thread / threaded,
    above 1: threads pay.  The pool's spin time is the runtime's (``BLOCKTIME_MS``) unless ``KMP_BLOCKTIME``
    is set.
-4. The same while the pool sleeps: each call comes after a pause longer than the blocktime, so a fork waits for
-   the workers to wake (below ``COLD_SERIAL_BELOW`` entries ``for_work`` then runs the call on one thread), on
-   SpMV with 8 a row and SpMM (N=128, 10% dense): 1 thread, the configured count and the runtime's own choice
-   (``auto``), ratio 1 thread / threaded.
+4. The same while the pool sleeps, so a fork waits for the workers to wake (below ``COLD_SERIAL_BELOW`` entries
+   ``for_work`` then runs the call on one thread): each call after a pause longer than the blocktime, and back to
+   back with a blocktime of 0; SpMV with 8 a row and SpMM (N=128, 10% dense): 1 thread, the configured count and
+   the runtime's own choice (``auto``), ratio 1 thread / threaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -161,10 +162,11 @@ def thread_threshold(rounds: int, repeats: int) -> None:
 
 
 def _after_pause(call: Callable[[], object], pause: float, repeats: int) -> float:
-    """Median seconds of ``call`` over ``repeats`` calls, each after ``pause`` seconds of sleep."""
+    """Median seconds of ``call`` over ``repeats`` calls, each after ``pause`` seconds of sleep (0: none)."""
     samples = []
     for _ in range(repeats):
-        time.sleep(pause)
+        if pause:
+            time.sleep(pause)
         start = time.perf_counter()
         call()
         samples.append(time.perf_counter() - start)
@@ -172,41 +174,43 @@ def _after_pause(call: Callable[[], object], pause: float, repeats: int) -> floa
 
 
 def cold_threshold(rounds: int, repeats: int) -> None:
+    """Part 4, in two regimes: each call after a pause longer than the blocktime (the vCPUs may idle too), and
+    back to back with a blocktime of 0 (workers asleep at once, as under the efficiency-gap benchmark's
+    ``KMP_BLOCKTIME=0``)."""
     count = knobs.num_threads()
     pause = threads.blocktime_seconds() + 0.002
-    if not math.isfinite(pause):
-        print("the pool never sleeps (KMP_BLOCKTIME infinite): no cold calls to time")
-        return
-    print(f"threads ({count}) against 1 after a {pause * 1e3:.0f} ms pause (the workers asleep); for_work runs such "
-          f"calls under COLD_SERIAL_BELOW = {threads.COLD_SERIAL_BELOW} entries on 1 thread; ratio 1 thread / "
-          f"{count} (above 1: threads pay)")
     rng = np.random.default_rng(1)
     spmv = sm.compile(EXPRESSION, formats={"A": "csr"}, dtype="float32")
     spmm = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype="float32")
-    cases = [("SpMV 8 a row", n, lambda n: (spmv, "x", rng.standard_normal(n).astype(np.float32),
-                                            sp.random(n, n, 8 / n, "csr", np.float32, rng)))
-             for n in (8000, 12000, 16000, 24000, 32000)]
-    cases += [("SpMM N=128 10%", n, lambda n: (spmm, "B", rng.standard_normal((n, 128)).astype(np.float32),
-                                               sp.random(n, n, 0.1, "csr", np.float32, rng)))
-              for n in (384, 512, 640, 768, 1024)]
-    for label, n, build in cases:
-        kernel, name, dense, a = build(n)
-        tensor = sm.SparseTensor.from_scipy(a)
-        out = kernel(A=tensor, **{name: dense})
+    cases = [("SpMV 8 a row", spmv, "x", lambda n: rng.standard_normal(n).astype(np.float32),
+              lambda n: sp.random(n, n, 8 / n, "csr", np.float32, rng), n) for n in (8000, 16000, 24000, 32000)]
+    cases += [("SpMM N=128 10%", spmm, "B", lambda n: rng.standard_normal((n, 128)).astype(np.float32),
+               lambda n: sp.random(n, n, 0.1, "csr", np.float32, rng), n) for n in (384, 512, 768, 1024)]
+    regimes = [(f"after a {pause * 1e3:.0f} ms pause", pause, None)] if math.isfinite(pause) else []
+    regimes.append(("back to back, blocktime 0", 0.0, 0))
+    for title, wait, blocktime in regimes:
+        print(f"threads ({count}) against 1, {title} (the workers asleep); for_work runs such calls under "
+              f"COLD_SERIAL_BELOW = {threads.COLD_SERIAL_BELOW} entries on 1 thread; ratio 1 thread / {count} "
+              f"(above 1: threads pay)")
+        for label, kernel, name, dense_of, sparse_of, n in cases:
+            dense, a = dense_of(n), sparse_of(n)
+            tensor = sm.SparseTensor.from_scipy(a)
+            out = kernel(A=tensor, **{name: dense})
 
-        def at(t: int | None, kernel=kernel, name=name, dense=dense, tensor=tensor, out=out) -> object:
-            if t is None:
-                return kernel(A=tensor, out=out, **{name: dense})
-            with threads.fixed(t):
-                return kernel(A=tensor, out=out, **{name: dense})
+            def at(t: int | None, kernel=kernel, name=name, dense=dense, tensor=tensor, out=out) -> object:
+                with threads.blocktime(blocktime) if blocktime is not None else contextlib.nullcontext():
+                    if t is None:
+                        return kernel(A=tensor, out=out, **{name: dense})
+                    with threads.fixed(t):
+                        return kernel(A=tensor, out=out, **{name: dense})
 
-        times: dict[str, list[float]] = {"1": [], "n": [], "auto": []}
-        for r in range(rounds):
-            for key, t in (("1", 1), ("n", count), ("auto", None))[::1 if r % 2 else -1]:
-                times[key].append(_after_pause(functools.partial(at, t), pause, repeats))
-        row = {key: float(np.median(v)) for key, v in times.items()}
-        print(f"    {label}, {a.nnz + dense.size} entries: 1 thread {row['1'] * 1e6:.1f} us, {count} threads "
-              f"{row['n'] * 1e6:.1f} us, auto {row['auto'] * 1e6:.1f} us, ratio {row['1'] / row['n']:.2f}")
+            times: dict[str, list[float]] = {"1": [], "n": [], "auto": []}
+            for r in range(rounds):
+                for key, t in (("1", 1), ("n", count), ("auto", None))[::1 if r % 2 else -1]:
+                    times[key].append(_after_pause(functools.partial(at, t), wait, repeats))
+            row = {key: float(np.median(v)) for key, v in times.items()}
+            print(f"    {label}, {a.nnz + dense.size} entries: 1 thread {row['1'] * 1e6:.1f} us, {count} threads "
+                  f"{row['n'] * 1e6:.1f} us, auto {row['auto'] * 1e6:.1f} us, ratio {row['1'] / row['n']:.2f}")
 
 
 def main() -> None:

@@ -69,10 +69,13 @@ def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
 # shared at load average 5, never gained from a second thread: that host could not place it.)
 SERIAL_BELOW = 16384
 # below this many entries a call runs on the calling thread when the pool's workers sleep (``_pool_awake``): a fork
-# then waits about 0.1 ms for them to wake, longer than the work.  With KMP_BLOCKTIME=0 on a quiet 2-core AMD EPYC
-# (session 10, sweeps as in benchmarks/short_rows.py --part cold; results/2026-12-02-session10-threads.md), 1 thread
-# / 2 threads was 0.80-0.86 at 92k entries (SpMM N=128), 1.01 at 123k, 0.89-1.31 at 157k and 1.28-1.45 at 236k;
-# SpMV 0.90-1.02 at 144k.
+# then waits for them to wake, longer than the work.  Placed on a quiet 2-core AMD EPYC VM (session 10,
+# ``benchmarks/short_rows.py --part cold``, results/2026-12-02-session10-threads.md), ratio 1 thread / 2 threads:
+# back to back with a blocktime of 0 (the efficiency-gap benchmark's regime) SpMM N=128 0.65-0.86 at 64-92k
+# entries, 1.01 at 123k, 0.89-1.40 at 157k, 1.28-1.45 at 236k, SpMV 0.90-1.02 at 144k, 1.8-1.9 at 216k.  After a
+# 7 ms sleep (the idle vCPU halts too) threads paid only from about 236k, but a threshold from the time since the
+# last call misjudged calls between other libraries' (the cores busy, not halted): DLMC 2048x512 at 170k ran
+# 0.55 -> 0.75 ms.
 COLD_SERIAL_BELOW = 131072
 
 
