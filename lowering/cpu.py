@@ -86,7 +86,7 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
                             f"it was asked for a shape-generic build (compiler.emitters disagrees with "
                             f"dialects.select)", stage="input", target="cpu")
     parallel = options.openmp is not None
-    parallel = frontend.sparsify(module, parallel=parallel, target="cpu")
+    parallel = frontend.sparsify(module, parallel=parallel, target="cpu", compressed_outer=True)
     rewrites.resolve_thread_count(module, parallel)
     stages["sparsified"] = str(module)
     if parallel:

@@ -21,14 +21,17 @@ __all__ = ["CANONICALIZE", "sparsify_pipeline", "sparsify"]
 CANONICALIZE = "builtin.module(func.func(canonicalize))"
 
 
-def sparsify_pipeline(parallel: bool) -> str:
-    """Assembler + sparsifier with direct codegen; ``parallel`` makes dense outer loops ``scf.parallel``.
+def sparsify_pipeline(parallel: bool, compressed_outer: bool = False) -> str:
+    """Assembler + sparsifier with direct codegen; ``parallel`` makes dense outer loops ``scf.parallel``, and
+    with ``compressed_outer`` outer loops over a compressed level too (DCSR's stored rows, CSF's slices).
 
     Unlike ``--sparsifier`` there is no ``linalg-fuse-elementwise-ops``: the
     planner already fused what can be fused, and the stages it keeps apart
     (dense copies of sparse inputs in ``KernelSpec.densified``) must stay apart.
+    The CPU threads compressed outer loops; the GPU mapping does not take
+    them (their bounds live in device memory).
     """
-    strategy = "dense-outer-loop" if parallel else "none"
+    strategy = ("any-storage-outer-loop" if compressed_outer else "dense-outer-loop") if parallel else "none"
     return ("builtin.module("
             "sparse-assembler{direct-out=true},"
             "func.func(linalg-generalize-named-ops),"
@@ -37,16 +40,17 @@ def sparsify_pipeline(parallel: bool) -> str:
             "func.func(canonicalize))")
 
 
-def sparsify(module: ir.Module, *, parallel: bool, target: str) -> bool:
+def sparsify(module: ir.Module, *, parallel: bool, target: str, compressed_outer: bool = False) -> bool:
     """Sparsify and bufferize ``module`` in place (``target`` only labels errors); return whether it is parallel.
 
     Parallel loops are only requested when every stage's outermost loop is
-    free of reductions (``outer_loops_parallel``).
+    free of reductions (``outer_loops_parallel``); ``compressed_outer`` as in
+    ``sparsify_pipeline``.
     """
     run(module, CANONICALIZE, "sparsified", target)
     rewrites.drop_identity_generics(module)
     parallel = parallel and outer_loops_parallel(module)
-    run(module, sparsify_pipeline(parallel), "sparsified", target)
+    run(module, sparsify_pipeline(parallel, compressed_outer), "sparsified", target)
     rewrites.widen_bool_buffers(module)
     return parallel
 
