@@ -5,10 +5,11 @@ For magnitude, Wanda, SparseGPT and ADMM pruning at 50%, 2:4 and 90% it prints:
 * the cosine of the pruned model's sentence embeddings to the unpruned
   model's, on sentences that were not used for calibration;
 * for ADMM at 90%, the cosine after gradual pruning with fine-tuning
-  (``minilm.prune_gradually``: ADMM 75%, a quarter of ``--steps`` Adam steps
-  distilling the dense model's embeddings and each block's hidden states on
-  generated sentences with the mask fixed, then ADMM 90% from those weights
-  and the other three quarters; only the stored values and the dense parts train);
+  (``minilm.prune_gradually``: ADMM 60%, 100 Adam steps distilling the
+  dense model's embeddings and each block's hidden states on generated
+  sentences with the mask fixed, ADMM 80% from those weights and 100 more,
+  then ADMM 90% and 1600; ``--steps`` scales that schedule; only the stored
+  values and the dense parts train: about 25 minutes on one core);
 * the time of a forward pass (a batch of sentences, padded to 128 tokens) of
   the sparse model, of the same pruned weights on dense torch Linears, and
   of the unpruned model, all measured in this process (medians); ratios
@@ -69,9 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32, help="sentences per forward pass (padded to 128 tokens)")
     parser.add_argument("--quick", action="store_true", help="magnitude and Wanda only, fewer repeats")
-    parser.add_argument("--steps", type=int, default=800,
-                        help="fine-tuning steps for the gradual ADMM 90%% model, a quarter at 75%% and the rest at "
-                             "90%% (0: none; about 0.5-0.8 s a step on 1 thread)")
+    parser.add_argument("--steps", type=int, default=sum(minilm.GRADUAL_STEPS),
+                        help="fine-tuning steps for the gradual ADMM 90%% model, shared out as in "
+                             "minilm.GRADUAL_STEPS (0: none; about 0.6-0.8 s a step on 1 thread)")
     args = parser.parse_args()
     repeats = 3 if args.quick else 7
     model = minilm.load()
@@ -81,15 +82,18 @@ def main() -> None:
     # padded (and masked) to 128 tokens, the sequence length the targets are measured at
     features = {k: torch.nn.functional.pad(v, (0, 128 - v.shape[1])) if torch.is_tensor(v) and v.ndim == 2 else v
                 for k, v in features.items()}
+    total = sum(minilm.GRADUAL_STEPS)
+    schedule = [args.steps * n // total for n in minilm.GRADUAL_STEPS[:-1]]
+    schedule.append(args.steps - sum(schedule))
     unpruned_ms = forward_ms(model, features, repeats)
     print(f"all-MiniLM-L6-v2, forward of {args.batch} x 128 tokens, {torch.get_num_threads()} threads: "
           f"unpruned dense model {unpruned_ms:.1f} ms")
     print("cosine: to the unpruned model's embeddings on 8 (cos8) and 40 (cos40) held-out sentences; tuned: "
-          "cos8/cos40 after gradual pruning (75% then 90%) with --steps of fine-tuning")
+          f"cos8/cos40 after gradual pruning ({' -> '.join(f'{s:.0%}' for s in minilm.GRADUAL_SPARSITIES)}) "
+          f"with {schedule} steps of fine-tuning")
     print(f"{'method':<10} {'pruning':<7} {'cos8':>6} {'cos40':>6} {'tuned':>11} {'prune s':>8} {'sparse ms':>10} "
           f"{'vs dense-pruned':>16} {'vs unpruned':>12}")
     training = minilm.training_sentences(model=model)
-    schedule = (args.steps // 4, args.steps - args.steps // 4)
     for method in minilm.METHODS[:2] if args.quick else minilm.METHODS:
         for label, kw in PRUNINGS:
             sparse = copy.deepcopy(model)
@@ -102,8 +106,7 @@ def main() -> None:
             tuned = "-"
             if label == "90%" and method == "admm" and args.steps:
                 tuned_model = copy.deepcopy(model)
-                minilm.prune_gradually(tuned_model, "admm", sparsities=(0.75, 0.9), steps=schedule,
-                                       sentences=training, teacher=model)
+                minilm.prune_gradually(tuned_model, "admm", steps=schedule, sentences=training, teacher=model)
                 tuned = "{:.3f}/{:.3f}".format(*_cosines(tuned_model, reference))
             print(f"{method:<10} {label:<7} {cosines[0]:6.3f} {cosines[1]:6.3f} {tuned:>11} {prune_s:8.1f} "
                   f"{sparse_ms:10.1f} "
