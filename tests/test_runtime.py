@@ -14,6 +14,7 @@ from support.data import random_sparse, random_values
 
 import sparse_mlir as sm
 from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
+from support.kernels import SPARSIFIED_SPMV, SPARSIFIED_SPMV_T
 
 SPMM = "C[i,j] = A[i,k] * B[k,j]"
 
@@ -50,7 +51,7 @@ def test_mlir_text_has_dynamic_sparse_sizes(spmm):
 
 def test_ir_of_every_stage(operands):
     A, a, _ = operands
-    spmv = sm.compile("y[i] = 2 * A[j,i] * x[j]", formats={"A": "csr"})  # scaled: sparsified, not hand-scheduled
+    spmv = sm.compile(SPARSIFIED_SPMV_T, formats={"A": "csr"})  # sparsified, not hand-scheduled
     spmv(A=A, x=np.ones(6))
     ir = spmv.ir
     assert list(ir) == ["input", "sparsified", "mapped", "llvm"]  # the same stages on every target
@@ -260,7 +261,7 @@ def test_an_unpicklable_compiler_error_still_arrives_as_a_lowering_error(tmp_pat
     from sparse_mlir.errors import LoweringError
     from sparse_mlir.abi.c_signature import Signature
 
-    spec = plan("y[i] = 2*A[i,j]*x[j]", {"A": "csc"})  # a sparsifier kernel: the shapes reach MLIR
+    spec = plan(SPARSIFIED_SPMV, {"A": "csc"})  # a sparsifier kernel: the shapes reach MLIR
     sig = Signature.from_spec(spec, spec.formats, {"A": (4, 4), "x": (4,), "y": (4,)}, "k")
     with pytest.raises(LoweringError, match="invalid tensor dimension size"):
         worker.call("build_cpu", spec, {"A": (-3, 4), "x": (4,), "y": (-3,)}, sig, tmp_path / "k.so", "native",
