@@ -23,3 +23,15 @@ def mlir_context():
 
     with ir.Context() as context:
         yield context
+
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_working_directory_alone():
+    """A test that writes into the folder pytest runs from (an export to the CLI's default ``-o .``, say) fails:
+    such files land in the user's checkout and, being git-ignored (``*.so``, ``*.o``), go unnoticed."""
+    before = set(os.listdir(os.getcwd()))
+    yield
+    left = sorted(set(os.listdir(os.getcwd())) - before - {".pytest_cache", ".hypothesis"})
+    if left:
+        pytest.fail(f"the test left files in the working directory {os.getcwd()}: {', '.join(left)}")
