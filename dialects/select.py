@@ -44,6 +44,7 @@ from sparse_mlir.dialects.native.sparse_add import native_sparse_add, native_spa
 from sparse_mlir.dialects.native.spgemm import native_spgemm
 from sparse_mlir.dialects.native.spmm import native_spmm
 from sparse_mlir.dialects.native.spmv import native_spmv
+from sparse_mlir.dialects.native.target import CpuTarget
 
 from sparse_mlir.dsl.plan import KernelSpec
 
@@ -77,18 +78,21 @@ class Emitter(NamedTuple):
     scalar: bool = False  # CPU: scalar by design, so LLVM must not vectorize it behind the emitter's back (CpuChoice)
 
 
-# CPU: build(spec, shapes, vector_bits) -> ir.Module | None, in the current context
+# CPU: build(spec, shapes, target: CpuTarget) -> ir.Module | None, in the current context
 CPU_EMITTERS: tuple[Emitter, ...] = (
-    Emitter("spmm", lambda spec, shapes, bits: native_spmm(spec, spec.formats, shapes, bits)),
-    Emitter("bsr_spmm", lambda spec, shapes, bits: native_bsr_spmm(spec, spec.formats, shapes, bits)),
-    Emitter("linear", lambda spec, shapes, bits: native_linear(spec, spec.formats, shapes, bits)),
-    Emitter("spmv", lambda spec, shapes, bits: native_spmv(spec, spec.formats, shapes, bits), scalar=True),
-    Emitter("format_spmv", lambda spec, shapes, bits: native_format_spmv(spec, spec.formats, shapes, bits),
+    Emitter("spmm", lambda spec, shapes, target: native_spmm(spec, spec.formats, shapes, target)),
+    Emitter("bsr_spmm", lambda spec, shapes, target: native_bsr_spmm(spec, spec.formats, shapes, target.vector_bits)),
+    Emitter("linear", lambda spec, shapes, target: native_linear(spec, spec.formats, shapes, target)),
+    Emitter("spmv", lambda spec, shapes, target: native_spmv(spec, spec.formats, shapes, target.vector_bits),
             scalar=True),
-    Emitter("sddmm", lambda spec, shapes, bits: native_sddmm(spec, spec.formats, shapes, bits)),
-    Emitter("spgemm", lambda spec, shapes, bits: native_spgemm(spec, spec.formats, shapes, bits)),
-    Emitter("sparse_add", lambda spec, shapes, bits: native_sparse_add(spec, spec.formats, shapes, bits)),
-    Emitter("sparse_product", lambda spec, shapes, bits: native_sparse_product(spec, spec.formats, shapes, bits)),
+    Emitter("format_spmv", lambda spec, shapes, target:
+            native_format_spmv(spec, spec.formats, shapes, target.vector_bits), scalar=True),
+    Emitter("sddmm", lambda spec, shapes, target: native_sddmm(spec, spec.formats, shapes, target.vector_bits)),
+    Emitter("spgemm", lambda spec, shapes, target: native_spgemm(spec, spec.formats, shapes, target.vector_bits)),
+    Emitter("sparse_add", lambda spec, shapes, target:
+            native_sparse_add(spec, spec.formats, shapes, target.vector_bits)),
+    Emitter("sparse_product", lambda spec, shapes, target:
+            native_sparse_product(spec, spec.formats, shapes, target.vector_bits)),
 )
 
 # CUDA: build(spec, shapes, deterministic) -> NativeKernels | None, in the current context
@@ -132,14 +136,14 @@ class CudaChoice(NamedTuple):
     emitter: str
 
 
-def cpu_module(spec: KernelSpec, shapes: Shapes, vector_bits: int) -> CpuChoice:
+def cpu_module(spec: KernelSpec, shapes: Shapes, target: CpuTarget) -> CpuChoice:
     """The first hand-scheduled CPU module that applies, else the generic module for the sparsifier.
 
-    ``shapes`` gives every operand's sizes (``None``: dynamic); ``vector_bits``
-    is the target's vector register width (``toolchain.vector_bits``).
+    ``shapes`` gives every operand's sizes (``None``: dynamic); ``target``
+    is the CPU's vector width and L1 size (``toolchain.cpu_target``).
     """
     for emitter in CPU_EMITTERS:
-        module = emitter.build(spec, shapes, vector_bits)
+        module = emitter.build(spec, shapes, target)
         if module is not None:
             return CpuChoice(module, emitter.name, emitter.scalar)
     return CpuChoice(generic_module(spec, shapes), SPARSIFIER)

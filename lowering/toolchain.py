@@ -10,17 +10,20 @@ ahead-of-time export.
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from sparse_mlir.dialects.native.target import DEFAULT_L1D_BYTES, CpuTarget
 from sparse_mlir.errors import LoweringError
 from sparse_mlir.files import replace_atomically
 from sparse_mlir.knobs import knobs
 
-__all__ = ["compile_object", "compile_shared_library", "link_shared", "tool", "tool_versions", "vector_bits"]
+__all__ = ["compile_object", "compile_shared_library", "cpu_target", "host_cpu_key", "l1d_bytes", "link_shared", "tool",
+           "tool_versions", "vector_bits"]
 
 
 @functools.cache
@@ -66,6 +69,56 @@ def vector_bits(cpu: str) -> int:
             return 256
         return 512 if " avx512f" in flags else 256
     return 512 if cpu in _WIDE_CPUS else 256
+
+
+@functools.cache
+def l1d_bytes(cpu: str) -> int:
+    """The L1 data cache per core the emitters should size panels for: this host's for ``native`` (sysfs), else
+    ``DEFAULT_L1D_BYTES`` (the code may run on any core of that ``-mcpu``)."""
+    if cpu != "native":
+        return DEFAULT_L1D_BYTES
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "1" and (index / "type").read_text().strip() == "Data":
+                return _cache_size((index / "size").read_text())
+        except (OSError, ValueError):
+            break
+    return DEFAULT_L1D_BYTES
+
+
+def _cache_size(text: str) -> int:
+    """sysfs' cache size (``48K``, ``2048K``, ``1M``) in bytes; ``ValueError`` for anything else."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+    value = int(text[:-1] if scale > 1 else text)
+    if not 0 < value * scale <= 1 << 30:
+        raise ValueError(text)
+    return value * scale
+
+
+def cpu_target(cpu: str) -> CpuTarget:
+    """What the CPU emitters build for ``-mcpu=cpu``: vector width and L1 size."""
+    return CpuTarget(vector_bits(cpu), l1d_bytes(cpu))
+
+
+@functools.cache
+def host_cpu_key() -> str:
+    """This host's CPU as cache keys of ``native`` builds need it: model, feature flags and L1 size, hashed.
+
+    A cache folder shared by machines (a network home) must not hand one
+    host's AVX-512 library, or its L1-sized panels, to another.
+    """
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    fields = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "flags") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    text = f"{fields.get('model name', '')};{' '.join(sorted(fields.get('flags', '').split()))};{l1d_bytes('native')}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def c_compiler() -> str:

@@ -259,10 +259,11 @@ def test_hand_scheduled_kernels_overwrite_a_stale_out_buffer(rng, expr, fmt, n):
 @pytest.mark.parametrize("axis", [0, 1])
 def test_nm_spmm_walks_rows_in_panels_of_b(rng, nm, n, axis):
     """Wide N:M rows span many panels of B and row blocks: partial sums go through C, an empty row stays zero."""
-    from sparse_mlir.dialects.native.spmm import PANEL_BYTES, ROW_BLOCK
+    from sparse_mlir.dialects.native.spmm import ROW_BLOCK
+    from sparse_mlir.lowering.toolchain import cpu_target
 
-    rows, cols = 3 * ROW_BLOCK + 5, 1024
-    assert cols // nm[1] > PANEL_BYTES // (n * 4 * nm[1])  # more than one panel
+    panel_groups = cpu_target("native").panel_bytes // (n * 4 * nm[1])  # groups of B's rows in one panel here
+    rows, cols = 3 * ROW_BLOCK + 5, nm[1] * max(256, 2 * panel_groups + 3)  # more than two panels, the last partial
     a = prune_nm(rng.standard_normal((rows, cols)).astype(np.float32), *nm)
     a[ROW_BLOCK + 2] = 0
     B = random_values(rng, (cols, n), "float32")

@@ -40,6 +40,7 @@ from sparse_mlir.dialects.native.spmm import (
     spmm_module,
 )
 
+from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.dsl.ast import Access, Expr
 from sparse_mlir.dsl.patterns import linear_epilogue, linear_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -60,16 +61,16 @@ PARALLEL_BLOCKS = 4  # fewer blocks than this run one after the other, each SpMM
 
 
 def native_linear(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                  vector_bits: int = 256) -> ir.Module | None:
+                  target: CpuTarget = CpuTarget()) -> ir.Module | None:
     """The Linear-layer module for ``spec`` in the current context, or ``None`` when it does not apply."""
     found = _core_problem(spec, formats, shapes)
     if found is None:
         return None
     roles, core = found
     # the SpMM (and its epilogue functions) first, then the kernel that calls it goes in before them
-    module = spmm_module(core, vector_bits, function_name=_CORE, b_aligned=True)  # B: the aligned X^T scratch
+    module = spmm_module(core, target, function_name=_CORE, b_aligned=True)  # B: the aligned X^T scratch
     with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
-        _kernel(spec, formats[roles["w"]], shapes[roles["w"]][0], roles, core, vector_bits)
+        _kernel(spec, formats[roles["w"]], shapes[roles["w"]][0], roles, core, target.vector_bits)
     module.operation.verify()
     return module
 

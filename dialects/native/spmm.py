@@ -38,6 +38,7 @@ from sparse_mlir.dialects.epilogue import (
 )
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native.loops import LINE_BYTES, THREAD_COUNT
+from sparse_mlir.dialects.native.target import CpuTarget
 
 from sparse_mlir.dsl.patterns import is_csr, spmm_epilogue, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -49,7 +50,6 @@ ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chain
 # N:M rows sharing each panel of B: more rows reuse a panel more, but each row streams its values from its own
 # place, and 16-64 rows outran the prefetchers (2:4 at 4096^2, N=32: 8 rows 1.6-1.9 ns per nonzero, 64 rows 2.5)
 ROW_BLOCK = 8
-PANEL_BYTES = 8192  # B's rows per panel: a quarter of a 32 KiB L1, the rest streams A and C
 B_ALIGNMENT = LINE_BYTES  # where ``aligned_b`` puts B
 COPY_REUSE = 4  # nonzeros of A per row of B at least for B to be copied to that boundary
 # ranges of rows ``_work_queue`` cuts per thread: more balance the threads better, each costs an atomic increment
@@ -147,13 +147,13 @@ def column_tiers(tiers: list[int], lanes: int, tile_loop: Callable[[str, int, st
     return bounds, loops, start
 
 
-def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, finish_row: list[str] = (),
+def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, panel_bytes: int, finish_row: list[str] = (),
                copy_b: str | None = None) -> list[str]:
     """The threaded loop running ``row_body`` for every row ``%i`` (``_work_queue`` hands out the rows).
 
     CSR: rows one by one.  N:M: blocks of ``ROW_BLOCK`` rows, each walked
     panel by panel (``%glo`` to ``%ghi`` of a row's groups, the ones whose
-    rows of B fit in ``PANEL_BYTES``), so a panel of B is read from L2 once
+    rows of B fit in ``panel_bytes``, ``CpuTarget.panel_bytes``), so a panel of B is read from L2 once
     per block instead of once per row; ``%first`` tells the row body
     whether to start from scratch or from the sums stored in C.  Positions
     are implicit, so a panel's bounds need no search.  ``finish_row`` runs
@@ -166,7 +166,7 @@ def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, finish_row: 
                            copy_b)
     group_bytes = itemsize * stream.nm.m
     setup = [f"%row_block = arith.constant {ROW_BLOCK} : index",
-             f"%panel_budget = arith.constant {PANEL_BYTES} : index",
+             f"%panel_budget = arith.constant {panel_bytes} : index",
              f"%group_bytes = arith.constant {group_bytes} : index",
              "%b_group = arith.muli %N, %group_bytes : index",  # bytes of B one group of columns reads
              "%b_group1 = arith.maxui %b_group, %c1 : index",
@@ -331,10 +331,10 @@ class SpmmProblem:
 
 
 def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
-                vector_bits: int = 256, accumulators: int = ACCUMULATORS) -> ir.Module | None:
+                target: CpuTarget = CpuTarget(), accumulators: int = ACCUMULATORS) -> ir.Module | None:
     """The tiled SpMM module for ``spec`` in the current context, or ``None`` when it does not apply.
 
-    ``vector_bits`` is the target's vector register width (``toolchain.vector_bits``).
+    ``target`` gives the vector register width and the L1 size (``toolchain.cpu_target``).
     """
     found = spmm_operands(spec, formats)
     matched = spmm_epilogue(spec, formats) if found is None else None
@@ -348,10 +348,10 @@ def native_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, 
     rows, cols = shapes[a_name]
     problem = SpmmProblem(spec.dtype, formats[a_name], (rows, cols), tuple((n, spec.ranks[n]) for n in spec.inputs),
                           a_name, b_name, bias, bias_dim, epilogue)
-    return spmm_module(problem, vector_bits, accumulators)
+    return spmm_module(problem, target, accumulators)
 
 
-def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int = ACCUMULATORS,
+def spmm_module(problem: SpmmProblem, target: CpuTarget = CpuTarget(), accumulators: int = ACCUMULATORS,
                 function_name: str = KERNEL_NAME, b_aligned: bool = False) -> ir.Module:
     """The tiled SpMM module of ``problem`` in the current context.
 
@@ -367,7 +367,7 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
     stream = _Stream(problem.fmt, cols)
     dtype = np.dtype(problem.dtype)
     elt = TYPE_NAMES[dtype.name]
-    lanes = vector_bits // 8 // dtype.itemsize  # one vector register
+    lanes = target.vector_bits // 8 // dtype.itemsize  # one vector register
     vec = f"vector<{lanes}x{elt}>"
     is_float = elt.startswith("f")
     zero = "0.0" if is_float else "0"
@@ -497,7 +497,7 @@ def spmm_module(problem: SpmmProblem, vector_bits: int = 256, accumulators: int 
              *_rows_loop(stream, [*stream.setup(), *row_init, *tier_loops,
                                   f"scf.for %j = {start} to %N step %c1 {{", *scalar_lines, *scalar_loop,
                                   f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>", "}"],
-                         dtype.itemsize, finish_row, None if b_aligned else elt),
+                         dtype.itemsize, target.panel_bytes, finish_row, None if b_aligned else elt),
              f"return %C : memref<?x?x{elt}>",
              "}", f"func.func private @{THREAD_COUNT}() -> index", helpers, "}"]
     text = "\n".join(lines).replace("{elt}", elt)

@@ -49,7 +49,7 @@ def build_cpu(spec: KernelSpec, shapes: Shapes, sig: Signature, out_path: Path, 
     """
     build = cpu_pipeline.build_object if object_file else cpu_pipeline.build_library
     with ir.Context():
-        choice = select.cpu_module(spec, shapes, toolchain.vector_bits(cpu))
+        choice = select.cpu_module(spec, shapes, toolchain.cpu_target(cpu))
         # the sparsifier never threads insertion into a sparse output (only hand-scheduled kernels do)
         if choice.emitter == "sparsifier" and not spec.parallelizable:
             openmp = None

@@ -38,7 +38,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.errors import DeviceError, LoweringError
 from sparse_mlir.formats import Format
 from sparse_mlir.knobs import knobs
-from sparse_mlir.lowering.toolchain import tool_versions
+from sparse_mlir.lowering.toolchain import host_cpu_key, tool_versions
 
 __all__ = ["TARGETS", "EMITTERS", "BuildOptions", "Artifact", "build", "kernel_source", "cache_key", "source_hash", "tool_versions",
            "with_operand_formats", "densified_bytes", "stats", "shape_generic", "generic_shapes",
@@ -84,7 +84,8 @@ class BuildOptions:
     def key(self) -> str:
         if self.target == "cuda":
             return f"cuda;{self.chips};{self.emitter};{self.deterministic}"
-        return f"cpu;{self.cpu};{self.openmp};{'object' if self.object_file else 'library'}"
+        host = f"={host_cpu_key()}" if self.cpu == "native" else ""  # native code is this host's CPU's
+        return f"cpu;{self.cpu}{host};{self.openmp};{'object' if self.object_file else 'library'}"
 
 
 @dataclass(frozen=True)

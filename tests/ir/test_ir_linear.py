@@ -12,6 +12,7 @@ from sparse_mlir.dialects.epilogue import SCALAR_EPILOGUE, VECTOR_EPILOGUE
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.loops import THREAD_COUNT
+from sparse_mlir.dialects.native.target import CpuTarget
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
@@ -20,7 +21,7 @@ EXTENTS = {"b": 8, "o": 48, "i": 64}
 
 def _build(expression: str, formats: dict, dtype: str = "float32", bits: int = 256) -> ir.Module | None:
     spec = planned(expression, formats, dtype)
-    return native_linear(spec, spec.formats, cpu_shapes(spec, EXTENTS), bits)
+    return native_linear(spec, spec.formats, cpu_shapes(spec, EXTENTS), CpuTarget(bits))
 
 
 def _signature(module: ir.Module, name: str) -> tuple[list[str], list[str]]:

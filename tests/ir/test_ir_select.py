@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from ir_helpers import cpu_shapes, op_counts, planned, static_shapes, verified
 from sparse_mlir.dialects import select
+from sparse_mlir.dialects.native.target import CpuTarget
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
@@ -56,14 +57,14 @@ IDS = [f"{expression} {formats} {dtype}" for expression, formats, dtype, *_ in D
 def test_the_first_emitter_that_applies_builds_the_kernel(expression, formats, dtype, cpu, cuda):
     spec = planned(expression, formats, dtype)
     shapes = cpu_shapes(spec, EXTENTS)
-    choice = select.cpu_module(spec, shapes, 256)
+    choice = select.cpu_module(spec, shapes, CpuTarget(256))
     assert choice.emitter == cpu
     verified(choice.module)
     if cpu == select.SPARSIFIER:
         assert op_counts(choice.module)["linalg.generic"] >= 1
         assert str(choice.module) == str(select.generic_module(spec, shapes))
     # the table's matchers do not overlap here: no other row would have built these kernels either
-    assert [row.name for row in select.CPU_EMITTERS if row.build(spec, shapes, 256) is not None] == \
+    assert [row.name for row in select.CPU_EMITTERS if row.build(spec, shapes, CpuTarget(256)) is not None] == \
         ([] if cpu == select.SPARSIFIER else [cpu])
     on_cuda = select.cuda_choice(spec, static_shapes(spec, EXTENTS), deterministic=False)
     assert (on_cuda and on_cuda.emitter) == cuda
@@ -98,7 +99,7 @@ def test_no_emitter_plans_a_kernel(monkeypatch):
 
     monkeypatch.setattr(importlib.import_module("sparse_mlir.dsl.plan"), "_plan", refuse)
     for spec, cpu in specs:
-        assert select.cpu_module(spec, cpu_shapes(spec, EXTENTS), 512).emitter == cpu
+        assert select.cpu_module(spec, cpu_shapes(spec, EXTENTS), CpuTarget(512)).emitter == cpu
         select.cuda_kernels(spec, static_shapes(spec, EXTENTS), False)
 
 

@@ -15,6 +15,7 @@ from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.compiler.driver import generic_shapes
 from sparse_mlir.compiler.emitters import SHAPE_GENERIC_CPU, shape_generic_emitter
 from sparse_mlir.errors import LoweringError
+from sparse_mlir.dialects.native.target import CpuTarget
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
@@ -33,7 +34,7 @@ def test_the_rule_names_the_emitter_that_builds_the_kernel(expression, formats, 
     assert name == (None if cpu == select.SPARSIFIER else cpu)
     if name is None:
         return
-    choice = select.cpu_module(spec, generic_shapes(spec), 256)
+    choice = select.cpu_module(spec, generic_shapes(spec), CpuTarget(256))
     assert choice.emitter == name
     text = str(verified(choice.module))
     assert "#sparse_tensor" not in text and "memref.dim" in text
@@ -50,8 +51,9 @@ def test_a_generic_module_compiles_in_no_size(expression, formats):
     """Constants in the module are loop steps, offsets and block sizes: none is a size of the problem."""
     spec = planned(expression, formats)
     size = 97 * 4  # a multiple of every block here; 97 is no loop step or offset
-    sized = select.cpu_module(spec, {n: tuple(size for _ in s) for n, s in generic_shapes(spec).items()}, 256)
-    generic = select.cpu_module(spec, generic_shapes(spec), 256)
+    sized = select.cpu_module(spec, {n: tuple(size for _ in s) for n, s in generic_shapes(spec).items()},
+                              CpuTarget(256))
+    generic = select.cpu_module(spec, generic_shapes(spec), CpuTarget(256))
     assert "97 :" in str(sized.module) or f"{size} :" in str(sized.module)
     assert "97 :" not in str(generic.module) and f"{size} :" not in str(generic.module)
     assert op_counts(generic.module)["memref.dim"] > op_counts(sized.module)["memref.dim"]
@@ -71,7 +73,7 @@ def test_the_c_entry_point_takes_the_sparse_sizes_and_checks_them():
     sig = Signature.from_spec(spec, spec.formats, generic_shapes(spec), "entry")
     params = [p.name for p in sig.params()]
     assert params[params.index("A_values_len") + 1:][:2] == ["A_d0", "A_d1"]
-    module = select.cpu_module(spec, generic_shapes(spec), 256).module
+    module = select.cpu_module(spec, generic_shapes(spec), CpuTarget(256)).module
     text = cpu_pipeline.loops_to_llvm(module, sig)
     entry = text[text.index("llvm.func @entry("):]
     assert entry.count("llvm.srem") == 2  # rows by 2, columns by 3

@@ -13,6 +13,7 @@ from sparse_mlir.dialects.native.loops import THREAD_COUNT
 from sparse_mlir.dialects.native.spmm import SpmmProblem, native_spmm, spmm_module
 
 from sparse_mlir.formats import CSR, NM
+from sparse_mlir.dialects.native.target import CpuTarget
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
@@ -22,7 +23,7 @@ TIERS = (8, 2, 1)  # vectors per column tile: the default accumulators, then 2, 
 
 def _build(expression: str, formats: dict, dtype: str = "float32", bits: int = 256) -> ir.Module | None:
     spec = planned(expression, formats, dtype)
-    return native_spmm(spec, spec.formats, cpu_shapes(spec, EXTENTS), bits)
+    return native_spmm(spec, spec.formats, cpu_shapes(spec, EXTENTS), CpuTarget(bits))
 
 
 def _types(module: ir.Module, name: str = KERNEL_NAME) -> tuple[list[str], list[str]]:
@@ -113,7 +114,7 @@ def test_spmm_module_takes_no_kernel_spec():
     epilogue = Epilogue(Call("relu", (Access("T", ("o", "b")),)), "T", "o", "b", ())
     problem = SpmmProblem(np.dtype("float64"), NM(2, 4).with_widths(32, 8), (16, 32), (("W", 2), ("XT", 2)),
                           "W", "XT", epilogue=epilogue)
-    module = verified(spmm_module(problem, 512, function_name="core"))
+    module = verified(spmm_module(problem, CpuTarget(512), function_name="core"))
     found = functions(module)
     assert set(found) == {"core", VECTOR_EPILOGUE, SCALAR_EPILOGUE, THREAD_COUNT}
     assert ir.StringAttr(found["core"].attributes["sym_visibility"]).value == "private"

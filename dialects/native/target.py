@@ -1,0 +1,28 @@
+"""The CPU a module is emitted for: what the hand-scheduled emitters size their registers and tiles by.
+
+Vector width alone was enough until the N:M SpMM's panels: the rows of B a
+block of rows reuses are sized to the L1 data cache, and L1 differs between
+hosts (32 KiB on Zen 4, 48 KiB on Sapphire Rapids and Zen 5).  Session 11
+on a 48 KiB Xeon: 2:4 Linear layers took 0.71-0.78x dense torch's time with
+8 KiB panels, 0.90-0.95x with 24-40 KiB.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["CpuTarget", "DEFAULT_L1D_BYTES"]
+
+DEFAULT_L1D_BYTES = 32 * 1024  # a target other than this host's: the smallest L1d of current x86 cores
+
+
+class CpuTarget(NamedTuple):
+    """``vector_bits``: vector register width (512 with AVX-512); ``l1d_bytes``: the L1 data cache per core."""
+
+    vector_bits: int = 256
+    l1d_bytes: int = DEFAULT_L1D_BYTES
+
+    @property
+    def panel_bytes(self) -> int:
+        """Bytes of B an N:M row block keeps in L1: half of it, the other half streams A's entries and C."""
+        return max(4096, self.l1d_bytes // 2)
