@@ -16,8 +16,10 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sparse_mlir.dialects.native.target import DEFAULT_L1D_BYTES, CpuTarget
+if TYPE_CHECKING:
+    from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.errors import LoweringError
 from sparse_mlir.files import replace_atomically
 from sparse_mlir.knobs import knobs
@@ -75,6 +77,9 @@ def vector_bits(cpu: str) -> int:
 def l1d_bytes(cpu: str) -> int:
     """The L1 data cache per core the emitters should size panels for: this host's for ``native`` (sysfs), else
     ``DEFAULT_L1D_BYTES`` (the code may run on any core of that ``-mcpu``)."""
+    # imported here so that `import sparse_mlir` loads no dialects (keeps MLIR out of kernel-running processes)
+    from sparse_mlir.dialects.native.target import DEFAULT_L1D_BYTES
+
     if cpu != "native":
         return DEFAULT_L1D_BYTES
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
@@ -98,6 +103,9 @@ def _cache_size(text: str) -> int:
 
 def cpu_target(cpu: str) -> CpuTarget:
     """What the CPU emitters build for ``-mcpu=cpu``: vector width and L1 size."""
+    # imported here so that `import sparse_mlir` loads no dialects (keeps MLIR out of kernel-running processes)
+    from sparse_mlir.dialects.native.target import CpuTarget
+
     return CpuTarget(vector_bits(cpu), l1d_bytes(cpu))
 
 
