@@ -18,11 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.errors import LoweringError
 from sparse_mlir.files import replace_atomically
 from sparse_mlir.knobs import knobs
+
+if TYPE_CHECKING:
+    from sparse_mlir.dialects.native.target import CpuTarget
 
 __all__ = ["compile_object", "compile_shared_library", "cpu_target", "host_cpu_key", "l1d_bytes", "link_shared", "tool",
            "tool_versions", "vector_bits"]
