@@ -8,7 +8,7 @@ vector one and a scalar one for the column tail, each
 ``(sums, i, j, operand memrefs...) -> result`` for the sums of row ``i`` at
 columns ``j ...``; emitters call them and LLVM inlines them.  What each DSL
 function means matches ``dialects.linalg`` (relu is max with zero, max is
-``maximumf`` on floats).
+``maximumf`` on floats, gelu is ``dialects.activations.gelu`` in both).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import NamedTuple
 from mlir import ir
 from mlir.dialects import arith, func, math, memref, vector
 
+from sparse_mlir.dialects.activations import gelu
 from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 
 __all__ = ["SCALAR_EPILOGUE", "VECTOR_EPILOGUE", "Epilogue", "epilogue_functions"]
@@ -105,6 +106,8 @@ class _Emitter:
                 return math.exp(args[0])
             if node.func == "sqrt":
                 return math.sqrt(args[0])
+            if node.func == "gelu":
+                return gelu(args[0], self.constant)
         raise AssertionError(f"no epilogue for {node!r}")
 
     def constant(self, value: float) -> ir.Value:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, func, linalg, math, tensor
 from mlir.dialects import sparse_tensor as st
+from sparse_mlir.dialects.activations import gelu
 from sparse_mlir.dialects.encoding import element_type, tensor_type
 
 from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
@@ -179,7 +180,8 @@ class _ScalarEmitter:
             self._region(op.leftRegion, 1, relu)
             self._region(op.rightRegion, 1, relu)
             return op.result
-        present = relu if node.func == "relu" else (lambda x: math.ExpOp(x).result)
+        present = {"relu": relu, "exp": lambda x: math.ExpOp(x).result,
+                   "gelu": lambda x: gelu(x, lambda v: arith.ConstantOp(elt, v).result)}[node.func]
         if not sparse:
             return present(args[0])
         op = st.UnaryOp(elt, args[0])

@@ -57,6 +57,7 @@ from sparse_mlir.formats import (
 )
 from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.torch_ops import (
+    ACTIVATIONS,
     TransposedPattern,
     format_key,
     linear,
@@ -138,8 +139,10 @@ class Pruning:
 class SparseLinear(nn.Module):
     """A drop-in for ``nn.Linear`` whose weight is pruned: trains its stored weights, keeps its mask."""
 
-    def __init__(self, weight: SparseTensor, bias: torch.Tensor | None = None, *, pruning: Pruning | None = None):
+    def __init__(self, weight: SparseTensor, bias: torch.Tensor | None = None, *, pruning: Pruning | None = None,
+                 activation: str | None = None):
         super().__init__()
+        self.activation = activation
         if not isinstance(weight, SparseTensor) or weight.ndim != 2:
             raise OperandError(f"SparseLinear needs a 2-d SparseTensor weight, got {weight!r}")
         if weight.dtype not in (np.float32, np.float64):
@@ -175,6 +178,18 @@ class SparseLinear(nn.Module):
         dtype = torch.float64 if linear.weight.dtype == torch.float64 else torch.float32
         weight = recipe.apply(linear.weight.detach().to(device="cpu", dtype=dtype).numpy())
         return cls(weight, linear.bias, pruning=recipe)
+
+    @property
+    def activation(self) -> str | None:
+        """An activation applied to the output inside the kernel (``"gelu"``, exact), or ``None``: ``act(x W^T + b)``
+        in one pass, where a separate activation module would read and write the whole output again."""
+        return self._activation
+
+    @activation.setter
+    def activation(self, name: str | None) -> None:
+        if name is not None and name not in ACTIVATIONS:
+            raise OperandError(f"activation must be None or one of {', '.join(sorted(ACTIVATIONS))}, got {name!r}")
+        self._activation = name
 
     # -- the sparse weight as a parameter and buffers -----------------------------------
     def _adopt(self, arrays: tuple[np.ndarray, ...]) -> None:
@@ -311,12 +326,13 @@ class SparseLinear(nn.Module):
                                f"{values.dtype} of shape ({self.out_features},)")
         pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
         rows = x.reshape(-1, self.in_features)
-        out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape)
+        out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape, self.activation or "")
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self._format}, "
-                f"nnz={self.weight_values.numel()}, bias={self.bias is not None}")
+                f"nnz={self.weight_values.numel()}, bias={self.bias is not None}"
+                + (f", activation={self.activation}" if self.activation else ""))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from scipy import special
 
 import sparse_mlir as sm
 from sparse_mlir.dsl.patterns import spmm_epilogue
@@ -28,6 +29,8 @@ CASES = [
      lambda p, o: np.maximum(np.maximum(p + o["bias"], 0), o["D"]) - o["e"][:, None] * 2),
     ("C[i,j] = exp(0.0 - A[i,k]*B[k,j]) * 0.5 + sqrt(abs(D[i,j]))",
      lambda p, o: np.exp(-p) * 0.5 + np.sqrt(np.abs(o["D"]))),
+    ("C[i,j] = gelu(A[i,k]*B[k,j] + bias[j])",
+     lambda p, o: (p + o["bias"]) / 2 * (1 + special.erf((p + o["bias"]) / np.sqrt(2)))),
 ]
 
 

@@ -36,6 +36,22 @@ def test_unpruned_model_on_sparse_kernels_matches_sentence_transformers(model, r
     np.testing.assert_allclose(minilm.embed(sparse, HELD_OUT), reference, atol=1e-5)
 
 
+def test_fused_gelu_keeps_the_unpruned_model_matching_sentence_transformers(model, reference):
+    """``fuse_activations`` moves each MLP's GELU into its first SparseLinear (6 in MiniLM), once; the embeddings
+    stay within 1e-5 of sentence-transformers', the state dict keeps its keys, and a fused model is not pruned
+    again (its layers would be replaced without their GELU)."""
+    sparse = copy.deepcopy(model)
+    minilm.prune_encoder(sparse, "magnitude", sparsity=0.0)
+    keys = set(sparse.state_dict())
+    assert minilm.fuse_activations(sparse) == 6 and minilm.fuse_activations(sparse) == 0
+    fused = [m for m in minilm.encoder_linears(sparse).values() if m.activation == "gelu"]
+    assert len(fused) == 6 and all(m.out_features == 1536 for m in fused)
+    assert set(sparse.state_dict()) == keys
+    np.testing.assert_allclose(minilm.embed(sparse, HELD_OUT), reference, atol=1e-5)
+    with pytest.raises(OperandError):
+        minilm.prune_encoder(sparse, "magnitude", sparsity=0.5)
+
+
 @pytest.mark.parametrize("kw", [{"pattern": "2:4"}, {"sparsity": 0.9}])
 def test_sparse_encoder_matches_the_same_pruning_on_dense_kernels(model, kw):
     sparse = copy.deepcopy(model)

@@ -240,3 +240,45 @@ def test_a_second_derivative_is_refused_not_silently_wrong():
     (grad,) = torch.autograd.grad(sparse(x).pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="no autograd formula"):
         grad.sum().backward()
+
+
+@pytest.mark.parametrize("options", [LAYOUTS[0][0], LAYOUTS[1][0], LAYOUTS[3][0]], ids=["csr", "2:4", "dcsr"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_fused_gelu_matches_torch_and_passes_gradcheck(options, bias):
+    """``activation="gelu"``: the kernel's epilogue computes ``gelu(x W^T + b)``; its backward goes through torch's
+    GELU derivative at the recomputed pre-activation, then the Linear's own gradients."""
+    sparse = layer(options, bias=bias)
+    sparse.activation = "gelu"
+    torch.manual_seed(1)
+    x = (3 * torch.randn(7, 12, dtype=torch.float64)).requires_grad_()
+    dense = torch.from_numpy(sparse.weight.to_dense())
+    want = torch.nn.functional.gelu(x @ dense.T + (sparse.bias if bias else 0))
+    torch.testing.assert_close(sparse(x), want, rtol=1e-12, atol=1e-12)
+    values = sparse.weight_values.detach().clone().requires_grad_()
+    extra = (sparse.bias.detach().clone().requires_grad_(),) if bias else ()
+    assert torch.autograd.gradcheck(call(sparse), (x, values, *extra))
+    assert "activation=gelu" in repr(sparse)
+
+
+def test_a_float32_fused_gelu_is_within_its_approximation_of_torch():
+    """float32 computes erf by a rational approximation (``dialects.activations``): within 2e-6 of torch."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 40)
+    sparse = SparseLinear.from_linear(linear, sparsity=0.5)
+    sparse.activation = "gelu"
+    x = 4 * torch.randn(33, 64)
+    with torch.no_grad():
+        want = torch.nn.functional.gelu(x.double() @ torch.from_numpy(sparse.weight.to_dense()).double().T
+                                        + sparse.bias.double())
+        got = sparse(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)  # the products' float32 rounding included
+
+
+def test_an_unknown_activation_is_refused():
+    from sparse_mlir.errors import OperandError
+
+    with pytest.raises(OperandError, match="activation must be None or one of gelu"):
+        layer(LAYOUTS[0][0]).activation = "tanh"
+    with pytest.raises(OperandError, match="activation"):
+        SparseLinear(layer(LAYOUTS[0][0]).weight, activation="swish")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 __all__ = ["Expr", "Access", "Literal", "Unary", "Binary", "Call", "Reduce", "Assignment", "FUNCTIONS"]
 
 # name -> arity; what each means is decided by the emitter
-FUNCTIONS = {"relu": 1, "abs": 1, "exp": 1, "sqrt": 1, "max": 2}
+FUNCTIONS = {"relu": 1, "abs": 1, "exp": 1, "sqrt": 1, "gelu": 1, "max": 2}
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from sparse_mlir.formats import Dense, Format, as_format
 __all__ = ["Stage", "KernelSpec", "plan"]
 
 # f(0) == 0 for these, so a sparse argument keeps the result sparse
-_ZERO_PRESERVING = {"relu", "abs", "sqrt"}
-_FLOAT_ONLY = {"exp", "sqrt"}
+_ZERO_PRESERVING = {"relu", "abs", "sqrt", "gelu"}
+_FLOAT_ONLY = {"exp", "sqrt", "gelu"}
 
 
 @dataclass(frozen=True)

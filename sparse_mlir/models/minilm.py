@@ -34,7 +34,7 @@ from sparse_mlir.torch import SparseLinear
 
 __all__ = ["METHODS", "PruneReport", "model_path", "load", "encoder_linears", "embed", "prune_encoder",
            "pruned_dense", "cosine", "calibration_sentences", "training_sentences", "finetune", "prune_gradually",
-           "GRADUAL_SPARSITIES", "GRADUAL_STEPS"]
+           "GRADUAL_SPARSITIES", "GRADUAL_STEPS", "fuse_activations"]
 
 METHODS = ("magnitude", "wanda", "sparsegpt", "admm")
 # hand-written everyday English, part of every default calibration set (with generated sentences: see
@@ -316,10 +316,43 @@ def finetune(student: Any, teacher: Any, sentences: Sequence[str], *, steps: int
     return losses
 
 
+def _exact_gelu(module: nn.Module) -> bool:
+    """Whether ``module`` is the exact (erf) GELU: ``nn.GELU()`` or transformers' ``GELUActivation`` (BERT's)."""
+    if isinstance(module, nn.GELU):
+        return module.approximate == "none"
+    act = getattr(module, "act", None)  # GELUActivation: torch's gelu, or its own erf formula (the same function)
+    return type(module).__name__ == "GELUActivation" and (act is nn.functional.gelu
+                                                         or getattr(act, "__name__", "") == "_gelu_python")
+
+
+def fuse_activations(model: Any) -> int:
+    """Move each encoder MLP's GELU into the ``SparseLinear`` before it (``SparseLinear.activation``), leaving an
+    ``nn.Identity`` in its place; returns how many were fused.
+
+    Why: the activation then runs on each finished row inside the kernel
+    instead of as a second pass over the 4096 x 1536 FFN output (MiniLM 90%:
+    about 3 ms a layer saved of 16 at one thread).  The state dict is
+    unchanged (the same weights; an unfused checkpoint loads).  Fuse after
+    pruning and fine-tuning: ``prune_encoder`` and ``prune_gradually`` refuse
+    a fused model, whose layers they would otherwise replace without the GELU.
+    """
+    fused = 0
+    for module in model.modules():
+        dense, act = getattr(module, "dense", None), getattr(module, "intermediate_act_fn", None)
+        if isinstance(dense, SparseLinear) and dense.activation is None and isinstance(act, nn.Module) \
+                and _exact_gelu(act):
+            dense.activation = "gelu"
+            module.intermediate_act_fn = nn.Identity()
+            fused += 1
+    return fused
+
+
 def _densified(model: Any) -> None:
     """Put dense ``nn.Linear`` layers computing the same (pruned, fine-tuned) function in place of ``model``'s
     encoder ``SparseLinear`` layers, so that ``prune_encoder`` can prune it again, from what it has learnt."""
     for name, layer in encoder_linears(model).items():
+        if isinstance(layer, SparseLinear) and layer.activation is not None:
+            raise OperandError(f"{name} has its {layer.activation} fused (fuse_activations); prune before fusing")
         if isinstance(layer, SparseLinear):
             bias = None if layer.bias is None else layer.bias.detach().numpy().astype(np.float64)
             model.set_submodule(name, _linear_of(layer.weight, bias))

@@ -13,6 +13,13 @@ from sparse_mlir.dsl.ast import Access, Binary, Call, Expr, Literal, Unary
 from sparse_mlir.dsl.plan import KernelSpec
 
 
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """The exact GELU, ``x/2 * (1 + erf(x / sqrt 2))``, by scipy's erf."""
+    from scipy import special
+
+    return x / 2 * (1 + special.erf(x / np.sqrt(2)))
+
+
 def _align(value: np.ndarray, labels: tuple[str, ...], loops: tuple[str, ...]) -> np.ndarray:
     """Transpose and reshape a labelled array so it broadcasts over ``loops``."""
     order = [labels.index(i) for i in loops if i in labels]
@@ -42,7 +49,7 @@ def evaluate(spec: KernelSpec, operands: dict[str, np.ndarray]) -> np.ndarray:
                 args = [ev(a) for a in node.args]
                 with np.errstate(all="ignore"):
                     return {"relu": lambda x: np.maximum(x, dtype.type(0)), "abs": np.abs, "exp": np.exp,
-                            "sqrt": np.sqrt, "max": np.maximum}[node.func](*args).astype(dtype)
+                            "sqrt": np.sqrt, "max": np.maximum, "gelu": _gelu}[node.func](*args).astype(dtype)
             raise AssertionError(node)
 
         body = ev(stage.body)
