@@ -20,6 +20,13 @@ ratio is the median of the per-round ratios ``baseline time / sparse time``
 (above 1: the sparse model is faster), printed with its range over rounds
 as the noise.  ``--profile`` adds, per model, torch.profiler's self CPU time
 per operator (one forward), to see where the time goes.
+
+The environment is used as it is and printed: torch's CPU wheel runs its
+operators on libgomp, whose idle workers spin for milliseconds after each
+operator (``GOMP_SPINCOUNT``, read when torch loads) on the cores our
+kernels' threads then need.  At 2 threads ``GOMP_SPINCOUNT=0`` took the 90%
+model from 277 to 224 ms, and the dense model from 431 to 481 ms (443 to
+444 in another pair of runs); run both ways to see it.
 """
 
 from __future__ import annotations
@@ -59,8 +66,9 @@ def host() -> str:
     except OSError:
         pass
     vector = next((name for name in ("avx512f", "avx2", "sse4_2") if name in flags), "unknown")
+    spin = os.environ.get("GOMP_SPINCOUNT", "unset (libgomp's default)")
     return (f"{model}, {os.cpu_count()} cores, widest vectors {vector}, "
-            f"load average {os.getloadavg()[0]:.2f}")
+            f"load average {os.getloadavg()[0]:.2f}, GOMP_SPINCOUNT {spin}")
 
 
 def batch_features(model: Any, batch: int) -> dict[str, torch.Tensor]:
