@@ -183,7 +183,7 @@ class SparseLinear(nn.Module):
     def activation(self) -> str | None:
         """An activation applied to the output inside the kernel (``"gelu"``, exact), or ``None``: ``act(x W^T + b)``
         in one pass, where a separate activation module would read and write the whole output again."""
-        return self._activation
+        return getattr(self, "_activation", None)  # a layer pickled before activations existed has none
 
     @activation.setter
     def activation(self, name: str | None) -> None:

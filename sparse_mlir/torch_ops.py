@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from sparse_mlir.api import compile as compile_kernel
+from sparse_mlir.errors import OperandError
 from sparse_mlir.formats import CSR, Format, format_from_json, format_to_json
 from sparse_mlir.runtime import threads
 from sparse_mlir.runtime.kernel import Kernel
@@ -147,6 +148,8 @@ def _linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, le
     operands: dict[str, Any] = {"W": weight}
     if bias is not None:
         operands["bias"] = _numpy(bias)
+    if activation and activation not in ACTIVATIONS:
+        raise OperandError(f"activation must be '' or one of {', '.join(sorted(ACTIVATIONS))}, got {activation!r}")
     expressions = ACTIVATIONS[activation] if activation else (_LINEAR, _LINEAR_BIAS)
     kernel = _kernel(expressions[bias is not None], (("W", weight.format),), str(weight.dtype))
     with threads.blocktime(0):
