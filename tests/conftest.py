@@ -25,7 +25,6 @@ def mlir_context():
         yield context
 
 
-
 @pytest.fixture(autouse=True)
 def leaves_the_working_directory_alone():
     """A test that writes into the folder pytest runs from (an export to the CLI's default ``-o .``, say) fails:

@@ -351,9 +351,9 @@ def _densified(model: Any) -> None:
     """Put dense ``nn.Linear`` layers computing the same (pruned, fine-tuned) function in place of ``model``'s
     encoder ``SparseLinear`` layers, so that ``prune_encoder`` can prune it again, from what it has learnt."""
     for name, layer in encoder_linears(model).items():
-        if isinstance(layer, SparseLinear) and layer.activation is not None:
-            raise OperandError(f"{name} has its {layer.activation} fused (fuse_activations); prune before fusing")
         if isinstance(layer, SparseLinear):
+            if layer.activation is not None:  # a dense Linear in its place would drop the activation
+                raise OperandError(f"{name} has its {layer.activation} fused (fuse_activations); prune before fusing")
             bias = None if layer.bias is None else layer.bias.detach().numpy().astype(np.float64)
             model.set_submodule(name, _linear_of(layer.weight, bias))
 
