@@ -33,6 +33,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_PARAMS 48
 #define MAX_OPERANDS 8
@@ -61,7 +62,8 @@ typedef struct {
     void *function;          /* the kernel's C entry point; NULL once closed */
     unsigned long long calls;  /* calls it ran: the runtime's table of loaded libraries reads it to evict fairly */
     PyObject *keep;          /* what keeps the library loaded (its NativeFunction) */
-    PyObject *threads;       /* called with the call's entry count before a threaded kernel runs, or None */
+    PyObject *threads;       /* called with the call's entry count before a threaded kernel runs, or None; what it
+                                returns, unless None, is called with the call's seconds after it (ThreadChoice) */
     PyObject *empty;         /* numpy.empty */
     PyObject *ndarray;       /* numpy.ndarray */
     PyObject *tensor_type;   /* sparse_mlir.tensor.host.SparseTensor */
@@ -368,22 +370,37 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
         for (int d = 0; d < self->out_rank; d++)
             if (!push(params, &n, target->shape[d])) goto decline;
     }
+    PyObject *report = NULL;  /* the thread choice's report(seconds), when it wants this call timed */
     if (self->threads != Py_None) {
         PyObject *count = PyLong_FromLongLong(entries);
         if (count == NULL) goto fail;
-        PyObject *done = PyObject_CallOneArg(self->threads, count);
+        report = PyObject_CallOneArg(self->threads, count);
         Py_DECREF(count);
-        if (done == NULL) goto fail;
-        Py_DECREF(done);
+        if (report == NULL) goto fail;
+        if (report == Py_None) Py_CLEAR(report);
     }
     void *function = self->function;
     PyObject *keep = self->keep;
     Py_INCREF(keep);  /* the library stays mapped while the kernel runs, even if the plan is closed meanwhile */
     int32_t status;
+    struct timespec start, stop;
     Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &start);
     status = call_entry(function, params, n);
+    clock_gettime(CLOCK_MONOTONIC, &stop);
     Py_END_ALLOW_THREADS
     Py_DECREF(keep);
+    if (report != NULL) {  /* advisory: a failure is printed, never lost with the result the kernel made */
+        if (status == 0) {
+            PyObject *seconds = PyFloat_FromDouble((double)(stop.tv_sec - start.tv_sec)
+                                                   + 1e-9 * (double)(stop.tv_nsec - start.tv_nsec));
+            PyObject *done = seconds == NULL ? NULL : PyObject_CallOneArg(report, seconds);
+            Py_XDECREF(seconds);
+            if (done == NULL) PyErr_WriteUnraisable(report);
+            Py_XDECREF(done);
+        }
+        Py_DECREF(report);
+    }
     if (status != 0) goto decline;  /* refused by the entry point's own checks: the Python path says why */
     self->calls++;
     release_views(&v);

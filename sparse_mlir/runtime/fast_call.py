@@ -42,7 +42,6 @@ from sparse_mlir.compiler import driver
 from sparse_mlir.errors import SparseMLIRError
 from sparse_mlir.formats import CSR, Format
 from sparse_mlir.knobs import knobs
-from sparse_mlir.runtime import threads
 from sparse_mlir.runtime.kernel import extent_sources
 from sparse_mlir.runtime.library import NativeFunction
 from sparse_mlir.tensor.host import SparseTensor
@@ -94,11 +93,6 @@ def _load(path: Path) -> ModuleType:
     return module
 
 
-def _threads_for(entries: int) -> None:
-    """Before a threaded kernel: the thread count for this much work (what ``NativeFunction`` does)."""
-    threads.set_threads(threads.for_work(entries))
-
-
 def _scipy_layout(fmt: Format) -> tuple[tuple[type, ...], np.dtype | None, int]:
     """The scipy classes used in place for an operand of ``fmt`` (``indptr``/``indices`` of ``fmt``'s one index
     width), that dtype, and the dimension ``indptr`` runs over; no classes when scipy is not loaded (then no
@@ -147,7 +141,8 @@ def plan(native: NativeFunction, formats: dict[str, Format]) -> Any | None:
     out = (np.dtype(sig.output.dtype.name), out_extents)
     if sig.output.sparse:
         out += (len(result_buffers), native.adopt_result)
-    return module.FastCall(address, native, _threads_for if native.threaded else None, np.empty, np.ndarray,
+    choice = native.thread_choice.before_call if native.thread_choice is not None else None
+    return module.FastCall(address, native, choice, np.empty, np.ndarray,
                            SparseTensor, tuple(operands), extents, out)
 
 

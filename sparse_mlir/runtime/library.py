@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from sparse_mlir.abi.c_signature import (
 from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.runtime import threads
 from sparse_mlir.runtime import descriptors as abi
+from sparse_mlir.runtime.thread_choice import ThreadChoice
 
 __all__ = ["NativeFunction"]
 
@@ -54,6 +56,8 @@ class NativeFunction:
         self.path = Path(path)
         self.signature = sig
         self.threaded = threaded
+        # serial or threaded for calls that find the pool asleep, measured (shared with the C call path)
+        self.thread_choice = ThreadChoice() if threaded else None
         if threaded:
             threads.load_runtime()  # before the library, whose __kmpc_* symbols it provides
         try:
@@ -94,9 +98,14 @@ class NativeFunction:
         else:
             words = self._result_words()
             params.append(ctypes.addressof(words))
-        if self.threaded:
-            threads.set_threads(threads.for_work(entries))
-        status = self.function(*params)
+        report = self.thread_choice.before_call(entries) if self.thread_choice is not None else None
+        if report is None:
+            status = self.function(*params)
+        else:
+            start = time.perf_counter()
+            status = self.function(*params)
+            if status == 0:
+                report(time.perf_counter() - start)
         if status == RESULT_OVERFLOW:
             out_op = self.signature.output
             raise FormatError(f"the result {out_op.name} of {self.signature.expression!r} has more entries or larger "

@@ -11,7 +11,8 @@ idle pool threads spin ``BLOCKTIME_MS`` before sleeping unless
 always below ``SERIAL_BELOW`` entries, and below ``COLD_SERIAL_BELOW``
 when the workers have gone to sleep since this thread's last call (an
 isolated call, or any call under ``KMP_BLOCKTIME=0``), since waking them
-costs more than such a call's work.
+costs more than such a call's work.  That last rule is only the first
+guess of each kernel's ``thread_choice.ThreadChoice``, which times both.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from pathlib import Path
 
 from sparse_mlir.knobs import knobs
 
-__all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "load_runtime", "openmp_library", "set_threads"]
+__all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "load_runtime", "openmp_library", "set_threads",
+           "work_threads"]
 
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 _local = threading.local()
@@ -135,19 +137,29 @@ def blocktime(ms: int) -> Iterator[None]:
 def for_work(entries: int) -> int:
     """Threads for a call touching ``entries`` operand entries: the configured count, or 1 when tiny, or 1 when
     small and the pool's workers are asleep (``COLD_SERIAL_BELOW``)."""
+    return work_threads(entries)[0]
+
+
+def work_threads(entries: int) -> tuple[int, int | None]:
+    """``for_work``'s count, and the configured count when this call finds the pool's workers asleep and could
+    fork (else ``None``): then serial or threaded is open, and ``thread_choice.ThreadChoice`` measures which.
+
+    Every call of at least ``SERIAL_BELOW`` entries counts as this thread's last call (``_pool_awake``).
+    """
     fixed_count = getattr(_local, "fixed", None)
     if fixed_count is not None:
-        return fixed_count
+        return fixed_count, None
     if entries < SERIAL_BELOW:
-        return 1
+        return 1, None
     count = knobs.num_threads()
-    if count > 1 and entries < COLD_SERIAL_BELOW:
-        now = time.monotonic()
-        awake = _pool_awake(now)
-        _local.last_call = now
-        if not awake:
-            return 1
-    return count
+    if count == 1:
+        return 1, None
+    now = time.monotonic()
+    awake = _pool_awake(now)
+    _local.last_call = now
+    if awake:
+        return count, None
+    return (1 if entries < COLD_SERIAL_BELOW else count), count
 
 
 def _pool_awake(now: float) -> bool:
