@@ -121,6 +121,7 @@ def test_small_calls_stay_serial_while_the_pool_sleeps(monkeypatch):
     Larger calls always fork."""
     monkeypatch.setenv("SPARSE_MLIR_NUM_THREADS", "2")
     small, large = threads.SERIAL_BELOW, threads.COLD_SERIAL_BELOW
+    monkeypatch.setattr(threads._local, "last_call", None, raising=False)  # (a real clock's time, from a test before)
     clock = [1000.0]
     monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
     monkeypatch.setenv("KMP_BLOCKTIME", "0")

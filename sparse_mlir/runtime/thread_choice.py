@@ -4,84 +4,120 @@ A fork whose workers sleep waits for them to wake: about 0.1 ms on the
 2-core VMs measured here (``KMP_BLOCKTIME=0``, or a call after the
 blocktime), every parallel region of the kernel over again, and far less
 on bare metal.  ``threads.for_work`` guesses from the operands' entry
-count, which misjudges both ways: a SpGEMM reads few entries for its work
-(SuiteSparse hangGlider_2, 10.8 ms serial, ran serially though 2 threads
-took 6.8 ms) and a DLMC SpMM many (0.20 ms threaded against 0.15 serial,
-its pool asleep between other libraries' calls).  So each kernel keeps,
-per size class of its calls (the bit length of the entry count), the time
-per entry of its last ``SAMPLES`` cold calls of either kind: the rule's
-guess runs first, then each kind ``TRIALS`` times, then the faster one,
-with the other tried again every ``PROBE_EVERY`` cold calls of that class
-so that a changed machine (a busy core, another pool) is noticed.  Warm
-calls (the workers still spin) and small ones keep the rule.
+count, and the count says little of the work: a SpGEMM of SuiteSparse
+rajat01 (86k entries) ran serially in 28.5 ms where two threads took 22,
+and hangGlider_2 has fewer entries than cryg2500 and 20 times its work.
+So each kernel times its cold calls per call size (the exact entry count,
+which repeats when the same operands or shapes come back: a model's
+layers, a solver's iterations; the ``SIZES`` most recent ones are kept):
+the rule's guess runs first (a warm-up, not kept), then each kind
+``TRIALS`` times, then the faster by median of its last ``SAMPLES`` (by a
+margin, ``SWITCH_BELOW``, to change an earlier choice), with
+one call of each kind timed again every ``PROBE_EVERY`` cold calls of that
+size so that a changed machine (a busy core, another pool) is noticed.
+Warm calls (the workers still spin) and small ones keep the rule.
 """
 
 from __future__ import annotations
 
 import functools
-import statistics
-import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from sparse_mlir.runtime import threads
 
-__all__ = ["PROBE_EVERY", "SAMPLES", "TRIALS", "ThreadChoice"]
+__all__ = ["PROBE_EVERY", "SAMPLES", "SIZES", "SWITCH_BELOW", "TRIALS", "ThreadChoice"]
 
-SAMPLES = 3  # recent cold calls remembered per thread count: a median of three drops one outlier
-TRIALS = 2  # cold calls of each kind before the faster one is taken (the first call of a size class pays for
-# page faults and copies the next ones do not)
-PROBE_EVERY = 32  # cold calls of a size class between two trials of the slower kind (a 2x slower one costs 3%)
+SAMPLES = 3  # recent timed calls remembered per thread count: a median of three drops one outlier
+TRIALS = 3  # timed cold calls of each kind before the faster one is taken
+PROBE_EVERY = 32  # cold calls of a size between two timings of each kind (a 2x slower probe costs 3%)
+SIZES = 64  # call sizes remembered per kernel, the least recently called forgotten first
+SWITCH_BELOW = 0.9  # the other kind is taken only when its median is below this share of the current one's: a
+# threaded call's wake-up time has a long tail, and on a DLMC SpMM where serial was 1.25x faster, medians of
+# three swapped the choice back and forth
 
 
-class _SizeClass:
-    """The recent times per entry of one size class's cold calls, by thread count."""
+class _CallSize:
+    """The recent times of one call size's cold calls, by thread count."""
+
+    __slots__ = ("calls", "faster", "seconds", "warmed")
 
     def __init__(self) -> None:
-        self.seconds_per_entry: dict[int, deque[float]] = {}
+        self.seconds: dict[int, deque[float]] = {}
         self.calls = 0
+        self.faster: int | None = None  # the thread count with the lower median, once both have TRIALS times
+        # the first call is not kept: it pays for page faults and copies the next ones do not (an SDDMM's first
+        # threaded call took 2.6x its later ones, and two trials chose one thread, 1.4x slower)
+        self.warmed = False
 
-    def pick(self, guess: int, configured: int) -> int:
-        """The thread count for the next cold call: 1 or ``configured``, trials first (``guess``'s first)."""
+    def pick(self, guess: int, configured: int) -> tuple[int, bool]:
+        """The thread count for the next cold call (1 or ``configured``: trials first, ``guess``'s first) and
+        whether to time it: every trial, then one call of each kind per ``PROBE_EVERY``."""
         self.calls += 1
-        kinds = (guess, configured if guess == 1 else 1)
-        times = [self.seconds_per_entry.setdefault(k, deque(maxlen=SAMPLES)) for k in kinds]
-        fewest = min(range(2), key=lambda k: len(times[k]))  # ties go to the guess
-        if len(times[fewest]) < TRIALS:
-            return kinds[fewest]
-        faster = min(range(2), key=lambda k: statistics.median(times[k]))
-        return kinds[1 - faster] if self.calls % PROBE_EVERY == 0 else kinds[faster]
+        other = configured if guess == 1 else 1
+        faster = self.faster
+        if faster is not None and faster in (guess, other):
+            phase = self.calls % PROBE_EVERY
+            if phase == 0:
+                return (other if faster == guess else guess), True
+            return faster, phase == 1
+        times = self.seconds
+        return (other if len(times.get(other, ())) < len(times.get(guess, ())) else guess), True  # ties: the guess
 
-    def record(self, count: int, entries: int, seconds: float) -> None:
-        self.seconds_per_entry[count].append(seconds / entries)
+    def record(self, count: int, seconds: float) -> None:
+        if not self.warmed:
+            self.warmed = True
+            return
+        self.seconds.setdefault(count, deque(maxlen=SAMPLES)).append(seconds)
+        medians = {c: _median(t) for c, t in self.seconds.items() if len(t) >= TRIALS}
+        if len(medians) < 2:
+            self.faster = None
+            return
+        best = min(medians, key=medians.__getitem__)
+        if self.faster not in medians or medians[best] < SWITCH_BELOW * medians[self.faster]:
+            self.faster = best
+
+
+def _median(times: deque[float]) -> float:
+    """The median of a few times (the upper one of an even count; ``statistics.median`` costs 5x more)."""
+    return sorted(times)[len(times) // 2]
 
 
 class ThreadChoice:
     """One kernel's thread counts: ``before_call`` sets the count for the next call on this Python thread and
-    returns ``report(seconds)`` when the call's time should be reported back (a cold call), else ``None``."""
+    returns ``report(seconds)`` when the call's time should be reported back, else ``None``.
+
+    Both run on every threaded call, and with the caches cold from other
+    libraries' work Python is slow (about 1 us a line): ``before_call``
+    adds a dictionary look-up and a few comparisons to the rule's work once
+    the choice is made, and calls between probes are not timed (timing and
+    reporting every cold call cost 0.03 ms on a 0.12 ms SpMM).  The state
+    is only read and replaced under the GIL, with no lock: two threads
+    racing can only time one kind once more.
+    """
 
     def __init__(self) -> None:
-        self._classes: dict[int, _SizeClass] = {}
-        self._lock = threading.Lock()  # kernels are called from several Python threads at once
+        self._sizes: OrderedDict[int, _CallSize] = OrderedDict()
 
     def before_call(self, entries: int) -> Callable[[float], None] | None:
         count, alternative = threads.work_threads(entries)
-        if alternative is None:
-            threads.set_threads(count)
-            return None
-        with self._lock:
-            size_class = self._classes.setdefault(entries.bit_length(), _SizeClass())
-            count = size_class.pick(count, alternative)
+        report = None
+        if alternative is not None:
+            size = self._sizes.get(entries)
+            if size is None:
+                size = self._sizes[entries] = _CallSize()
+                if len(self._sizes) > SIZES:
+                    self._sizes.popitem(last=False)
+            elif size.calls % PROBE_EVERY == 0:  # now and then, so the look-up stays one step
+                self._sizes.move_to_end(entries)
+            count, timed = size.pick(count, alternative)
+            if timed:
+                report = functools.partial(size.record, count)
         threads.set_threads(count)
-        return functools.partial(self._record, size_class, count, entries)
-
-    def _record(self, size_class: _SizeClass, count: int, entries: int, seconds: float) -> None:
-        with self._lock:
-            size_class.record(count, entries, seconds)
+        return report
 
     def verdicts(self) -> dict[int, dict[int, float]]:
-        """Per size class (bit length of the entry count), the median seconds per entry of each thread count
-        tried: what the choice rests on (for benchmarks and tests)."""
-        with self._lock:
-            return {bits: {count: statistics.median(times) for count, times in c.seconds_per_entry.items() if times}
-                    for bits, c in self._classes.items()}
+        """Per call size (entry count), the median seconds of each thread count timed: what the choice rests on
+        (for benchmarks and tests)."""
+        return {entries: {count: _median(times) for count, times in size.seconds.items()}
+                for entries, size in list(self._sizes.items()) if size.seconds}

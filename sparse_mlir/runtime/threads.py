@@ -180,6 +180,12 @@ def blocktime_seconds() -> float:
     text = knobs.kmp_blocktime()
     if text is None:
         return getattr(_local, "blocktime", BLOCKTIME_MS) / 1e3
+    return _parse_blocktime(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_blocktime(text: str) -> float:
+    """Seconds of a ``KMP_BLOCKTIME`` value (parsed once per value: this runs before every threaded call)."""
     text = text.strip().lower()
     for suffix, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("", 1e-3)):
         if text.endswith(suffix) and text[:len(text) - len(suffix)].isdigit():
