@@ -96,19 +96,21 @@ def _progress(done: int, total: int, label: str) -> None:
 
 
 def interleaved(systems: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median seconds of each system, timed round-robin after one warm-up call each.
+    """Median seconds of each system, every one timed once per round after one warm-up call each.
 
-    Each round starts one system further on, so every system follows each
-    of the others equally often: a system timed right after another that
-    read the same operands finds them in cache (our plain SpMM after the
-    fused one ran 1.12x faster than the fused one that way, 0.97x alone).
+    Each round takes the systems in a new random order (seeded), so each
+    one follows each of the others about equally often: a system timed
+    right after another that read the same operands finds them in cache
+    (our plain SpMM always timed after the fused one ran 1.12x faster than
+    it, 0.97x alone; rotating a fixed order keeps who follows whom).
     """
     for fn in systems.values():
         fn()
     names = list(systems)
+    order = np.random.default_rng(0)
     samples: dict[str, list[float]] = {name: [] for name in systems}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    for _ in range(rounds):
+        for name in order.permutation(names):
             start = time.perf_counter()
             systems[name]()
             samples[name].append(time.perf_counter() - start)
