@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -150,3 +152,36 @@ def test_kernel_calls_report_their_times_and_stay_right(cold_pool, path):
     assert (special.planner.calls > calls_before[specials.index(special)]) == (path == "C")  # the path named ran
     (by_count,) = special.native.thread_choice.verdicts().values()
     assert set(by_count) == {1, 2} and all(t > 0 for t in by_count.values())
+
+
+def test_threads_calling_at_once_never_break_the_table(cold_pool, monkeypatch):
+    """Python threads calling one kernel with more sizes than ``SIZES`` at once: each size may be forgotten
+    by one thread while another marks it recently used; no call may fail for it."""
+    import threading
+
+    monkeypatch.setattr(threads, "set_threads", lambda count: None)
+    monkeypatch.setattr(thread_choice, "PROBE_EVERY", 1)  # every call marks its size recently used
+    choice = ThreadChoice()
+    failures: list[BaseException] = []
+
+    def caller(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for entries in rng.integers(SMALL, SMALL + SIZES + 2, size=20000):  # sizes forgotten all the time
+                report = choice.before_call(int(entries))
+                if report is not None:
+                    report(1e-6)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=caller, args=(seed,)) for seed in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can, to meet the race
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == [] and len(choice._sizes) <= SIZES

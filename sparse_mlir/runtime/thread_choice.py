@@ -21,6 +21,7 @@ Warm calls (the workers still spin) and small ones keep the rule.
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
@@ -69,7 +70,8 @@ class _CallSize:
             self.warmed = True
             return
         self.seconds.setdefault(count, deque(maxlen=SAMPLES)).append(seconds)
-        medians = {c: _median(t) for c, t in self.seconds.items() if len(t) >= TRIALS}
+        medians = {c: _median(t) for c, t in list(self.seconds.items()) if len(t) >= TRIALS}  # (another thread
+        # may add a count meanwhile)
         if len(medians) < 2:
             self.faster = None
             return
@@ -92,32 +94,44 @@ class ThreadChoice:
     adds a dictionary look-up and a few comparisons to the rule's work once
     the choice is made, and calls between probes are not timed (timing and
     reporting every cold call cost 0.03 ms on a 0.12 ms SpMM).  The state
-    is only read and replaced under the GIL, with no lock: two threads
-    racing can only time one kind once more.
+    of a size is read and replaced under the GIL, with no lock (two threads
+    racing can only time one kind once more); the table of sizes changes
+    under a lock, since one thread may forget a size another is about to
+    mark as recently used.
     """
 
     def __init__(self) -> None:
         self._sizes: OrderedDict[int, _CallSize] = OrderedDict()
+        self._table = threading.Lock()
 
     def before_call(self, entries: int) -> Callable[[float], None] | None:
         count, alternative = threads.work_threads(entries)
         report = None
         if alternative is not None:
             size = self._sizes.get(entries)
-            if size is None:
-                size = self._sizes[entries] = _CallSize()
-                if len(self._sizes) > SIZES:
-                    self._sizes.popitem(last=False)
-            elif size.calls % PROBE_EVERY == 0:  # now and then, so the look-up stays one step
-                self._sizes.move_to_end(entries)
+            if size is None or size.calls % PROBE_EVERY == 0:  # new, or now and then marked recently used
+                size = self._remember(entries)
             count, timed = size.pick(count, alternative)
             if timed:
                 report = functools.partial(size.record, count)
         threads.set_threads(count)
         return report
 
+    def _remember(self, entries: int) -> _CallSize:
+        """The state of this call size, made most recently used (created, forgetting the least recently used
+        size beyond ``SIZES``, when new)."""
+        with self._table:
+            size = self._sizes.get(entries)
+            if size is None:
+                size = self._sizes[entries] = _CallSize()
+                if len(self._sizes) > SIZES:
+                    self._sizes.popitem(last=False)
+            else:
+                self._sizes.move_to_end(entries)
+            return size
+
     def verdicts(self) -> dict[int, dict[int, float]]:
         """Per call size (entry count), the median seconds of each thread count timed: what the choice rests on
         (for benchmarks and tests)."""
-        return {entries: {count: _median(times) for count, times in size.seconds.items()}
+        return {entries: {count: _median(times) for count, times in list(size.seconds.items())}
                 for entries, size in list(self._sizes.items()) if size.seconds}
