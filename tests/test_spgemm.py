@@ -21,6 +21,7 @@ from support.data import DTYPES, random_sparse
 
 import sparse_mlir as sm
 import sparse_mlir.data
+from sparse_mlir.dialects.native.spgemm import BLOCK_WORDS
 from sparse_mlir.dsl.patterns import spgemm_operands, threads_sparse_output
 from sparse_mlir.errors import DTypeError, InvalidIndicesError, ShapeError
 from sparse_mlir.formats import CSR
@@ -91,6 +92,26 @@ def test_row_lengths_and_threads(rows, threads, rng):
     with fixed(threads):
         got = kernel(A=a, B=b)
     _check(got, a, b)
+
+
+@pytest.mark.parametrize("cols", [1100, 512, 64, 3])
+def test_read_back_finds_columns_at_every_word_and_block_edge(cols, rng):
+    """Rows read back from the bitmap (two or more columns: "wide" at these widths) skip empty words a block
+    of ``BLOCK_WORDS`` at a time: columns on each side of a word's and a block's edge, the first and the last
+    column, in one row and in rows of their own, must all come back, in order."""
+    edges = sorted({c for c in (0, 1, 62, 63, 64, 65, 511, 512, 513, 1023, 1024, cols - 2, cols - 1)
+                    if 0 <= c < cols})
+    b = sp.lil_array((len(edges) + 1, cols))
+    for r, c in enumerate(edges):
+        b[r, c] = r + 1.0
+        b[r, (c + 1) % cols] = 0.5  # a second column: every row of C has two or more
+    b[len(edges), edges] = 2.0  # one row reaching all of them
+    b = sp.csr_array(b)
+    a = sp.csr_array(_random(rng, (30, b.shape[0]), 0.3, "float64"))
+    assert BLOCK_WORDS * 64 == 512
+    for threads in (1, 2):
+        with fixed(threads):
+            _check(_kernel()(A=a, B=b), a, b)
 
 
 @pytest.mark.parametrize("heavy", [[0], [199], [0, 1, 2], [399], list(range(0, 400, 37))])
