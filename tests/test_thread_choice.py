@@ -87,8 +87,13 @@ def test_the_slower_kind_is_tried_again_so_a_change_is_noticed(cold_pool, monkey
 
 def test_a_choice_changes_only_for_a_clear_margin(cold_pool, monkeypatch):
     """A threaded call's time has a long tail (the wake-up): the other kind must be ``SWITCH_BELOW`` times the
-    current one's median to replace it."""
+    current one's median (first the rule's guess) to replace it."""
     counts = _counts(monkeypatch)
+    near = ThreadChoice()
+    _calls(near, BIG, 1 + 2 * TRIALS + 3, {1: 0.95e-9, 2: 1e-9}, counts)  # serial 5% faster: the guess stays
+    assert counts[-3:] == [2, 2, 2]
+    _calls(near, SMALL, 1 + 2 * TRIALS + 3, {1: 1e-9, 2: 0.95e-9}, counts)
+    assert counts[-3:] == [1, 1, 1]
     choice = ThreadChoice()
     _calls(choice, BIG, 1 + 2 * TRIALS, {1: 1e-9, 2: 3e-9}, counts)
     _calls(choice, BIG, 4 * PROBE_EVERY, {1: 1e-9, 2: 0.95e-9}, counts)  # threads now 5% faster: kept serial

@@ -11,8 +11,9 @@ So each kernel times its cold calls per call size (the exact entry count,
 which repeats when the same operands or shapes come back: a model's
 layers, a solver's iterations; the ``SIZES`` most recent ones are kept):
 the rule's guess runs first (a warm-up, not kept), then each kind
-``TRIALS`` times, then the faster by median of its last ``SAMPLES`` (by a
-margin, ``SWITCH_BELOW``, to change an earlier choice), with
+``TRIALS`` times, then the other kind if its median of the last
+``SAMPLES`` beats the guess's (later, the current choice's) by the margin
+``SWITCH_BELOW``, with
 one call of each kind timed again every ``PROBE_EVERY`` cold calls of that
 size so that a changed machine (a busy core, another pool) is noticed.
 Warm calls (the workers still spin) and small ones keep the rule.
@@ -33,20 +34,21 @@ SAMPLES = 3  # recent timed calls remembered per thread count: a median of three
 TRIALS = 3  # timed cold calls of each kind before the faster one is taken
 PROBE_EVERY = 32  # cold calls of a size between two timings of each kind (a 2x slower probe costs 3%)
 SIZES = 64  # call sizes remembered per kernel, the least recently called forgotten first
-SWITCH_BELOW = 0.9  # the other kind is taken only when its median is below this share of the current one's: a
-# threaded call's wake-up time has a long tail, and on a DLMC SpMM where serial was 1.25x faster, medians of
-# three swapped the choice back and forth
+SWITCH_BELOW = 0.9  # the other kind is taken only when its median is below this share of the current one's
+# (first the rule's guess): a threaded call's wake-up time has a long tail, and where the two kinds were within
+# 10% (an SDDMM, a DLMC SpMM) three trials each chose either, run to run
 
 
 class _CallSize:
     """The recent times of one call size's cold calls, by thread count."""
 
-    __slots__ = ("calls", "faster", "seconds", "warmed")
+    __slots__ = ("calls", "faster", "guess", "seconds", "warmed")
 
     def __init__(self) -> None:
         self.seconds: dict[int, deque[float]] = {}
         self.calls = 0
-        self.faster: int | None = None  # the thread count with the lower median, once both have TRIALS times
+        self.guess: int | None = None  # the rule's thread count for this size: kept unless clearly slower
+        self.faster: int | None = None  # the thread count chosen, once both have TRIALS times
         # the first call is not kept: it pays for page faults and copies the next ones do not (an SDDMM's first
         # threaded call took 2.6x its later ones, and two trials chose one thread, 1.4x slower)
         self.warmed = False
@@ -55,6 +57,7 @@ class _CallSize:
         """The thread count for the next cold call (1 or ``configured``: trials first, ``guess``'s first) and
         whether to time it: every trial, then one call of each kind per ``PROBE_EVERY``."""
         self.calls += 1
+        self.guess = guess
         other = configured if guess == 1 else 1
         faster = self.faster
         if faster is not None and faster in (guess, other):
@@ -76,8 +79,8 @@ class _CallSize:
             self.faster = None
             return
         best = min(medians, key=medians.__getitem__)
-        if self.faster not in medians or medians[best] < SWITCH_BELOW * medians[self.faster]:
-            self.faster = best
+        current = self.faster if self.faster in medians else self.guess if self.guess in medians else best
+        self.faster = best if medians[best] < SWITCH_BELOW * medians[current] else current
 
 
 def _median(times: deque[float]) -> float:
