@@ -136,6 +136,7 @@ class _Subclass(np.ndarray):
     """A numpy array the C call path declines (it takes exact ``ndarray``s), so the Python path runs."""
 
 
+@pytest.mark.skipif(threads.openmp_library() is None, reason="no OpenMP runtime: kernels are serial")
 @pytest.mark.parametrize("path", ["C", "Python"])
 def test_kernel_calls_report_their_times_and_stay_right(cold_pool, path):
     """A threaded kernel's cold calls are timed on either call path (the C path times the entry point itself)
