@@ -191,3 +191,29 @@ def test_threads_calling_at_once_never_break_the_table(cold_pool, monkeypatch):
     finally:
         sys.setswitchinterval(interval)
     assert failures == [] and len(choice._sizes) <= SIZES
+
+
+def test_a_size_forgotten_by_another_thread_mid_call_is_no_error(cold_pool, monkeypatch):
+    """The table is changed without a lock (one held at a fork would stay held in the child): a size that
+    another thread forgets between this call's look-up and its marking as recently used is made again later,
+    not an error."""
+    from collections import OrderedDict
+
+    class ForgetsAfterLookUp(OrderedDict):
+        looked_up = 0
+
+        def get(self, key, default=None):
+            found = super().get(key, default)
+            self.looked_up += 1
+            if self.looked_up % 2 == 0:  # the second look-up of a call, the one before the marking
+                self.pop(key, None)  # what another thread's eviction does between the two steps
+            return found
+
+    monkeypatch.setattr(threads, "set_threads", lambda count: None)
+    monkeypatch.setattr(thread_choice, "PROBE_EVERY", 1)  # every call marks its size recently used
+    choice = ThreadChoice()
+    for _ in range(3):
+        choice.before_call(BIG)
+    choice._sizes = ForgetsAfterLookUp(choice._sizes)
+    for _ in range(3):
+        choice.before_call(BIG)

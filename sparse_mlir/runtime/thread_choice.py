@@ -22,7 +22,6 @@ Warm calls (the workers still spin) and small ones keep the rule.
 from __future__ import annotations
 
 import functools
-import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
@@ -98,14 +97,12 @@ class ThreadChoice:
     the choice is made, and calls between probes are not timed (timing and
     reporting every cold call cost 0.03 ms on a 0.12 ms SpMM).  The state
     of a size is read and replaced under the GIL, with no lock (two threads
-    racing can only time one kind once more); the table of sizes changes
-    under a lock, since one thread may forget a size another is about to
-    mark as recently used.
+    racing can only time one kind once more), and so is the table of sizes
+    (``_remember``).
     """
 
     def __init__(self) -> None:
         self._sizes: OrderedDict[int, _CallSize] = OrderedDict()
-        self._table = threading.Lock()
 
     def before_call(self, entries: int) -> Callable[[float], None] | None:
         count, alternative = threads.work_threads(entries)
@@ -122,16 +119,27 @@ class ThreadChoice:
 
     def _remember(self, entries: int) -> _CallSize:
         """The state of this call size, made most recently used (created, forgetting the least recently used
-        size beyond ``SIZES``, when new)."""
-        with self._table:
-            size = self._sizes.get(entries)
-            if size is None:
-                size = self._sizes[entries] = _CallSize()
-                if len(self._sizes) > SIZES:
+        sizes beyond ``SIZES``, when new).
+
+        Each table operation is one atomic step under the GIL; another
+        thread may forget a size between two of them, which is a
+        ``KeyError`` to ignore.  No lock: a lock held by another thread
+        when the process forks would stay held in the child for ever.
+        """
+        size = self._sizes.get(entries)
+        if size is None:
+            size = self._sizes.setdefault(entries, _CallSize())
+            while len(self._sizes) > SIZES:
+                try:
                     self._sizes.popitem(last=False)
-            else:
+                except KeyError:  # emptied meanwhile
+                    break
+        else:
+            try:
                 self._sizes.move_to_end(entries)
-            return size
+            except KeyError:  # forgotten meanwhile: it will be made again on its next call
+                pass
+        return size
 
     def verdicts(self) -> dict[int, dict[int, float]]:
         """Per call size (entry count), the median seconds of each thread count timed: what the choice rests on
