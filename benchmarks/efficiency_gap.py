@@ -174,7 +174,7 @@ def _comparators(A: sp.csr_matrix, dense_rhs: np.ndarray,
     """scipy CSR, torch CSR with int32 indices, sparse_dot_mkl and dense numpy computing ``epilogue(A @ rhs)``,
     and, for each one that cannot run here, why (``Result.absent``).
 
-    ``epilogue`` is written with operators that numpy and torch share (``+``, ``maximum`` through ``relu``).
+    ``epilogue`` takes the product in its library's own type (a numpy array, or a torch tensor for torch).
     """
     out: dict[str, Callable[[], object]] = {"scipy": lambda: epilogue(A @ dense_rhs)}
     absent: dict[str, str] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import warnings
 from pathlib import Path
 
@@ -43,7 +42,7 @@ class _Knobs:
             value = os.environ.get(name, "").split(",")[0].strip()
             if value.isdigit() and int(value) > 0:
                 return int(value)
-        return _usable_cores()
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     @staticmethod
     def parallel() -> bool:
@@ -158,20 +157,6 @@ class _Knobs:
     def kmp_blocktime() -> str | None:
         """``KMP_BLOCKTIME``: when set, the OpenMP runtime's own idle spin time is left alone (else 5 ms)."""
         return os.environ.get("KMP_BLOCKTIME")
-
-
-AFFINITY_TTL_S = 1.0  # how long a read of this process's CPU affinity is reused: the read is a system call
-# (about 1 us), and ``num_threads`` runs before every threaded kernel call
-_affinity: list[float] = [-AFFINITY_TTL_S, 1]  # [when read, usable cores]
-
-
-def _usable_cores() -> int:
-    """The cores this process may use, read again once ``AFFINITY_TTL_S`` has passed since the last read."""
-    now = time.monotonic()
-    if now - _affinity[0] >= AFFINITY_TTL_S:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        _affinity[:] = [now, cores]
-    return int(_affinity[1])
 
 
 DENSE_BUDGET_FRACTION = 0.25  # of the memory available now: a dense copy must leave room for everything else

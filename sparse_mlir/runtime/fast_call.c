@@ -383,11 +383,12 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
     PyObject *keep = self->keep;
     Py_INCREF(keep);  /* the library stays mapped while the kernel runs, even if the plan is closed meanwhile */
     int32_t status;
-    struct timespec start, stop;
+    struct timespec start = {0, 0}, stop = {0, 0};
+    int timed = report != NULL;
     Py_BEGIN_ALLOW_THREADS
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    if (timed) clock_gettime(CLOCK_MONOTONIC, &start);
     status = call_entry(function, params, n);
-    clock_gettime(CLOCK_MONOTONIC, &stop);
+    if (timed) clock_gettime(CLOCK_MONOTONIC, &stop);
     Py_END_ALLOW_THREADS
     Py_DECREF(keep);
     if (report != NULL) {  /* advisory: a failure is printed, never lost with the result the kernel made */
