@@ -21,7 +21,7 @@ from support.data import DTYPES, random_sparse
 
 import sparse_mlir as sm
 import sparse_mlir.data
-from sparse_mlir.dialects.native.spgemm import BLOCK_WORDS
+from sparse_mlir.dialects.native.spgemm import BLOCK_WORDS, STAMP_COLUMNS
 from sparse_mlir.dsl.patterns import spgemm_operands, threads_sparse_output
 from sparse_mlir.errors import DTypeError, InvalidIndicesError, ShapeError
 from sparse_mlir.formats import CSR
@@ -112,6 +112,39 @@ def test_read_back_finds_columns_at_every_word_and_block_edge(cols, rng):
     for threads in (1, 2):
         with fixed(threads):
             _check(_kernel()(A=a, B=b), a, b)
+
+
+def _work(a: sp.csr_array, b: sp.csr_array) -> int:
+    """The entries of ``b`` the product reads: the kernel's work, which decides stamps or bitmap."""
+    return int(np.diff(b.indptr)[a.indices].sum())
+
+
+# (A's shape and density, B's shape and density): stamped (B's columns at most the work and STAMP_COLUMNS), or the
+# bitmap because B has more columns than the work, or more than STAMP_COLUMNS
+STAMP_CASES = {"stamped": ((300, 200), 0.05, (200, 3000), 0.01),
+               "bitmap: little work": ((300, 200), 0.005, (200, 9000), 0.0005),
+               "bitmap: many columns": ((40, 400), 0.2, (400, STAMP_COLUMNS + 7), 0.0004)}
+
+
+@pytest.mark.parametrize("case", STAMP_CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stamped_and_bitmap_passes_agree_with_scipy(case, threads, rng):
+    """Both ways of telling a column's first product in a row (per-worker stamps, per-chunk bitmaps) give the
+    structural product, with rows short for the width (listed, sorted) and long ones (read from the bitmap);
+    the cases sit on the side of the rule they are named for."""
+    a_shape, a_density, b_shape, b_density = STAMP_CASES[case]
+    a, b = _random(rng, a_shape, a_density, "float64"), _random(rng, b_shape, b_density, "float64")
+    b = b.tolil()
+    b[0, :700] = 1.5  # a dense row of B: the rows of C that reach it are long for any width here
+    b = sp.csr_array(b)
+    a = a.tolil()
+    a[:5, 0] = 2.0
+    a = sp.csr_array(a)
+    columns, work = b.shape[1], _work(a, b)
+    assert (columns <= min(work, STAMP_COLUMNS)) == (case == "stamped")
+    with fixed(threads):
+        _check(_kernel()(A=a, B=b), a, b)
+        _check(_kernel()(A=b.T.tocsr(), B=a.T.tocsr()), sp.csr_array(b.T), sp.csr_array(a.T))
 
 
 @pytest.mark.parametrize("heavy", [[0], [199], [0, 1, 2], [399], list(range(0, 400, 37))])

@@ -34,6 +34,7 @@ __all__ = [
     "declare_madvise",
     "declare_thread_count",
     "dynamic_vector",
+    "each_claimed",
     "for_each",
     "if_else",
     "index",
@@ -233,6 +234,23 @@ def level_types(fmt: Format, element: ir.Type) -> list[ir.Type]:
     return types
 
 
+def each_claimed(counter: ir.Value, limit: ir.Value, body: Callable[[ir.Value], None]) -> None:
+    """``body(item)`` for each item ``counter[0]`` (an ``i64``) hands out, by an atomic fetch-and-add of 1, until
+    it reaches ``limit``: workers that share ``counter`` split the items dynamically, however late one starts."""
+    i_type = ir.IndexType.get()
+    loop = scf.WhileOp([i_type], [])
+    head = loop.before.blocks.append()
+    with ir.InsertionPoint(head):
+        one = arith.constant(ir.IntegerType.get_signless(64), 1)
+        item = arith.index_castui(i_type, memref.AtomicRMWOp(arith.AtomicRMWKind.addi, one, counter,
+                                                             [index(0)]).result)
+        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, item, limit), [item])
+    step = loop.after.blocks.append(i_type)
+    with ir.InsertionPoint(step):
+        body(step.arguments[0])
+        scf.YieldOp([])
+
+
 def thread_count() -> ir.Value:
     """A call of ``THREAD_COUNT`` (the threads the kernel's parallel loops get); the module must declare it
     (``declare_thread_count``)."""
@@ -275,14 +293,15 @@ def csr_levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
 
 
 def csr_product_module(spec: KernelSpec, formats: dict[str, Format],
-                       body: Callable[[dict[str, list[ir.Value]], ir.Type, list[ir.Type]], Sequence[ir.Value]]
-                       ) -> ir.Module:
+                       body: Callable[[dict[str, list[ir.Value]], ir.Type, list[ir.Type]], Sequence[ir.Value]],
+                       uses_thread_count: bool = False) -> ir.Module:
     """A kernel module with the sparse assembler's signature over CSR operands and a CSR result: every input's
     level buffers in, the result's out (allocated by the kernel, ``result_buffer``; the C entry point hands them
     to the caller).
 
     ``body(buffers by input name, element type, result types)`` builds the function's body and returns the
-    result's buffers.  Shared by the emitters whose operands and result are all CSR (SpGEMM, the sparse add).
+    result's buffers; ``uses_thread_count`` declares ``THREAD_COUNT`` for it.  Shared by the emitters whose
+    operands and result are all CSR (SpGEMM, the sparse add).
     """
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     types = {name: csr_levels(formats[name], element) for name in spec.inputs}
@@ -290,6 +309,8 @@ def csr_product_module(spec: KernelSpec, formats: dict[str, Format],
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
         declare_madvise()  # for ``result_buffer``
+        if uses_thread_count:
+            declare_thread_count()
         fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]], out_types))
         fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
         block = fn.add_entry_block()

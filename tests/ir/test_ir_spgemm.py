@@ -1,5 +1,6 @@
 """IR of the CPU SpGEMM (``dialects/native/spgemm.py``): CSR x CSR -> CSR by rows, a symbolic and a numeric pass
-over chunks of rows in parallel, sorted or bitmap-read rows, any index widths."""
+over chunks of rows in parallel (by workers with column stamps, or by chunks with a bitmap), sorted or
+bitmap-read rows, any index widths."""
 
 from __future__ import annotations
 
@@ -33,18 +34,25 @@ def test_spgemm_takes_and_returns_level_buffers_with_two_parallel_passes():
     level = ["memref<?xi32>", "memref<?xi32>", "memref<?xf32>"]
     assert _signature(module) == (level * 2, level)  # A's buffers, B's, then C's (the sparse assembler's order)
     ops = op_counts(module)
-    assert ops["scf.parallel"] == 3  # the work per row, the symbolic pass, the numeric pass
-    assert ops["sparse_tensor.sort"] == 1  # short rows' columns
-    # wide rows: the bitmap counted (a ctpop per word), then read back a block of words at a time: one vector
-    # compare masks the block's non-zero words (a cttz and ctpop over the mask), then each word's bits
-    assert ops["math.cttz"] == 2 and ops["math.ctpop"] == 3
-    assert ops["vector.load"] == 1 and ops["vector.bitcast"] == 1
-    assert ops["arith.mulf"] == 2 and ops["arith.addf"] == 2  # one multiply-add per product, in each kind of row
-    assert ops["memref.prefetch"] == 4 * 3  # B's rows AHEAD entries on, in each walk over a row's products
-    # C's three buffers and the scratch: offsets, chunk starts, and per chunk (in each pass) bitmap and column
-    # list, plus the accumulator in the numeric pass; every scratch buffer is freed
-    assert ops["memref.alloc"] == 3 + 2 + 2 + 3
-    assert ops["memref.dealloc"] == 2 + 2 + 3
+    # the work per row; then each pass twice: by workers with stamps (B's columns up to STAMP_COLUMNS and the
+    # work) or by chunks with the bitmap alone
+    assert ops["scf.parallel"] == 1 + 2 * 2
+    assert ops["memref.atomic_rmw"] == 2  # each pass's workers claim chunks from a shared counter
+    assert ops["sparse_tensor.sort"] == 2  # short rows' columns, in each numeric pass
+    # wide rows: the bitmap counted (a ctpop per word: the bitmap symbolic pass only), then in each numeric pass
+    # read back a block of words at a time: one vector compare masks the block's non-zero words (a cttz and
+    # ctpop over the mask), then each word's bits
+    assert ops["math.cttz"] == 2 * 2 and ops["math.ctpop"] == 1 + 2 * 2
+    assert ops["vector.load"] == 2 and ops["vector.bitcast"] == 2
+    assert ops["arith.mulf"] == 4 and ops["arith.addf"] == 4  # a multiply-add per product, each kind of row
+    # B's rows AHEAD entries on (positions, coordinates, values), in each walk over a row's products: wide and
+    # narrow rows in both bitmap passes and the stamped numeric one, all rows alike in the stamped count
+    assert ops["memref.prefetch"] == 3 * (2 + 2 + 2 + 1)
+    # C's three buffers, offsets and chunk starts; per chunk in the bitmap passes the bitmap and column list
+    # (and the accumulator: numeric); per worker in the stamped passes the stamps (and the bitmap, list and
+    # accumulator: numeric) and each pass's counter; every scratch buffer is freed
+    assert ops["memref.alloc"] == 3 + 2 + (2 + 3) + (2 + 5)
+    assert ops["memref.dealloc"] == 2 + (2 + 3) + (2 + 5)
 
 
 def test_integer_values_and_index_widths():
