@@ -21,6 +21,7 @@ from support.data import DTYPES, random_sparse
 
 import sparse_mlir as sm
 import sparse_mlir.data
+from sparse_mlir.dialects.native.sparse_add import STAMP_COLUMNS
 from sparse_mlir.dsl.patterns import sparse_sum_operands, threads_sparse_output
 from sparse_mlir.errors import DTypeError, InvalidIndicesError, ShapeError
 from sparse_mlir.formats import CSR
@@ -72,8 +73,8 @@ def test_random_sums_match_scipy(dtype, rng):
         np.testing.assert_array_equal(was, now)  # the operands are only read
     assert kernel.shape_generic
     assert "linalg.generic" not in kernel.ir["input"] and "scf.parallel" in kernel.ir["input"]
-    if openmp_library() is not None:  # threaded: both passes become OpenMP loops
-        assert kernel.ir["mapped"].count("omp.wsloop") == 2
+    if openmp_library() is not None:  # threaded: both passes become OpenMP loops (the count pass in two forms:
+        assert kernel.ir["mapped"].count("omp.wsloop") == 3  # by workers with column stamps, or by chunks)
 
 
 @pytest.mark.parametrize("expression, alpha, beta", [
@@ -104,6 +105,39 @@ def test_sizes_densities_and_threads(shape, density, threads, rng):
     a, b = sp.csr_array(a), sp.csr_array(b)
     with fixed(threads):
         _check(_kernel("float32")(A=a, B=b), a, b)
+
+
+# (shape, density of A, density of B): the count pass by stamps (the operands' largest column at most their entries
+# and STAMP_COLUMNS), or by merging (product: a bitmap) because of few entries, or because of many columns
+COUNT_CASES = {"stamps": ((400, 3000), 0.02, 0.01), "merge: few entries": ((400, 9000), 0.0005, 0.001),
+               "merge: many columns": ((30, STAMP_COLUMNS + 5), 0.0002, 0.0001)}
+
+
+@pytest.mark.parametrize("case", COUNT_CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("expression", [EXPRESSION, "C[i,j] = A[i,j] * B[i,j]"])
+def test_stamped_and_merged_counts_agree_with_scipy(case, threads, expression, rng):
+    """Both ways of counting a row's entries of ``C`` (the two rows' shared columns by per-worker stamps, or a
+    merge / a bitmap per chunk) size ``C`` right, for the sum and the product, with rows of the same columns
+    and rows at the last column; the cases sit on the side of the rule they are named for."""
+    shape, density_a, density_b = COUNT_CASES[case]
+    a, b = _random(rng, shape, density_a, "float64").tolil(), _random(rng, shape, density_b, "float64").tolil()
+    a[0, shape[1] - 1] = b[1, shape[1] - 1] = 3.0
+    a[2, :5] = b[2, :5] = 1.0
+    a, b = sp.csr_array(a), sp.csr_array(b)
+    columns = int(max(a.indices.max(), b.indices.max())) + 1
+    assert (columns <= min(a.nnz + b.nnz, STAMP_COLUMNS)) == (case == "stamps")
+    with fixed(threads):
+        got = _kernel(expression=expression)(A=a, B=b)
+    if "+" in expression:
+        _check(got, a, b)
+    else:
+        want = sp.csr_array(a.multiply(b))
+        want.sort_indices()
+        c = got.to_scipy()
+        np.testing.assert_array_equal(c.indptr, want.indptr)
+        np.testing.assert_array_equal(c.indices, want.indices)
+        np.testing.assert_allclose(c.data, want.data, rtol=1e-13)
 
 
 @pytest.mark.parametrize("heavy", [[0], [399], [0, 1, 2], list(range(0, 400, 37))])

@@ -1,6 +1,7 @@
 """Small op-builder helpers the row-wise CPU emitters (``spmv``, ``sparse_add``, ``spgemm``, ``sddmm``) share: index constants and casts,
-``scf`` loops that carry values, a one-dimensional ``scf.parallel``, ``scf.if`` with results, and arithmetic that
-picks the float or integer op from the element type.
+``scf`` loops that carry values, a one-dimensional ``scf.parallel``, workers claiming items (``by_workers``) and
+their column stamps, ``scf.if`` with results, and arithmetic that picks the float or integer op from the element
+type.
 
 Why a module: each emitter otherwise grows its own copy of these few lines
 (one idea, one piece of code).  Every helper builds at the current insertion
@@ -10,6 +11,7 @@ point and location, like the bindings' own builders.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from mlir import ir
 from mlir.dialects import arith, func, llvm, memref, scf, vector
@@ -24,10 +26,12 @@ __all__ = [
     "LINE_BYTES",
     "MADVISE",
     "THREAD_COUNT",
+    "ColumnStamps",
     "RegisterTranspose",
     "add",
     "as_index",
     "bisect",
+    "by_workers",
     "constant_like",
     "csr_levels",
     "csr_product_module",
@@ -249,6 +253,72 @@ def each_claimed(counter: ir.Value, limit: ir.Value, body: Callable[[ir.Value], 
     with ir.InsertionPoint(step):
         body(step.arguments[0])
         scf.YieldOp([])
+
+
+def by_workers(items: ir.Value, body: Callable[[ir.Value, Any], None], setup: Callable[[], Any] = lambda: None,
+               teardown: Callable[[Any], None] = lambda state: None) -> None:
+    """``body(item, state)`` for items ``0..items``, by one worker per thread (``THREAD_COUNT``: the module
+    must declare it), each with its own ``state = setup()`` (``teardown(state)`` after), claiming items from a
+    shared counter (``each_claimed``).
+
+    For scratch that costs more to set up than an item does to compute
+    (``ColumnStamps``: zeroed once per worker, not once per item), where a
+    parallel loop over the items would set it up in every iteration.  The
+    counter balances the items as a guided schedule does, and a worker that
+    starts late finds them taken.
+    """
+    c0, c1 = index(0), index(1)
+    i64 = ir.IntegerType.get_signless(64)
+    claimed = memref.alloc(dynamic_vector(i64), [c1], [])
+    memref.store(arith.constant(i64, 0), claimed, [c0])
+
+    def worker(_: ir.Value) -> None:
+        state = setup()
+        each_claimed(claimed, items, lambda item: body(item, state))
+        teardown(state)
+
+    parallel(arith.maxui(arith.minui(thread_count(), items), c1), worker)
+    memref.dealloc(claimed)
+
+
+class ColumnStamps:
+    """A worker's ``i32`` stamp per column, zeroed once: row ``i``'s tag is ``i + 1``, so a column whose stamp
+    is the row's tag has been seen in this row, and nothing is cleared between rows.
+
+    The alternative, a bitmap, is read, or-ed and stored per entry, and the
+    next entry (often a neighbouring column: the same word) waits for that
+    store, a chain through memory; the stamps' loads and stores depend on
+    nothing but a repeated column.  SpGEMM's symbolic pass took 1.4-2.7x
+    the stamps' time with a bitmap (C, SuiteSparse matrices).  Needs fewer
+    than ``LAST_TAG`` rows.
+    """
+
+    LAST_TAG = 2**31 - 1
+
+    def __init__(self, n_cols: ir.Value) -> None:
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.stamps = memref.alloc(dynamic_vector(self.i32), [n_cols], [])
+        zero = arith.constant(self.i32, 0)
+        for_each(index(0), n_cols, lambda j: memref.store(zero, self.stamps, [j]))
+
+    def tag(self, row: ir.Value) -> ir.Value:
+        return arith.index_castui(self.i32, arith.addi(row, index(1)))
+
+    def stamp(self, j: ir.Value, tag: ir.Value) -> None:
+        memref.store(tag, self.stamps, [j])
+
+    def holds(self, j: ir.Value, tag: ir.Value) -> ir.Value:
+        """Whether column ``j`` carries ``tag`` (an ``i1``)."""
+        return arith.cmpi(arith.CmpIPredicate.eq, memref.load(self.stamps, [j]), tag)
+
+    def renew(self, j: ir.Value, tag: ir.Value) -> ir.Value:
+        """Whether column ``j`` is new to the row of ``tag`` (an ``i1``); stamps it, without a branch."""
+        new = arith.cmpi(arith.CmpIPredicate.ne, memref.load(self.stamps, [j]), tag)
+        self.stamp(j, tag)
+        return new
+
+    def free(self) -> None:
+        memref.dealloc(self.stamps)
 
 
 def thread_count() -> ir.Value:

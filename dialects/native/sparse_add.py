@@ -10,8 +10,16 @@ entries of ``A`` and ``B`` (``MAX_CHUNKS`` at most, none under
 before it reach ``c / chunks`` of the total, found by a binary search over
 ``A``'s and ``B``'s positions, which are already prefix sums.
 
-1. count: each chunk merges the column lists of its rows and counts the
-   distinct columns (an entry of both counts once);
+1. count: each row's entries of ``C`` are its two rows' lengths less the
+   columns they share, found by stamping ``A``'s columns with the row's tag
+   and testing ``B``'s (``loops.ColumnStamps``, one array per worker, the
+   workers claiming chunks: ``loops.by_workers``); no step waits on the one
+   before, where a merge step waits on the last comparison (4096^2 at
+   1% + 1%, 1 thread: 1.56 -> 1.13 ms for the whole add).  With more
+   columns than ``STAMP_COLUMNS`` or than the operands' entries (the
+   stamps would cost more to zero than the rows to count), each chunk
+   merges its rows' column lists and counts the distinct columns (an
+   entry of both counts once) instead;
 2. a prefix sum over the chunks' counts (a few dozen numbers) gives each
    chunk's first entry in ``C`` and ``C``'s size;
 3. fill: each chunk merges its rows again, writing coordinates and values
@@ -34,8 +42,9 @@ drops it).  The coefficients come from the expression
 (``dsl.patterns.sparse_sum_operands``): ``A - B``, ``2*A + B*0.5``.
 
 The elementwise product ``C[i,j] = A[i,j] * B[i,j]`` (``native_sparse_product``)
-takes the same two passes over the *intersection* of the rows, found by a
-scatter and a probe instead of a merge (``_Intersection``): the shorter row
+takes the same two passes over the *intersection* of the rows (its count
+is the shared columns the stamps find), found in the fill (and the count
+without stamps) by a scatter and a probe instead of a merge (``_Intersection``): the shorter row
 marks its columns in the chunk's bitmap and notes their positions, the
 longer one tests each of its columns, in order, so ``C``'s columns come out
 sorted; the shorter row then clears its bits.  No step depends on the one
@@ -57,7 +66,9 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, memref, scf
 from sparse_mlir.dialects.native.loops import (
+    ColumnStamps,
     add,
+    by_workers,
     constant_like,
     csr_product_module,
     dynamic_vector,
@@ -76,10 +87,13 @@ from sparse_mlir.dsl.patterns import SparseSum, sparse_product_operands, sparse_
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "native_sparse_add", "native_sparse_product"]
+__all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "STAMP_COLUMNS", "native_sparse_add", "native_sparse_product"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
 CHUNK_ENTRIES = 4096  # operand entries per chunk at least: below that a chunk's set-up outweighs its merging
+# columns up to which the count pass counts each row's common columns with stamps (4 bytes a column, one array per
+# worker, zeroed once a call), when they are at most the operands' entries
+STAMP_COLUMNS = 1 << 18
 
 Shapes = dict[str, tuple[int | None, ...]]
 
@@ -113,7 +127,7 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes, found:
         merge = kind(buffers[found.a], buffers[found.b], found.alpha, found.beta, element, out_types)
         return merge.emit(shapes[spec.output][0])
 
-    return csr_product_module(spec, formats, body)
+    return csr_product_module(spec, formats, body, uses_thread_count=True)
 
 
 class _Operand:
@@ -183,7 +197,22 @@ class _Merge:
         # 1. each chunk's entries of C, into firsts[c + 1]; 2. their prefix sum: firsts[c] is chunk c's first
         firsts = memref.alloc(dynamic_vector(self.index), [arith.addi(chunks, c1)], [])
         memref.store(c0, firsts, [c0])
-        parallel(chunks, lambda c: memref.store(self._count(bounds, c), firsts, [arith.addi(c, c1)]))
+        self.n_cols = arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))
+        stamped = arith.andi(arith.andi(arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, index(STAMP_COLUMNS)),
+                                        arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, total)),
+                             arith.cmpi(arith.CmpIPredicate.ult, n_rows, index(ColumnStamps.LAST_TAG)))
+
+        def count_by_workers() -> list[ir.Value]:
+            by_workers(chunks, lambda c, stamps: memref.store(self._stamped_count(bounds, c, stamps), firsts,
+                                                              [arith.addi(c, c1)]),
+                       lambda: ColumnStamps(self.n_cols), ColumnStamps.free)
+            return []
+
+        def count_by_chunks() -> list[ir.Value]:
+            parallel(chunks, lambda c: memref.store(self._count(bounds, c), firsts, [arith.addi(c, c1)]))
+            return []
+
+        if_else(stamped, count_by_workers, count_by_chunks, [])
 
         def running(c: ir.Value, sums: list[ir.Value]) -> list[ir.Value]:
             at = arith.addi(c, c1)
@@ -203,6 +232,16 @@ class _Merge:
     def _combine(self, x: ir.Value, y: ir.Value) -> ir.Value:
         """An entry of ``C`` from the two operands' (scaled) entries at one column."""
         return add(x, y)
+
+    def _columns(self, operand: _Operand, n_rows: ir.Value) -> ir.Value:
+        """One more than ``operand``'s largest column: the largest last column of its (sorted) rows."""
+        def last(i: ir.Value, most: list[ir.Value]) -> list[ir.Value]:
+            start, end = operand.row(i)
+            column = load_index(operand.crd, arith.subi(arith.maxui(end, index(1)), index(1)))
+            return [arith.select(arith.cmpi(arith.CmpIPredicate.ult, start, end),
+                                 arith.maxui(most[0], arith.addi(column, index(1))), most[0])]
+
+        return reduce_loop(index(0), n_rows, [index(0)], last)[0]
 
     def _entries_before(self, row: ir.Value) -> ir.Value:
         """Entries of ``A`` and ``B`` in the rows before ``row``: the sum of their positions there."""
@@ -299,6 +338,31 @@ class _Merge:
             i, [count], lambda p, q, ja, jb, take_a, take_b, carried: [arith.addi(carried[0], index(1))])
         return arith.addi(count, arith.addi(arith.subi(p_end, p), arith.subi(q_end, q)))
 
+    def _stamped_count(self, bounds: _Chunks, chunk: ir.Value, stamps: ColumnStamps) -> ir.Value:
+        """How many entries of ``C`` the rows of ``chunk`` hold, by ``_union`` of each row's lengths and the
+        columns its two rows share: ``A``'s columns stamped with the row's tag, ``B``'s tested.
+
+        Every step is a load and a store or a compare that depends on no
+        other step (a merge step waits on the comparison before it; 4096^2
+        at 1% + 1%, 1 thread: the count pass was 43% of the kernel).
+        """
+        def row(i: ir.Value, count: list[ir.Value]) -> list[ir.Value]:
+            tag = stamps.tag(i)
+            p0, p_end = self.a.row(i)
+            q0, q_end = self.b.row(i)
+            for_each(p0, p_end, lambda p: stamps.stamp(load_index(self.a.crd, p), tag))
+            common = reduce_loop(q0, q_end, [index(0)], lambda q, shared: [arith.addi(shared[0], _as_step(
+                stamps.holds(load_index(self.b.crd, q), tag)))])[0]
+            return [arith.addi(count[0], self._union(arith.subi(p_end, p0), arith.subi(q_end, q0), common))]
+
+        begin, end = bounds.rows(chunk)
+        return reduce_loop(begin, end, [index(0)], row)[0]
+
+    @staticmethod
+    def _union(a_entries: ir.Value, b_entries: ir.Value, common: ir.Value) -> ir.Value:
+        """Entries of a row of ``C`` whose rows of ``A`` and ``B`` hold these many, ``common`` of them shared."""
+        return arith.subi(arith.addi(a_entries, b_entries), common)
+
     def _scratch(self) -> object:
         """Per-chunk scratch, allocated inside the chunk's parallel iteration (none for the merge)."""
         return None
@@ -369,22 +433,6 @@ class _Intersection(_Merge):
 
     _I64 = 64
 
-    def emit(self, rows: int | None) -> list[ir.Value]:
-        c0, c1 = index(0), index(1)
-        n_rows = index(rows) if rows is not None else arith.subi(memref.dim(self.a.pos, c0), c1)
-        self.n_cols = arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))
-        return super().emit(rows)
-
-    def _columns(self, operand: _Operand, n_rows: ir.Value) -> ir.Value:
-        """One more than ``operand``'s largest column: the largest last column of its (sorted) rows."""
-        def last(i: ir.Value, most: list[ir.Value]) -> list[ir.Value]:
-            start, end = operand.row(i)
-            column = load_index(operand.crd, arith.subi(arith.maxui(end, index(1)), index(1)))
-            return [arith.select(arith.cmpi(arith.CmpIPredicate.ult, start, end),
-                                 arith.maxui(most[0], arith.addi(column, index(1))), most[0])]
-
-        return reduce_loop(index(0), n_rows, [index(0)], last)[0]
-
     def _combine(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return mul(x, y)
 
@@ -453,6 +501,10 @@ class _Intersection(_Merge):
         a_shorter = arith.cmpi(arith.CmpIPredicate.ule, arith.subi(a_end, a_start), arith.subi(b_end, b_start))
         return if_else(a_shorter, lambda: scatter_and_probe(self.a, self.b),
                        lambda: scatter_and_probe(self.b, self.a), [init.type])[0]
+
+    @staticmethod
+    def _union(a_entries: ir.Value, b_entries: ir.Value, common: ir.Value) -> ir.Value:
+        return common  # the product's row holds the shared columns only
 
     def _count_row(self, i: ir.Value, count: ir.Value, scratch: object) -> ir.Value:
         return self._pair(i, lambda long, short, m, j, carried: arith.addi(carried, index(1)), count,

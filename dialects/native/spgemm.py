@@ -16,7 +16,7 @@ row by row, in two passes over the rows, both threaded:
    are sorted and unique within each row (the SparseTensor invariant).
 
 Both passes tell a column's first product in a row from the others by a
-*stamp* per column of ``B`` (``_Stamps``: the row's tag ``i + 1``, so no
+*stamp* per column of ``B`` (``ColumnStamps``: the row's tag ``i + 1``, so no
 clearing between rows, and no read-modify-write chain through a bitmap
 word), in one array per worker (a worker per thread, claiming chunks from
 a shared counter).  When ``B`` has more than ``STAMP_COLUMNS`` columns, or
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 from mlir.dialects import sparse_tensor as st
-from sparse_mlir.dialects.native.loops import csr_product_module, each_claimed, reduce_loop, result_buffer, thread_count
+from sparse_mlir.dialects.native.loops import ColumnStamps, by_workers, csr_product_module, reduce_loop, result_buffer
 from sparse_mlir.dialects.native.loops import dynamic_vector as _vector
 from sparse_mlir.dialects.native.loops import for_each as _for
 from sparse_mlir.dialects.native.loops import if_else as _if
@@ -71,7 +71,6 @@ BLOCK_WORDS = 8  # bitmap words a wide row's read-back tests at once (512 bits: 
 # B's columns up to which the symbolic pass counts with a stamp per column (4 bytes each, one array per worker:
 # 1 MiB), when they are at most the product's work (the stamps are zeroed once per call and worker)
 STAMP_COLUMNS = 1 << 18
-_LAST_TAG = 2**31 - 1  # the stamps are i32 tags ``row + 1``: more rows than this count with the bitmap
 
 Shapes = dict[str, tuple[int | None, ...]]
 
@@ -218,35 +217,6 @@ class _Scratch:
         _reduce(_index(0), self.blocks, _index(0), block)
 
 
-class _Stamps:
-    """A worker's ``i32`` stamp per column of ``B``, zeroed once: row ``i``'s tag is ``i + 1``, so a column
-    whose stamp is the row's tag has been seen in this row, and nothing is cleared between rows.
-
-    A bitmap bit is read, or-ed and stored by every product, and the next
-    product (often a neighbouring column, the same word) waits for that
-    store: a chain through memory that took 1.4-2.7x the stamps' time in C
-    on the benchmark's SuiteSparse matrices.
-    """
-
-    def __init__(self, n_cols: ir.Value) -> None:
-        self.i32 = ir.IntegerType.get_signless(32)
-        self.stamps = memref.alloc(_vector(self.i32), [n_cols], [])
-        zero = arith.constant(self.i32, 0)
-        _for(_index(0), n_cols, lambda j: memref.store(zero, self.stamps, [j]))
-
-    def tag(self, row: ir.Value) -> ir.Value:
-        return arith.index_castui(self.i32, arith.addi(row, _index(1)))
-
-    def renew(self, j: ir.Value, tag: ir.Value) -> ir.Value:
-        """Whether column ``j`` is new to the row of ``tag`` (an ``i1``); stamps it, without a branch."""
-        new = arith.cmpi(arith.CmpIPredicate.ne, memref.load(self.stamps, [j]), tag)
-        memref.store(tag, self.stamps, [j])
-        return new
-
-    def free(self) -> None:
-        memref.dealloc(self.stamps)
-
-
 def _each_set_bit(value: ir.Value, carried: ir.Value, body: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
     """``body(bit, carried)`` for each set bit of the integer ``value``, lowest first (``cttz``, then the bit
     cleared); ``body`` returns the next carried value, and the last one is returned."""
@@ -356,7 +326,7 @@ class _Gustavson:
         # 2. symbolic: each row's column count, into offsets[i + 1]
         stamped = arith.andi(arith.andi(arith.cmpi(arith.CmpIPredicate.ule, n_cols, _index(STAMP_COLUMNS)),
                                         arith.cmpi(arith.CmpIPredicate.ule, n_cols, work)),
-                             arith.cmpi(arith.CmpIPredicate.ult, n_rows, _index(_LAST_TAG)))
+                             arith.cmpi(arith.CmpIPredicate.ult, n_rows, _index(ColumnStamps.LAST_TAG)))
         _if(stamped, lambda: self._by_workers(chunks, starts, n_cols, None,
                                               lambda i, stamps, _: self._stamped_count(i, stamps, offsets)),
             lambda: _parallel(chunks, lambda c: self._symbolic(c, starts, n_cols, offsets)) or [], [])
@@ -453,33 +423,21 @@ class _Gustavson:
         scratch.free()
 
     def _by_workers(self, chunks: ir.Value, starts: ir.Value, n_cols: ir.Value, element: ir.Type | None,
-                    row: Callable[[ir.Value, _Stamps, _Scratch | None], None]) -> list[ir.Value]:
-        """``row(i, stamps, scratch)`` for every row, by one worker per thread, each with its own ``_Stamps``
-        (and ``_Scratch`` for ``element``, when given), claiming chunks from a shared counter.
+                    row: Callable[[ir.Value, ColumnStamps, _Scratch | None], None]) -> list[ir.Value]:
+        """``row(i, stamps, scratch)`` for every row, by one worker per thread (``loops.by_workers``), each
+        with its own ``ColumnStamps`` (and ``_Scratch`` for ``element``, when given)."""
+        def setup() -> tuple[ColumnStamps, _Scratch | None]:
+            return ColumnStamps(n_cols), (_Scratch(n_cols, element) if element is not None else None)
 
-        The stamps are zeroed once per worker and serve every row it takes
-        (a chunk's own would be zeroed once per chunk: 64 of them); the
-        counter balances the chunks as the guided schedule did, and a worker
-        that starts late finds the chunks taken.
-        """
-        c0, c1 = self.c0, self.c1
-        i64 = ir.IntegerType.get_signless(64)
-        claimed = memref.alloc(_vector(i64), [c1], [])
-        memref.store(arith.constant(i64, 0), claimed, [c0])
+        def teardown(state: tuple[ColumnStamps, _Scratch | None]) -> None:
+            for scratch in state:
+                if scratch is not None:
+                    scratch.free()
 
-        def worker(_: ir.Value) -> None:
-            stamps = _Stamps(n_cols)
-            scratch = _Scratch(n_cols, element) if element is not None else None
-            each_claimed(claimed, chunks, lambda c: self._rows_of(c, starts, lambda i: row(i, stamps, scratch)))
-            stamps.free()
-            if scratch is not None:
-                scratch.free()
-
-        _parallel(arith.maxui(arith.minui(thread_count(), chunks), c1), worker)
-        memref.dealloc(claimed)
+        by_workers(chunks, lambda c, state: self._rows_of(c, starts, lambda i: row(i, *state)), setup, teardown)
         return []
 
-    def _stamped_count(self, i: ir.Value, stamps: _Stamps, offsets: ir.Value) -> None:
+    def _stamped_count(self, i: ir.Value, stamps: ColumnStamps, offsets: ir.Value) -> None:
         """Row ``i``'s distinct columns into ``offsets[i + 1]``: each product adds whether its column is new."""
         tag = stamps.tag(i)
 
@@ -489,7 +447,7 @@ class _Gustavson:
 
         memref.store(self._products(i, visit), offsets, [arith.addi(i, self.c1)])
 
-    def _stamped_numeric_row(self, i: ir.Value, stamps: _Stamps, scratch: _Scratch, n_cols: ir.Value,
+    def _stamped_numeric_row(self, i: ir.Value, stamps: ColumnStamps, scratch: _Scratch, n_cols: ir.Value,
                              offsets: ir.Value, out: tuple[ir.Value, ir.Value]) -> None:
         """Row ``i`` of ``C``: the stamps say which product is a column's first (its value is stored, and the
         column listed or, in a wide row, its bit set), the others add; then written in column order (a wide

@@ -36,19 +36,22 @@ def test_sparse_add_takes_and_returns_level_buffers_with_two_parallel_passes():
     kernel = functions(module)[KERNEL_NAME]
     assert "llvm.emit_c_interface" in kernel.attributes and FILLS_OUTPUT not in kernel.attributes
     ops = op_counts(module)
-    assert ops["scf.parallel"] == 2  # the counting pass, the filling pass
-    # two merge loops in each pass (the column after a row's last read with and without a clamp), and a binary
-    # search for each end of a chunk's rows in each pass
-    assert ops["scf.while"] == 2 * 2 + 2 * 2
-    # per pass: an empty side skips the merge, the clamp is for rows at the buffers' end, and rows of the same
-    # columns (checked when of the same length) add entry by entry; the merge steps are selects.  C's
-    # coordinates and values each ask for huge pages when large (``loops.result_buffer``)
-    assert ops["scf.if"] == 2 * 4 + 2
-    assert ops["func.call"] == 2 and "func.func private @madvise" in str(module)
+    # the counting pass in two forms (by workers with column stamps, B's columns up to STAMP_COLUMNS and the
+    # entries, or by chunks merging), the filling pass
+    assert ops["scf.parallel"] == 3
+    assert ops["memref.atomic_rmw"] == 1 and ops["scf.while"] >= 1  # the workers claim chunks from a counter
+    # two merge loops in the chunks' count and the fill (the column after a row's last read with and without a
+    # clamp), a binary search for each end of a chunk's rows in each pass, and the workers' claiming loop
+    assert ops["scf.while"] == 2 * 2 + 3 * 2 + 1
+    # per merging pass: an empty side skips the merge, the clamp is for rows at the buffers' end, and rows of the
+    # same columns (checked when of the same length) add entry by entry; the merge steps are selects.  C's
+    # coordinates and values each ask for huge pages when large (``loops.result_buffer``); which count pass runs
+    assert ops["scf.if"] == 2 * 4 + 2 + 1
+    assert ops["func.call"] == 2 + 1 and "func.func private @madvise" in str(module)  # and the thread count
     assert ops["arith.select"] >= 2 * 2 * 2 + 2 * 3  # each merge loop: the next columns; fill: the value
     assert ops["arith.addf"] == 3 and not ops["arith.mulf"]  # two merge loops, same-column rows; coefficients 1
-    # C's three buffers and the chunks' first entries, which are freed
-    assert ops["memref.alloc"] == 3 + 1 and ops["memref.dealloc"] == 1
+    # C's three buffers, the chunks' first entries, the workers' counter and stamps; all but C's are freed
+    assert ops["memref.alloc"] == 3 + 1 + 2 and ops["memref.dealloc"] == 1 + 2
 
 
 @pytest.mark.parametrize("expression, multiplies", [
@@ -100,15 +103,17 @@ def test_other_kernels_are_not_sparse_adds(expression, formats):
 
 
 def test_elementwise_product_scatters_and_probes_instead_of_merging():
-    """``A .* B`` (``native_sparse_product``): the same two parallel passes, each row pair's common columns found
-    by a bitmap scatter of the shorter row and a probe of the longer (both orders built), no merge loop."""
+    """``A .* B`` (``native_sparse_product``): the same passes, each row pair's common columns counted by stamps
+    (or a bitmap) and found for the fill by a bitmap scatter of the shorter row and a probe of the longer (both
+    orders built), no merge loop."""
     from sparse_mlir.dialects.native.sparse_add import native_sparse_product
 
     spec = planned("C[i,j] = A[i,j] * B[i,j]", CSR3, "float64")
     module = verified(native_sparse_product(spec, spec.formats, cpu_shapes(spec, EXTENTS)))
     ops = op_counts(module)
-    assert ops["scf.parallel"] == 2
-    assert ops["memref.alloc"] == 2 * 2 + 4  # each pass's bitmap and positions; firsts and C's three buffers
+    assert ops["scf.parallel"] == 3  # the count by workers with stamps or by chunks with a bitmap, the fill
+    # the bitmap passes' bitmap and positions; the stamped count's stamps and counter; firsts and C's buffers
+    assert ops["memref.alloc"] == 2 * 2 + 2 + 4
     assert ops["arith.mulf"] >= 2 and not ops["arith.addf"]
     assert native_sparse_add(spec, spec.formats, cpu_shapes(spec, EXTENTS)) is None
     for expression, formats in (("C[i,j] = A[i,j] * B[i,j]", {"A": "csr", "C": "csr"}),  # a dense B
