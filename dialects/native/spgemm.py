@@ -61,9 +61,10 @@ from sparse_mlir.dsl.patterns import spgemm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["BLOCK_WORDS", "MAX_CHUNKS", "SHORT_LIST", "STAMP_COLUMNS", "WIDE_ROW", "native_spgemm"]
+__all__ = ["BLOCK_WORDS", "MAX_CHUNKS", "PARALLEL_ESTIMATE", "SHORT_LIST", "STAMP_COLUMNS", "WIDE_ROW", "native_spgemm"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
+PARALLEL_ESTIMATE = 1 << 18  # entries of A from which the work per row is estimated in parallel
 WIDE_ROW = 1024  # a row with at least cols / WIDE_ROW columns is collected from a bitmap, not sorted
 AHEAD = 4  # entries of A ahead whose rows of B are prefetched
 SHORT_LIST = 32  # a sorted row this short is insertion-sorted inline; longer ones call sparse_tensor.sort
@@ -320,7 +321,14 @@ class _Gustavson:
         rows1 = arith.addi(n_rows, c1)
         # 1. the work of each row, prefix-summed in place: offsets[i] = entries of B rows before row i read
         offsets = memref.alloc(_vector(self.index), [rows1], [])
-        _parallel(n_rows, lambda i: memref.store(self._work(i), offsets, [arith.addi(i, c1)]))
+
+        def estimate(i: ir.Value) -> None:
+            memref.store(self._work(i), offsets, [arith.addi(i, c1)])
+
+        # a few loads per entry of A: threads pay only for a large A (a fork that finds the workers asleep waits
+        # longer than this pass takes below that)
+        many = arith.cmpi(arith.CmpIPredicate.uge, memref.dim(self.a_crd, c0), _index(PARALLEL_ESTIMATE))
+        _if(many, lambda: _parallel(n_rows, estimate) or [], lambda: _for(c0, n_rows, estimate) or [], [])
         work = self._prefix_sum(offsets, n_rows)
         chunks, starts = self._chunks(offsets, n_rows, n_cols, work)
         # 2. symbolic: each row's column count, into offsets[i + 1]
