@@ -147,15 +147,30 @@ class _Scratch:
         return count
 
     def mark_first(self, j: ir.Value, count: ir.Value, first: Callable[[], None] = lambda: None,
-                   again: Callable[[], None] = lambda: None, listed: bool = True) -> ir.Value:
-        """Set column ``j``'s bit.  The first time in this row, ``first()`` and (``listed``) list ``j`` at
-        ``count`` and count it; else ``again()``.  Returns the count."""
-        at, bit = self._word_and_bit(j)
-        word = memref.load(self.bits, [at])
-        clear = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(word, bit), self.zero)
+                   again: Callable[[], None] = lambda: None, listed: bool = True,
+                   new: ir.Value | None = None) -> ir.Value:
+        """The first time column ``j`` comes in this row, ``first()`` and (``listed``) list ``j`` at ``count``
+        and count it; else ``again()``.  Returns the count.
+
+        ``new`` (an ``i1``, from ``ColumnStamps``) says whether it is the first time, and only an unlisted
+        row's columns get their bits (to be read back); without it the bit says, and every column gets it.
+        """
+        if new is None:
+            at, bit = self._word_and_bit(j)
+            word = memref.load(self.bits, [at])
+            clear = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(word, bit), self.zero)
+
+            def set_bit() -> None:
+                memref.store(arith.ori(word, bit), self.bits, [at])
+        else:
+            clear = new
+
+            def set_bit() -> None:
+                if not listed:
+                    self.mark(j, count)
 
         def fresh() -> list[ir.Value]:
-            memref.store(arith.ori(word, bit), self.bits, [at])
+            set_bit()
             first()
             if not listed:
                 return [count]
@@ -345,8 +360,8 @@ class _Gustavson:
         out = (result_buffer(self.out_types[1], nnz), result_buffer(self.out_types[2], nnz))
         # 4. numeric
         _if(stamped, lambda: self._by_workers(chunks, starts, n_cols, self.element,
-                                              lambda i, stamps, scratch: self._stamped_numeric_row(
-                                                  i, stamps, scratch, n_cols, offsets, out)),
+                                              lambda i, stamps, scratch: self._numeric_row(
+                                                  i, scratch, n_cols, offsets, out, stamps)),
             lambda: _parallel(chunks, lambda c: self._numeric(c, starts, n_cols, offsets, out)) or [], [])
         memref.dealloc(offsets)
         memref.dealloc(starts)
@@ -455,34 +470,38 @@ class _Gustavson:
 
         memref.store(self._products(i, visit), offsets, [arith.addi(i, self.c1)])
 
-    def _stamped_numeric_row(self, i: ir.Value, stamps: ColumnStamps, scratch: _Scratch, n_cols: ir.Value,
-                             offsets: ir.Value, out: tuple[ir.Value, ir.Value]) -> None:
-        """Row ``i`` of ``C``: the stamps say which product is a column's first (its value is stored, and the
-        column listed or, in a wide row, its bit set), the others add; then written in column order (a wide
-        row drained from the bitmap, any other sorted, with no bits to clear)."""
-        tag = stamps.tag(i)
+    def _numeric(self, chunk: ir.Value, starts: ir.Value, n_cols: ir.Value, offsets: ir.Value,
+                 out: tuple[ir.Value, ir.Value]) -> None:
+        """The rows of ``chunk`` (``_numeric_row``) with the chunk's own scratch, its bitmap telling first
+        products apart."""
+        scratch = _Scratch(n_cols, self.element)
+        self._rows_of(chunk, starts, lambda i: self._numeric_row(i, scratch, n_cols, offsets, out))
+        scratch.free()
+
+    def _numeric_row(self, i: ir.Value, scratch: _Scratch, n_cols: ir.Value, offsets: ir.Value,
+                     out: tuple[ir.Value, ir.Value], stamps: ColumnStamps | None = None) -> None:
+        """Row ``i`` of ``C``: a column's first product overwrites its accumulator slot, the others add; then the
+        row is written in column order.
+
+        ``stamps`` (or, without them, the bitmap) tell a column's first
+        product in the row.  A row with many columns for the width
+        (``WIDE_ROW``) is read back from the bitmap, 64 columns a word; any
+        other row lists its columns and sorts them (and clears their bits
+        one by one when the bitmap told the first products).
+        """
         values = scratch.values
         start = memref.load(offsets, [i])
         size = arith.subi(memref.load(offsets, [arith.addi(i, self.c1)]), start)
+        tag = stamps.tag(i) if stamps is not None else None
 
         def accumulate(listed: bool) -> None:
             def visit(p: ir.Value, q: ir.Value, count: ir.Value) -> ir.Value:
                 j = _load_index(self.b_crd, q)
                 product = self._mul(memref.load(self.a_val, [p]), memref.load(self.b_val, [q]))
-
-                def first() -> list[ir.Value]:
-                    memref.store(product, values, [j])
-                    if not listed:
-                        scratch.mark(j, count)
-                        return [count]
-                    memref.store(j, scratch.columns, [count])
-                    return [arith.addi(count, self.c1)]
-
-                def again() -> list[ir.Value]:
-                    memref.store(self._add(memref.load(values, [j]), product), values, [j])
-                    return [count]
-
-                return _if(stamps.renew(j, tag), first, again, [self.index])[0]
+                return scratch.mark_first(
+                    j, count, lambda: memref.store(product, values, [j]),
+                    lambda: memref.store(self._add(memref.load(values, [j]), product), values, [j]), listed,
+                    stamps.renew(j, tag) if stamps is not None else None)
 
             self._products(i, visit)
 
@@ -499,64 +518,17 @@ class _Gustavson:
         def narrow() -> list[ir.Value]:
             accumulate(listed=True)
             _sort(scratch.columns, size)
-            _for(self.c0, size, lambda e: write(memref.load(scratch.columns, [e]), e))
+
+            def entry(e: ir.Value) -> None:
+                j = memref.load(scratch.columns, [e])
+                write(j, e)
+                if stamps is None:
+                    scratch.unset(j)
+
+            _for(self.c0, size, entry)
             return []
 
         _if(self._wide(size, n_cols), wide, narrow, [])
-
-    def _numeric(self, chunk: ir.Value, starts: ir.Value, n_cols: ir.Value, offsets: ir.Value,
-                 out: tuple[ir.Value, ir.Value]) -> None:
-        """Sum each row into the chunk's accumulator (a column's first product overwrites its slot), then write
-        it out in column order.
-
-        A row with many columns for the width (``WIDE_ROW``) is read back
-        from the bitmap, 64 columns a word; any other row lists its columns,
-        sorts them and clears their bits one by one.
-        """
-        c0 = self.c0
-        scratch = _Scratch(n_cols, self.element)
-        values = scratch.values
-
-        def row(i: ir.Value) -> None:
-            start = memref.load(offsets, [i])
-            size = arith.subi(memref.load(offsets, [arith.addi(i, self.c1)]), start)
-
-            def accumulate(listed: bool) -> None:
-                def visit(p: ir.Value, q: ir.Value, count: ir.Value) -> ir.Value:
-                    j = _load_index(self.b_crd, q)
-                    product = self._mul(memref.load(self.a_val, [p]), memref.load(self.b_val, [q]))
-                    return scratch.mark_first(
-                        j, count, lambda: memref.store(product, values, [j]),
-                        lambda: memref.store(self._add(memref.load(values, [j]), product), values, [j]), listed)
-
-                self._products(i, visit)
-
-            def write(j: ir.Value, e: ir.Value) -> None:
-                p = arith.addi(start, e)
-                _store_as(j, out[0], p)
-                memref.store(memref.load(values, [j]), out[1], [p])
-
-            def wide() -> list[ir.Value]:
-                accumulate(listed=False)
-                scratch.drain(write)
-                return []
-
-            def narrow() -> list[ir.Value]:
-                accumulate(listed=True)
-                _sort(scratch.columns, size)
-
-                def entry(e: ir.Value) -> None:
-                    j = memref.load(scratch.columns, [e])
-                    write(j, e)
-                    scratch.unset(j)
-
-                _for(c0, size, entry)
-                return []
-
-            _if(self._wide(size, n_cols), wide, narrow, [])
-
-        self._rows_of(chunk, starts, row)
-        scratch.free()
 
     def _add(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return arith.addf(x, y) if self.is_float else arith.addi(x, y)
