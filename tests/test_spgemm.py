@@ -133,13 +133,11 @@ def test_stamped_and_bitmap_passes_agree_with_scipy(case, threads, rng):
     structural product, with rows short for the width (listed, sorted) and long ones (read from the bitmap);
     the cases sit on the side of the rule they are named for."""
     a_shape, a_density, b_shape, b_density = STAMP_CASES[case]
-    a, b = _random(rng, a_shape, a_density, "float64"), _random(rng, b_shape, b_density, "float64")
-    b = b.tolil()
+    a, b = (sp.random_array(shape, density=d, format="lil", rng=rng) for shape, d in ((a_shape, a_density),
+                                                                                    (b_shape, b_density)))
     b[0, :700] = 1.5  # a dense row of B: the rows of C that reach it are long for any width here
-    b = sp.csr_array(b)
-    a = a.tolil()
     a[:5, 0] = 2.0
-    a = sp.csr_array(a)
+    a, b = sp.csr_array(a), sp.csr_array(b)
     columns, work = b.shape[1], _work(a, b)
     assert (columns <= min(work, STAMP_COLUMNS)) == (case == "stamped")
     with fixed(threads):

@@ -15,9 +15,10 @@ before it reach ``c / chunks`` of the total, found by a binary search over
    and testing ``B``'s (``loops.ColumnStamps``, one array per worker, the
    workers claiming chunks: ``loops.by_workers``); no step waits on the one
    before, where a merge step waits on the last comparison (4096^2 at
-   1% + 1%, 1 thread: 1.56 -> 1.13 ms for the whole add).  With more
-   columns than ``STAMP_COLUMNS`` or than the operands' entries (the
-   stamps would cost more to zero than the rows to count), each chunk
+   1% + 1%, 1 thread: 1.56 -> 1.13 ms for the whole add).  Below
+   ``STAMP_ENTRIES`` operand entries, or with more columns than
+   ``STAMP_COLUMNS`` or than the entries (the stamps would cost more to
+   zero than the rows to count), each chunk
    merges its rows' column lists and counts the distinct columns (an
    entry of both counts once) instead;
 2. a prefix sum over the chunks' counts (a few dozen numbers) gives each
@@ -87,13 +88,18 @@ from sparse_mlir.dsl.patterns import SparseSum, sparse_product_operands, sparse_
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "STAMP_COLUMNS", "native_sparse_add", "native_sparse_product"]
+__all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "STAMP_COLUMNS", "STAMP_ENTRIES", "native_sparse_add",
+           "native_sparse_product"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
 CHUNK_ENTRIES = 4096  # operand entries per chunk at least: below that a chunk's set-up outweighs its merging
 # columns up to which the count pass counts each row's common columns with stamps (4 bytes a column, one array per
 # worker, zeroed once a call), when they are at most the operands' entries
 STAMP_COLUMNS = 1 << 18
+# operand entries from which the count pass stamps: below, merging is as fast (random 4096^2 at 0.1% + 0.1%, 34k
+# entries, 1 thread: 0.28 ms either way) and a small add pays for the search of the largest column and the
+# workers' set-up (cryg2500 + its transpose, 25k entries: 0.059 ms merged, 0.073 stamped)
+STAMP_ENTRIES = 1 << 16
 
 Shapes = dict[str, tuple[int | None, ...]]
 
@@ -197,10 +203,11 @@ class _Merge:
         # 1. each chunk's entries of C, into firsts[c + 1]; 2. their prefix sum: firsts[c] is chunk c's first
         firsts = memref.alloc(dynamic_vector(self.index), [arith.addi(chunks, c1)], [])
         memref.store(c0, firsts, [c0])
-        self.n_cols = arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))
-        stamped = arith.andi(arith.andi(arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, index(STAMP_COLUMNS)),
-                                        arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, total)),
-                             arith.cmpi(arith.CmpIPredicate.ult, n_rows, index(ColumnStamps.LAST_TAG)))
+        many = arith.cmpi(arith.CmpIPredicate.uge, total, index(STAMP_ENTRIES))
+        self.n_cols = self._column_bound(n_rows, many)
+        stamped = arith.andi(arith.andi(many, arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, index(STAMP_COLUMNS))),
+                             arith.andi(arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, total),
+                                        arith.cmpi(arith.CmpIPredicate.ult, n_rows, index(ColumnStamps.LAST_TAG))))
 
         def count_by_workers() -> list[ir.Value]:
             by_workers(chunks, lambda c, stamps: memref.store(self._stamped_count(bounds, c, stamps), firsts,
@@ -232,6 +239,12 @@ class _Merge:
     def _combine(self, x: ir.Value, y: ir.Value) -> ir.Value:
         """An entry of ``C`` from the two operands' (scaled) entries at one column."""
         return add(x, y)
+
+    def _column_bound(self, n_rows: ir.Value, stamping: ir.Value) -> ir.Value:
+        """One more than the operands' largest column when ``stamping`` may happen (else 0: the merge count
+        needs none, and a small add would pay a visible share for the search)."""
+        return if_else(stamping, lambda: [arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))],
+                       lambda: [index(0)], [self.index])[0]
 
     def _columns(self, operand: _Operand, n_rows: ir.Value) -> ir.Value:
         """One more than ``operand``'s largest column: the largest last column of its (sorted) rows."""
@@ -323,8 +336,7 @@ class _Merge:
         scratch = self._scratch()
 
         def row(i: ir.Value, count: list[ir.Value]) -> list[ir.Value]:
-            start, end = self.a.row(i)
-            return if_else(self._same_columns(i), lambda: [arith.addi(count[0], arith.subi(end, start))],
+            return if_else(self._same_columns(i), lambda: [arith.addi(count[0], self._same_count(i))],
                            lambda: [self._count_row(i, count[0], scratch)], [self.index])
 
         begin, end = bounds.rows(chunk)
@@ -346,14 +358,20 @@ class _Merge:
         other step (a merge step waits on the comparison before it; 4096^2
         at 1% + 1%, 1 thread: the count pass was 43% of the kernel).
         """
-        def row(i: ir.Value, count: list[ir.Value]) -> list[ir.Value]:
+        def stamped(i: ir.Value) -> ir.Value:
             tag = stamps.tag(i)
             p0, p_end = self.a.row(i)
             q0, q_end = self.b.row(i)
             for_each(p0, p_end, lambda p: stamps.stamp(load_index(self.a.crd, p), tag))
             common = reduce_loop(q0, q_end, [index(0)], lambda q, shared: [arith.addi(shared[0], _as_step(
                 stamps.holds(load_index(self.b.crd, q), tag)))])[0]
-            return [arith.addi(count[0], self._union(arith.subi(p_end, p0), arith.subi(q_end, q0), common))]
+            return self._union(arith.subi(p_end, p0), arith.subi(q_end, q0), common)
+
+        def row(i: ir.Value, count: list[ir.Value]) -> list[ir.Value]:
+            # rows of the same columns (A + A^T of a structurally symmetric matrix) by the cheaper compare loop
+            # (bcsstk13 + its transpose, 1 thread: 0.24 ms so, 0.33 ms stamped)
+            return [arith.addi(count[0], if_else(self._same_columns(i), lambda: [self._same_count(i)],
+                                                 lambda: [stamped(i)], [self.index])[0])]
 
         begin, end = bounds.rows(chunk)
         return reduce_loop(begin, end, [index(0)], row)[0]
@@ -362,6 +380,11 @@ class _Merge:
     def _union(a_entries: ir.Value, b_entries: ir.Value, common: ir.Value) -> ir.Value:
         """Entries of a row of ``C`` whose rows of ``A`` and ``B`` hold these many, ``common`` of them shared."""
         return arith.subi(arith.addi(a_entries, b_entries), common)
+
+    def _same_count(self, i: ir.Value) -> ir.Value:
+        """Entries of ``C``'s row ``i`` when ``A``'s and ``B``'s rows hold the same columns: their length."""
+        start, end = self.a.row(i)
+        return arith.subi(end, start)
 
     def _scratch(self) -> object:
         """Per-chunk scratch, allocated inside the chunk's parallel iteration (none for the merge)."""
@@ -505,6 +528,10 @@ class _Intersection(_Merge):
     @staticmethod
     def _union(a_entries: ir.Value, b_entries: ir.Value, common: ir.Value) -> ir.Value:
         return common  # the product's row holds the shared columns only
+
+    def _column_bound(self, n_rows: ir.Value, stamping: ir.Value) -> ir.Value:
+        """One more than the operands' largest column, always: the fill's bitmap spans it."""
+        return arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))
 
     def _count_row(self, i: ir.Value, count: ir.Value, scratch: object) -> ir.Value:
         return self._pair(i, lambda long, short, m, j, carried: arith.addi(carried, index(1)), count,
