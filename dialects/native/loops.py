@@ -25,6 +25,7 @@ __all__ = [
     "HUGE_FROM_BYTES",
     "LINE_BYTES",
     "MADVISE",
+    "STAMP_COLUMNS",
     "THREAD_COUNT",
     "ColumnStamps",
     "RegisterTranspose",
@@ -60,6 +61,9 @@ __all__ = [
 # a cache line, and one 512-bit vector: scratch whose rows are read as whole vectors starts on one (a vector load
 # across two lines costs two loads: the tiled SpMM ran at half speed with B off a line)
 LINE_BYTES = 64
+
+# columns up to which a kernel may give each worker a stamp per column (``ColumnStamps``: 4 bytes each, 1 MiB)
+STAMP_COLUMNS = 1 << 18
 
 # a function an emitter may call (``() -> index``) for the threads its parallel loop will get: the CPU pipeline
 # replaces each call with ``omp_get_max_threads()`` in a threaded build and with 1 otherwise
@@ -294,6 +298,15 @@ class ColumnStamps:
     """
 
     LAST_TAG = 2**31 - 1
+
+    @staticmethod
+    def pay_off(n_cols: ir.Value, work: ir.Value, n_rows: ir.Value) -> ir.Value:
+        """Whether stamps serve a kernel of ``n_cols`` columns, ``work`` entries to visit and ``n_rows`` rows
+        (an ``i1``): columns up to ``STAMP_COLUMNS`` (1 MiB of stamps a worker) and up to the work (zeroing
+        them must cost less than the rows they serve), rows below ``LAST_TAG``."""
+        within = arith.andi(arith.cmpi(arith.CmpIPredicate.ule, n_cols, index(STAMP_COLUMNS)),
+                            arith.cmpi(arith.CmpIPredicate.ule, n_cols, work))
+        return arith.andi(within, arith.cmpi(arith.CmpIPredicate.ult, n_rows, index(ColumnStamps.LAST_TAG)))
 
     def __init__(self, n_cols: ir.Value) -> None:
         self.i32 = ir.IntegerType.get_signless(32)

@@ -16,11 +16,10 @@ before it reach ``c / chunks`` of the total, found by a binary search over
    workers claiming chunks: ``loops.by_workers``); no step waits on the one
    before, where a merge step waits on the last comparison (4096^2 at
    1% + 1%, 1 thread: 1.56 -> 1.13 ms for the whole add).  Below
-   ``STAMP_ENTRIES`` operand entries, or with more columns than
-   ``STAMP_COLUMNS`` or than the entries (the stamps would cost more to
-   zero than the rows to count), each chunk
-   merges its rows' column lists and counts the distinct columns (an
-   entry of both counts once) instead;
+   ``STAMP_ENTRIES`` operand entries, or where the stamps do not pay
+   (``ColumnStamps.pay_off``: more columns than ``STAMP_COLUMNS`` or than
+   the entries), each chunk merges its rows' column lists and counts the
+   distinct columns (an entry of both counts once) instead;
 2. a prefix sum over the chunks' counts (a few dozen numbers) gives each
    chunk's first entry in ``C`` and ``C``'s size;
 3. fill: each chunk merges its rows again, writing coordinates and values
@@ -44,11 +43,12 @@ drops it).  The coefficients come from the expression
 
 The elementwise product ``C[i,j] = A[i,j] * B[i,j]`` (``native_sparse_product``)
 takes the same two passes over the *intersection* of the rows (its count
-is the shared columns the stamps find), found in the fill (and the count
-without stamps) by a scatter and a probe instead of a merge (``_Intersection``): the shorter row
-marks its columns in the chunk's bitmap and notes their positions, the
-longer one tests each of its columns, in order, so ``C``'s columns come out
-sorted; the shorter row then clears its bits.  No step depends on the one
+is the shared columns the stamps find), found in the fill (and in the
+count without stamps) by a scatter and a probe instead of a merge
+(``_Intersection``): the shorter row marks its columns in the chunk's
+bitmap and notes their positions, the longer one tests each of its
+columns, in order, so ``C``'s columns come out sorted; the shorter row
+then clears its bits.  No step depends on the one
 before (a merge step depends on the last comparison: 5 ns a step, 2.2 ms
 against the sparsifier's 1.3 for 4096^2 at 1% times 1%), and a row 30 times
 longer than the other costs a bit test an entry, not a merge step.  Rows of
@@ -67,6 +67,7 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, memref, scf
 from sparse_mlir.dialects.native.loops import (
+    STAMP_COLUMNS,
     ColumnStamps,
     add,
     by_workers,
@@ -93,9 +94,6 @@ __all__ = ["CHUNK_ENTRIES", "MAX_CHUNKS", "STAMP_COLUMNS", "STAMP_ENTRIES", "nat
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
 CHUNK_ENTRIES = 4096  # operand entries per chunk at least: below that a chunk's set-up outweighs its merging
-# columns up to which the count pass counts each row's common columns with stamps (4 bytes a column, one array per
-# worker, zeroed once a call), when they are at most the operands' entries
-STAMP_COLUMNS = 1 << 18
 # operand entries from which the count pass stamps: below, merging is as fast (random 4096^2 at 0.1% + 0.1%, 34k
 # entries, 1 thread: 0.28 ms either way) and a small add pays for the search of the largest column and the
 # workers' set-up (cryg2500 + its transpose, 25k entries: 0.059 ms merged, 0.073 stamped)
@@ -205,9 +203,7 @@ class _Merge:
         memref.store(c0, firsts, [c0])
         many = arith.cmpi(arith.CmpIPredicate.uge, total, index(STAMP_ENTRIES))
         self.n_cols = self._column_bound(n_rows, many)
-        stamped = arith.andi(arith.andi(many, arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, index(STAMP_COLUMNS))),
-                             arith.andi(arith.cmpi(arith.CmpIPredicate.ule, self.n_cols, total),
-                                        arith.cmpi(arith.CmpIPredicate.ult, n_rows, index(ColumnStamps.LAST_TAG))))
+        stamped = arith.andi(many, ColumnStamps.pay_off(self.n_cols, total, n_rows))
 
         def count_by_workers() -> list[ir.Value]:
             by_workers(chunks, lambda c, stamps: memref.store(self._stamped_count(bounds, c, stamps), firsts,
@@ -243,16 +239,17 @@ class _Merge:
     def _column_bound(self, n_rows: ir.Value, stamping: ir.Value) -> ir.Value:
         """One more than the operands' largest column when ``stamping`` may happen (else 0: the merge count
         needs none, and a small add would pay a visible share for the search)."""
-        return if_else(stamping, lambda: [arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))],
-                       lambda: [index(0)], [self.index])[0]
+        return if_else(stamping, lambda: [self._columns(n_rows)], lambda: [index(0)], [self.index])[0]
 
-    def _columns(self, operand: _Operand, n_rows: ir.Value) -> ir.Value:
-        """One more than ``operand``'s largest column: the largest last column of its (sorted) rows."""
+    def _columns(self, n_rows: ir.Value) -> ir.Value:
+        """One more than the operands' largest column: the largest last column of their (sorted) rows."""
         def last(i: ir.Value, most: list[ir.Value]) -> list[ir.Value]:
-            start, end = operand.row(i)
-            column = load_index(operand.crd, arith.subi(arith.maxui(end, index(1)), index(1)))
-            return [arith.select(arith.cmpi(arith.CmpIPredicate.ult, start, end),
-                                 arith.maxui(most[0], arith.addi(column, index(1))), most[0])]
+            for operand in (self.a, self.b):
+                start, end = operand.row(i)
+                column = load_index(operand.crd, arith.subi(arith.maxui(end, index(1)), index(1)))
+                most = [arith.select(arith.cmpi(arith.CmpIPredicate.ult, start, end),
+                                     arith.maxui(most[0], arith.addi(column, index(1))), most[0])]
+            return most
 
         return reduce_loop(index(0), n_rows, [index(0)], last)[0]
 
@@ -531,7 +528,7 @@ class _Intersection(_Merge):
 
     def _column_bound(self, n_rows: ir.Value, stamping: ir.Value) -> ir.Value:
         """One more than the operands' largest column, always: the fill's bitmap spans it."""
-        return arith.maxui(self._columns(self.a, n_rows), self._columns(self.b, n_rows))
+        return self._columns(n_rows)
 
     def _count_row(self, i: ir.Value, count: ir.Value, scratch: object) -> ir.Value:
         return self._pair(i, lambda long, short, m, j, carried: arith.addi(carried, index(1)), count,

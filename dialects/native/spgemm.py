@@ -48,7 +48,14 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, math, memref, scf, vector
 from mlir.dialects import sparse_tensor as st
-from sparse_mlir.dialects.native.loops import ColumnStamps, by_workers, csr_product_module, reduce_loop, result_buffer
+from sparse_mlir.dialects.native.loops import (
+    STAMP_COLUMNS,
+    ColumnStamps,
+    by_workers,
+    csr_product_module,
+    reduce_loop,
+    result_buffer,
+)
 from sparse_mlir.dialects.native.loops import dynamic_vector as _vector
 from sparse_mlir.dialects.native.loops import for_each as _for
 from sparse_mlir.dialects.native.loops import if_else as _if
@@ -61,7 +68,8 @@ from sparse_mlir.dsl.patterns import spgemm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["BLOCK_WORDS", "MAX_CHUNKS", "PARALLEL_ESTIMATE", "SHORT_LIST", "STAMP_COLUMNS", "WIDE_ROW", "native_spgemm"]
+__all__ = ["BLOCK_WORDS", "MAX_CHUNKS", "PARALLEL_ESTIMATE", "SHORT_LIST", "STAMP_COLUMNS", "WIDE_ROW",
+           "native_spgemm"]
 
 MAX_CHUNKS = 64  # row chunks at most: guided scheduling balances them over up to 16 threads or so
 PARALLEL_ESTIMATE = 1 << 18  # entries of A from which the work per row is estimated in parallel
@@ -69,9 +77,6 @@ WIDE_ROW = 1024  # a row with at least cols / WIDE_ROW columns is collected from
 AHEAD = 4  # entries of A ahead whose rows of B are prefetched
 SHORT_LIST = 32  # a sorted row this short is insertion-sorted inline; longer ones call sparse_tensor.sort
 BLOCK_WORDS = 8  # bitmap words a wide row's read-back tests at once (512 bits: one AVX-512 compare)
-# B's columns up to which the symbolic pass counts with a stamp per column (4 bytes each, one array per worker:
-# 1 MiB), when they are at most the product's work (the stamps are zeroed once per call and worker)
-STAMP_COLUMNS = 1 << 18
 
 Shapes = dict[str, tuple[int | None, ...]]
 
@@ -347,9 +352,7 @@ class _Gustavson:
         work = self._prefix_sum(offsets, n_rows)
         chunks, starts = self._chunks(offsets, n_rows, n_cols, work)
         # 2. symbolic: each row's column count, into offsets[i + 1]
-        stamped = arith.andi(arith.andi(arith.cmpi(arith.CmpIPredicate.ule, n_cols, _index(STAMP_COLUMNS)),
-                                        arith.cmpi(arith.CmpIPredicate.ule, n_cols, work)),
-                             arith.cmpi(arith.CmpIPredicate.ult, n_rows, _index(ColumnStamps.LAST_TAG)))
+        stamped = ColumnStamps.pay_off(n_cols, work, n_rows)
         _if(stamped, lambda: self._by_workers(chunks, starts, n_cols, None,
                                               lambda i, stamps, _: self._stamped_count(i, stamps, offsets)),
             lambda: _parallel(chunks, lambda c: self._symbolic(c, starts, n_cols, offsets)) or [], [])
