@@ -75,7 +75,7 @@ class Emitter(NamedTuple):
 
     name: str
     build: Callable[[KernelSpec, Shapes, object], object]
-    scalar: bool = False  # CPU: scalar by design, so LLVM must not vectorize it behind the emitter's back (CpuChoice)
+    scalar: bool = False  # CPU: scalar by design: LLVM must not vectorize it unless gathers pay (CpuChoice)
 
 
 # CPU: build(spec, shapes, target: CpuTarget) -> ir.Module | None, in the current context
@@ -119,9 +119,11 @@ class CpuChoice(NamedTuple):
 
     ``scalar``: the emitter's loops are scalar on purpose, and LLVM's
     vectorizers stay off for them.  The SpMV's independent accumulators
-    were packed by the SLP vectorizer into 4-lane gathers of ``x``, the
-    form the emitter had measured and rejected: on a Zen 4 host 1.25-1.35x
-    slower than the scalar loads (session 10).
+    were packed by the SLP vectorizer into 4-lane gathers of ``x``: on a
+    Zen 4 host 1.25-1.35x slower than the scalar loads (session 10), on a
+    Sapphire-Rapids-class Xeon 1.1-1.3x faster where the gathers miss the
+    caches (session 15).  So an emitter scalar by design stays scalar
+    unless the target's gathers pay (``CpuTarget.fast_gathers``).
     """
 
     module: ir.Module
@@ -145,7 +147,7 @@ def cpu_module(spec: KernelSpec, shapes: Shapes, target: CpuTarget) -> CpuChoice
     for emitter in CPU_EMITTERS:
         module = emitter.build(spec, shapes, target)
         if module is not None:
-            return CpuChoice(module, emitter.name, emitter.scalar)
+            return CpuChoice(module, emitter.name, emitter.scalar and not target.fast_gathers)
     return CpuChoice(generic_module(spec, shapes), SPARSIFIER)
 
 

@@ -25,8 +25,8 @@ from sparse_mlir.knobs import knobs
 if TYPE_CHECKING:
     from sparse_mlir.dialects.native.target import CpuTarget
 
-__all__ = ["compile_object", "compile_shared_library", "cpu_target", "host_cpu_key", "l1d_bytes", "link_shared", "tool",
-           "tool_versions", "vector_bits"]
+__all__ = ["compile_object", "compile_shared_library", "cpu_target", "fast_gathers", "gathers_pay", "host_cpu_key",
+           "l1d_bytes", "link_shared", "tool", "tool_versions", "vector_bits"]
 
 
 @functools.cache
@@ -102,12 +102,41 @@ def _cache_size(text: str) -> int:
     return value * scale
 
 
+# -mcpu names whose vector gathers beat scalar loads (AVX-512 Xeons after Ice Lake: no Gather Data Sampling
+# microcode, which slows every gather of Skylake to Ice Lake down)
+_FAST_GATHER_CPUS = ("sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d")
+GDS_STATUS = Path("/sys/devices/system/cpu/vulnerabilities/gather_data_sampling")
+
+
+@functools.cache
+def fast_gathers(cpu: str) -> bool:
+    """Whether vector gathers beat scalar loads on ``-mcpu=cpu`` (``CpuTarget.fast_gathers``).
+
+    Measured on two hosts only, so the rule is narrow: an Intel CPU with
+    AVX-512 whose kernel does not report a Gather Data Sampling microcode
+    mitigation (the microcode makes each gather several times slower).  AMD
+    (Zen 4: gathers 1.25-1.35x slower in the SpMV), other Intel parts and
+    other ``-mcpu`` names keep scalar loads.
+    """
+    if cpu != "native":
+        return cpu in _FAST_GATHER_CPUS
+    try:
+        return gathers_pay(Path("/proc/cpuinfo").read_text(), GDS_STATUS.read_text())
+    except OSError:  # no cpuinfo, or a kernel too old to report the mitigation: assume it is there
+        return False
+
+
+def gathers_pay(cpuinfo: str, gds_status: str) -> bool:
+    """``fast_gathers``' rule for a host with this ``/proc/cpuinfo`` and Gather Data Sampling status."""
+    return "GenuineIntel" in cpuinfo and " avx512f" in cpuinfo and not gds_status.startswith("Mitigation")
+
+
 def cpu_target(cpu: str) -> CpuTarget:
-    """What the CPU emitters build for ``-mcpu=cpu``: vector width and L1 size."""
+    """What the CPU emitters build for ``-mcpu=cpu``: vector width, L1 size and whether gathers pay."""
     # imported here so that `import sparse_mlir` loads no dialects (keeps MLIR out of kernel-running processes)
     from sparse_mlir.dialects.native.target import CpuTarget
 
-    return CpuTarget(vector_bits(cpu), l1d_bytes(cpu))
+    return CpuTarget(vector_bits(cpu), l1d_bytes(cpu), fast_gathers(cpu))
 
 
 @functools.cache
@@ -126,7 +155,8 @@ def host_cpu_key() -> str:
         key, _, value = line.partition(":")
         if key.strip() in ("model name", "flags") and key.strip() not in fields:
             fields[key.strip()] = value.strip()
-    text = f"{fields.get('model name', '')};{' '.join(sorted(fields.get('flags', '').split()))};{l1d_bytes('native')}"
+    text = (f"{fields.get('model name', '')};{' '.join(sorted(fields.get('flags', '').split()))};"
+            f"{l1d_bytes('native')};{fast_gathers('native')}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
