@@ -351,3 +351,37 @@ def test_an_unreadable_ir_file_is_a_cache_error(own_cache):
     path.unlink()
     with pytest.raises(SparseMLIRError, match="IR"):
         k.specializations[0].ir
+
+
+def test_the_exit_handler_stops_the_compiler_and_closes_its_pipes():
+    """Left to the interpreter's teardown, the child's handle and pipes were finalized while it ran: one
+    ``ResourceWarning`` each at the end of the test suite."""
+    worker.call("kernel_source", plan("y[i] = x[i] * 41"))
+    compiler = worker._compiler
+    assert compiler is not None and compiler.popen.poll() is None
+    worker._shutdown_at_exit()
+    assert worker._compiler is None and compiler.popen.returncode is not None
+    assert compiler.popen.stdin.closed and compiler.popen.stdout.closed and compiler.log.closed
+
+
+def test_the_exit_handler_does_not_wait_for_a_compile_in_another_thread():
+    worker.call("kernel_source", plan("y[i] = x[i] * 43"))
+    compiler = worker._compiler
+    held, release = threading.Event(), threading.Event()
+
+    def compiling() -> None:  # holds the exchange's lock, as a thread waiting for a reply does
+        with worker._lock:
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=compiling)
+    thread.start()
+    try:
+        held.wait()
+        start = time.monotonic()
+        worker._shutdown_at_exit()
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+        thread.join()
+    assert elapsed < 5 and worker._compiler is compiler and compiler.popen.poll() is None  # left running

@@ -21,6 +21,7 @@ exist in the child.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import pickle
@@ -221,18 +222,33 @@ def _discard(compiler: _Compiler) -> str:
         compiler.log.close()
 
 
-def shutdown() -> None:
-    """Stop the compiler process (it also stops when this process exits)."""
+def shutdown(wait_s: float = 10.0) -> None:
+    """Stop the compiler process: end of input, then up to ``wait_s`` seconds to return, then killed.
+
+    Also run at this process's exit (``atexit``): the child would see the
+    end of its input anyway, but the pipes and the child's handle would be
+    left to the interpreter's teardown (a ``ResourceWarning`` per pipe).
+    """
     global _compiler
     with _lock:
         compiler, _compiler = _compiler, None
         if compiler is not None:
             compiler.popen.stdin.close()  # type: ignore[union-attr]  # EOF: the child returns when idle
             try:
-                compiler.popen.wait(timeout=10)
+                compiler.popen.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 pass
             _discard(compiler)
+
+
+def _shutdown_at_exit() -> None:
+    """``shutdown`` with a short wait: an idle child returns at once, and a busy one is not worth the user's
+    wait at exit.  A compile still running in another (daemon) thread holds the lock: then the child is left
+    to see the end of its input when this process is gone, rather than the exit waiting for that compile."""
+    if not _lock.acquire(timeout=2.0):
+        return
+    _lock.release()
+    shutdown(wait_s=2.0)
 
 
 def _after_fork_in_child() -> None:
@@ -262,6 +278,7 @@ def _after_fork_in_child() -> None:
 
 _forgotten: list[_Compiler] = []  # the parent's compilers, kept so their pipe objects are never finalized mid-use
 os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_shutdown_at_exit)
 
 
 def serve() -> None:
