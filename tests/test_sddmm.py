@@ -104,15 +104,16 @@ def test_every_row_length_with_b_either_way_round(expression, dtype, k, rng):
 
 @pytest.mark.parametrize("offset", [0, 16, 48])
 @pytest.mark.parametrize("density", [0.02, 0.5])  # B's rows read about once (left in place) or 24 times (copied)
-def test_b_by_rows_on_or_off_a_line_is_read_in_place_or_copied(offset, density, rng):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # rows of 2 and 4 lines: 8 or 16 lanes a vector
+def test_b_by_rows_on_or_off_a_line_is_read_in_place_or_copied(offset, density, dtype, rng):
     """``B[j,k]`` needs no transpose; off a cache line, with its rows whole lines and reused, it is copied onto
-    one first.  Either way the result is the same and ``B`` is not modified."""
+    one first (rows in parallel).  Either way the result is the same and ``B`` is not modified."""
     rows, cols, k = 64, 48, 32
-    s = sp.random(rows, cols, density=density, format="csr", dtype=np.float32, random_state=2)
-    a = rng.standard_normal((rows, k), dtype=np.float32)
-    b_rows = _at_line_offset(rng.standard_normal((cols, k), dtype=np.float32), offset)
+    s = sp.random(rows, cols, density=density, format="csr", dtype=dtype, random_state=2)
+    a = rng.standard_normal((rows, k)).astype(dtype)
+    b_rows = _at_line_offset(rng.standard_normal((cols, k)).astype(dtype), offset)
     before = b_rows.copy()
-    kernel = sm.compile("C[i,j] = S[i,j] * A[i,k] * B[j,k]", formats={"S": "csr", "C": "csr"}, dtype="float32")
+    kernel = sm.compile("C[i,j] = S[i,j] * A[i,k] * B[j,k]", formats={"S": "csr", "C": "csr"}, dtype=dtype)
     got = kernel(S=sm.SparseTensor.from_scipy(s), A=a, B=b_rows).to_scipy()
     np.testing.assert_allclose(got.toarray(), s.multiply(a @ before.T).toarray(), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(b_rows, before)
