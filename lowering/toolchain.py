@@ -66,12 +66,18 @@ def vector_bits(cpu: str) -> int:
     256-bit vectors are also right for narrower targets (LLVM splits them).
     """
     if cpu == "native":
-        try:
-            flags = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return 256
-        return 512 if " avx512f" in flags else 256
+        return 512 if " avx512f" in _cpuinfo() else 256
     return 512 if cpu in _WIDE_CPUS else 256
+
+
+@functools.cache
+def _cpuinfo() -> str:
+    """This host's ``/proc/cpuinfo`` (empty where there is none): read once for the width, the gather rule and
+    the cache key."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 @functools.cache
@@ -121,8 +127,8 @@ def fast_gathers(cpu: str) -> bool:
     if cpu != "native":
         return cpu in _FAST_GATHER_CPUS
     try:
-        return gathers_pay(Path("/proc/cpuinfo").read_text(), GDS_STATUS.read_text())
-    except OSError:  # no cpuinfo, or a kernel too old to report the mitigation: assume it is there
+        return gathers_pay(_cpuinfo(), GDS_STATUS.read_text())
+    except OSError:  # a kernel too old to report the mitigation: assume it is there
         return False
 
 
@@ -146,12 +152,8 @@ def host_cpu_key() -> str:
     A cache folder shared by machines (a network home) must not hand one
     host's AVX-512 library, or its L1-sized panels, to another.
     """
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
     fields = {}
-    for line in info.splitlines():
+    for line in _cpuinfo().splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("model name", "flags") and key.strip() not in fields:
             fields[key.strip()] = value.strip()

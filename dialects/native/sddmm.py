@@ -123,13 +123,14 @@ def _on_lines(b: ir.Value, nnz: ir.Value, n_cols: ir.Value, inner: ir.Value, ele
     matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
     choice = scf.IfOp(copy, [matrix], has_else=True)
     with ir.InsertionPoint(choice.then_block):
-        lined = memref.alloc(matrix, [memref.dim(b, c0), inner], [], alignment=LINE_BYTES)
+        b_rows = memref.dim(b, c0)
+        lined = memref.alloc(matrix, [b_rows, inner], [], alignment=LINE_BYTES)
         vec = ir.VectorType.get([lanes], element)
 
         def row(r: ir.Value) -> None:  # whole lines are whole vectors: the lanes' bytes divide a line's
             for_each(c0, inner, lambda kk: vector.store(vector.load(vec, b, [r, kk]), lined, [r, kk]), _index(lanes))
 
-        parallel(memref.dim(b, c0), row)
+        parallel(b_rows, row)
         scf.YieldOp([lined])
     with ir.InsertionPoint(choice.else_block):
         scf.YieldOp([memref.cast(matrix, b)])

@@ -222,15 +222,18 @@ def _discard(compiler: _Compiler) -> str:
         compiler.log.close()
 
 
-def shutdown(wait_s: float = 10.0) -> None:
-    """Stop the compiler process: end of input, then up to ``wait_s`` seconds to return, then killed.
+def shutdown(wait_s: float = 10.0, lock_s: float = -1) -> None:
+    """Stop the compiler process: end of input, then up to ``wait_s`` seconds to return, then killed.  With
+    ``lock_s`` >= 0, give up after that long if another thread's exchange holds the compiler.
 
     Also run at this process's exit (``atexit``): the child would see the
     end of its input anyway, but the pipes and the child's handle would be
     left to the interpreter's teardown (a ``ResourceWarning`` per pipe).
     """
     global _compiler
-    with _lock:
+    if not _lock.acquire(timeout=lock_s):
+        return
+    try:
         compiler, _compiler = _compiler, None
         if compiler is not None:
             compiler.popen.stdin.close()  # type: ignore[union-attr]  # EOF: the child returns when idle
@@ -239,16 +242,15 @@ def shutdown(wait_s: float = 10.0) -> None:
             except subprocess.TimeoutExpired:
                 pass
             _discard(compiler)
+    finally:
+        _lock.release()
 
 
 def _shutdown_at_exit() -> None:
-    """``shutdown`` with a short wait: an idle child returns at once, and a busy one is not worth the user's
+    """``shutdown`` with short waits: an idle child returns at once, and a busy one is not worth the user's
     wait at exit.  A compile still running in another (daemon) thread holds the lock: then the child is left
     to see the end of its input when this process is gone, rather than the exit waiting for that compile."""
-    if not _lock.acquire(timeout=2.0):
-        return
-    _lock.release()
-    shutdown(wait_s=2.0)
+    shutdown(wait_s=2.0, lock_s=2.0)
 
 
 def _after_fork_in_child() -> None:
