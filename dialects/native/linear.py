@@ -10,14 +10,15 @@ second spec is planned), as a private function the kernel calls between two
 transposes in register tiles (``vector.transpose``) into scratch buffers; a
 bias over ``o`` or ``b`` becomes the SpMM's row or column bias, an
 elementwise expression of the result its epilogue.  The batch runs in
-blocks (``_batch_blocks``): each block of X's rows is transposed into an
-L2-sized scratch, multiplied and transposed into its rows of Y, so the
-SpMM never streams a whole-batch ``X^T`` from memory and X and Y stay
-row-major for the caller (torch's layout: no copies around the kernel).
-Only a bias or epilogue that reads the batch index keeps the whole-batch
-layout (``_whole``).  MiniLM layers, 4096 rows, one thread, thread CPU time
-(the machine is shared): 2:4 384->1536 26 ms, 1536->384 27 ms against 44
-and 45 ms for torch's dense Linear; 90% 8.2 and 8.3 ms.  The function has the sparse
+blocks (``_batch_blocks``) of one register tile of columns: each block of
+X's rows is transposed into a scratch, multiplied and transposed into its
+rows of Y, so the SpMM never streams a whole-batch ``X^T`` from memory,
+the block's scratch stays in L2, and X and Y stay row-major for the caller
+(torch's layout: no copies around the kernel).  Only a bias or epilogue
+that reads the batch index keeps the whole-batch layout (``_whole``).
+MiniLM layers, 4096 rows, one thread (session 16, 48 KiB L1 / 2 MiB L2
+Xeon): 90% 384->384 2.9-3.0 ms, 384->1536 9.6-10.3, 1536->384 10.6;
+2:4 8.1-8.6, 32-35, 32.5-33.5; torch's dense Linear 8.4, 33, 32.  The function has the sparse
 assembler's signature (inputs in the spec's order, then ``Y``), so the C
 entry point is shared; every element of ``Y`` is stored (``FILLS_OUTPUT``).
 The kernel function is built with the MLIR bindings' op builders.
@@ -49,14 +50,10 @@ from sparse_mlir.formats import Format
 __all__ = ["native_linear"]
 
 _CORE = "linear_spmm"
-# scratch bytes for a block's XT, the operand the SpMM re-reads for every row of W: most of a 512 KiB L2
-# (AMD Zen 2/3; Intel cores have 1-2 MiB), the rest for W's stream and the T rows being written
-BLOCK_BYTES = 384 * 1024
 # scratch starts on a cache line (malloc gives 16 bytes): a vector load of a misaligned XT row straddles two
 # lines, and every row of a block shares its first row's alignment (2:4 1536 -> 384 took 38 ms instead of 28);
 # the SpMM is told so (``b_aligned``) and makes no aligned copy of its own
 SCRATCH_ALIGNMENT = B_ALIGNMENT
-MAX_TILES = 2  # column tiles of the SpMM per block at most
 PARALLEL_BLOCKS = 4  # fewer blocks than this run one after the other, each SpMM threaded over W's rows
 
 
@@ -118,8 +115,7 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
         if _reads_batch_index(core):
             _whole(tiles, matrix, x_value, y, batch, inputs, rows, spmm)
         else:
-            _batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, spec.dtype.itemsize,
-                          tile * ACCUMULATORS)
+            _batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, tile * ACCUMULATORS)
         func.ReturnOp([y])
 
 
@@ -139,26 +135,32 @@ def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, 
 
 
 def _batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
-                  rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None], itemsize: int, full_tile: int) -> None:
-    """``Y = (W @ X^T)^T`` by blocks of the batch: each block of X's rows is transposed into a scratch ``XT``
-    that fits L2 (``BLOCK_BYTES``), multiplied into a scratch ``T`` and transposed into its rows of Y.
+                  rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None], full_tile: int) -> None:
+    """``Y = (W @ X^T)^T`` by blocks of ``full_tile`` rows of the batch (the SpMM's widest register tile of
+    columns): each block of X's rows is transposed into a scratch ``XT``, multiplied into a scratch ``T`` and
+    transposed into its rows of Y.
 
     Why blocks: the SpMM streams, for every nonzero of ``W``, a row of
     ``XT``; over the whole batch ``XT`` is far larger than any cache (1536 x
     4096 floats for a MiniLM FFN), so every row of ``W`` read it from memory.
     A block's ``XT`` stays in L2 for all of ``W``'s rows, and the block's X
-    rows and Y rows are contiguous memory.  Blocks run in parallel when there
+    rows and Y rows are contiguous memory.
+
+    Why one register tile: ``T`` (``W``'s rows x the block) is written by
+    the SpMM and read back by the transpose into Y, so it must stay in L2
+    with ``XT``.  Blocks of two tiles (sized by ``XT`` alone, 384 KiB) gave
+    a 384 -> 1536 layer a 1.5 MiB ``T`` that spilled from a 2 MiB L2: at
+    99.9% sparsity (no arithmetic to speak of) the layer took 7.0-7.6 ms
+    against 3.5-4.0 with one tile; at 90% 12.5 against 10.3-11.0.  More
+    columns only save re-reading ``W``'s entries (8 bytes each, streamed).
+
+    Blocks run in parallel when there
     are at least ``PARALLEL_BLOCKS`` of them (each with the SpMM's own row
     loop run serially inside, as OpenMP serializes a nested region); fewer
     blocks (a small batch) run one after the other with the SpMM's rows threaded.
     """
     index = ir.IndexType.get()
-    # columns per block: whole column tiles of the SpMM (``full_tile``: its widest register tile), as many as
-    # fit BLOCK_BYTES of XT, at least one, at most MAX_TILES (more columns only re-read W fewer times)
-    tile_bytes = arith.constant(index, full_tile * itemsize)
-    fit = arith.divui(arith.constant(index, BLOCK_BYTES), arith.muli(arith.maxui(inputs, tiles.c1), tile_bytes))
-    tile_count = arith.minui(arith.maxui(fit, tiles.c1), arith.constant(index, MAX_TILES))
-    columns = arith.muli(tile_count, arith.constant(index, full_tile))
+    columns = arith.constant(index, full_tile)
     count = arith.ceildivui(batch, columns)
     threaded = arith.cmpi(arith.CmpIPredicate.uge, count, arith.constant(index, PARALLEL_BLOCKS))
     branch = scf.IfOp(threaded, [], has_else=True)
@@ -174,7 +176,8 @@ def _batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.
                 first = arith.muli(body.arguments[0], columns)
                 width = arith.minui(columns, arith.subi(batch, first))
                 xt = memref.alloc(matrix, [inputs, width], [], alignment=SCRATCH_ALIGNMENT)
-                tiles.transpose(x, xt, width, inputs, parallel=False, src_row=first)
+                # X (memory) read along its rows into XT (cache)
+                tiles.transpose(x, xt, width, inputs, parallel=False, src_row=first, src_rows_outside=True)
                 t = memref.alloc(matrix, [rows, width], [], alignment=SCRATCH_ALIGNMENT)
                 spmm(xt, t)
                 # Y[first + c, o] = T[o, c]
