@@ -9,7 +9,8 @@ not depend on how the weights were chosen):
 * the dense-pruned model: the same pruned weights in ordinary ``nn.Linear``
   layers (what masked-dense pruning runs);
 * the sparse model: the 36 encoder Linears as ``SparseLinear``, each MLP's
-  GELU fused into the first one's kernel (``minilm.fuse_activations``).
+  GELU fused into the first one's kernel and both its Linears run as one
+  kernel (``minilm.fuse_feed_forward``).
 
 ``python benchmarks/minilm_speed.py [--threads 2 1] [--rounds 5] [--repeats 3] [--batch 32] [--profile]``.
 For each thread count (torch and our kernels get the same number) the
@@ -163,13 +164,14 @@ def main() -> None:
     for label, options in PRUNINGS:
         sparse = copy.deepcopy(dense)
         report = minilm.prune_encoder(sparse, "magnitude", **options)
-        fused = minilm.fuse_activations(sparse)  # each MLP's GELU in its first SparseLinear's kernel
+        # each MLP's GELU in its first SparseLinear's kernel, then both Linears of each MLP in one kernel
+        fused = minilm.fuse_feed_forward(sparse)
         variants[f"dense-pruned {label}"] = forward(minilm.pruned_dense(dense, report), features)
         variants[f"sparse {label}"] = forward(sparse, features)
         # the same numbers on both paths, or the timing compares different work
         got, want = variants[f"sparse {label}"](), variants[f"dense-pruned {label}"]()
         error = (got["sentence_embedding"] - want["sentence_embedding"]).abs().max().item()
-        print(f"{label}: {report.layers} SparseLinear layers ({fused} with their GELU fused), {report.sparsity:.1%} "
+        print(f"{label}: {report.layers} SparseLinear layers ({fused} MLPs fused with their GELU), {report.sparsity:.1%} "
               f"sparse; max difference of the "
               f"embeddings to the dense-pruned model {error:.1e}")
     for threads in args.threads:  # both sides get the same count (our kernels read it at each call)

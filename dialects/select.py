@@ -39,6 +39,7 @@ from sparse_mlir.dialects.native.gpu_reduce import gpu_total_reduction
 from sparse_mlir.dialects.native.gpu_sddmm import gpu_sddmm
 from sparse_mlir.dialects.native.gpu_spmv import gpu_spmv
 from sparse_mlir.dialects.native.linear import native_linear
+from sparse_mlir.dialects.native.mlp import native_mlp
 from sparse_mlir.dialects.native.sddmm import native_sddmm
 from sparse_mlir.dialects.native.sparse_add import native_sparse_add, native_sparse_product
 from sparse_mlir.dialects.native.spgemm import native_spgemm
@@ -83,6 +84,7 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("spmm", lambda spec, shapes, target: native_spmm(spec, spec.formats, shapes, target)),
     Emitter("bsr_spmm", lambda spec, shapes, target: native_bsr_spmm(spec, spec.formats, shapes, target.vector_bits)),
     Emitter("linear", lambda spec, shapes, target: native_linear(spec, spec.formats, shapes, target)),
+    Emitter("mlp", lambda spec, shapes, target: native_mlp(spec, spec.formats, shapes, target)),
     Emitter("spmv", lambda spec, shapes, target: native_spmv(spec, spec.formats, shapes, target.vector_bits),
             scalar=True),
     Emitter("format_spmv", lambda spec, shapes, target:

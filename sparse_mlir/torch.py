@@ -59,12 +59,13 @@ from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.torch_ops import (
     ACTIVATIONS,
     TransposedPattern,
+    feed_forward,
     format_key,
     linear,
     transposed_pattern,
 )
 
-__all__ = ["Pruning", "SparseLinear", "SparsityReport", "sparsify", "sparsity_report"]
+__all__ = ["Pruning", "SparseFeedForward", "SparseLinear", "SparsityReport", "sparsify", "sparsity_report"]
 
 _BUFFER = "weight_"  # state-dict name of each level buffer: weight_pos1, weight_crd1, weight_values
 _PATTERN = "_pattern_"  # the backward's index buffers (not saved: derived from the weight's pattern)
@@ -304,6 +305,14 @@ class SparseLinear(nn.Module):
                           "use torch.compile, or torch.jit.trace")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, values, bias = self._checked(x)
+        pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
+        out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape, self.activation or "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _checked(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``x`` as rows of ``in_features``, the weight's values and the bias, once all three are checked for this
+        layer's kernels (CPU, dtype, sizes)."""
         values = self.weight_values
         if not isinstance(x, torch.Tensor):
             raise OperandError(f"SparseLinear takes a torch.Tensor, got {type(x).__name__}")
@@ -324,15 +333,57 @@ class SparseLinear(nn.Module):
         if bias is not None and (bias.dtype != values.dtype or bias.shape != (self.out_features,)):
             raise OperandError(f"the bias is {bias.dtype} of shape {tuple(bias.shape)}, the layer needs "
                                f"{values.dtype} of shape ({self.out_features},)")
-        pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
-        rows = x.reshape(-1, self.in_features)
-        out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape, self.activation or "")
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return x.reshape(-1, self.in_features), values, bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self._format}, "
                 f"nnz={self.weight_values.numel()}, bias={self.bias is not None}"
                 + (f", activation={self.activation}" if self.activation else ""))
+
+
+class SparseFeedForward(nn.Module):
+    """Two ``SparseLinear`` layers in a chain, ``second(first(x))``, run as one kernel when no gradient is wanted.
+
+    A transformer's feed-forward block: ``first`` (with its activation,
+    ``SparseLinear.activation``, or a bias) widens, ``second`` narrows.  As
+    two kernels the wide hidden activations go to memory and back; fused
+    (``dialects.native.mlp``) each block of rows keeps them in cache.
+    MiniLM's FFN at 90% (4096 rows, 1 thread): 23.5-24.8 ms as two layers,
+    18.9-19.3 ms fused (2:4: 72-73 and 63-65 ms).  With autograd recording (training), the two layers run their own
+    differentiable operators.  The layers stay submodules: their state dict
+    entries are theirs, under ``first.`` and ``second.``.
+    """
+
+    def __init__(self, first: SparseLinear, second: SparseLinear):
+        super().__init__()
+        if not isinstance(first, SparseLinear) or not isinstance(second, SparseLinear):
+            raise OperandError(f"SparseFeedForward takes two SparseLinear layers, got {type(first).__name__} and "
+                               f"{type(second).__name__}")
+        if first.out_features != second.in_features:
+            raise ShapeError(f"the first layer has {first.out_features} outputs, the second takes "
+                             f"{second.in_features} inputs")
+        if first.activation is None and first.bias is None:
+            raise OperandError("a fused feed-forward needs an activation or a bias on the first layer (without "
+                               "either the two layers are one linear map: multiply the weights instead)")
+        self.first, self.second = first, second
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        raise OptionError("SparseFeedForward cannot be compiled by torch.jit.script (its kernels are called from "
+                          "Python); use torch.compile, or torch.jit.trace")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
+                                        or any(p.requires_grad for p in self.parameters())):
+            return self.second(self.first(x))
+        rows, values1, bias1 = self.first._checked(x)
+        if self.second.weight_values.dtype != values1.dtype:
+            raise DTypeError(f"the layers compute in {values1.dtype} and {self.second.weight_values.dtype}; "
+                             f"cast one of them")
+        _, values2, bias2 = self.second._checked(rows.new_empty((0, self.second.in_features)))
+        out = feed_forward(rows, (values1, bias1, self.first._levels, self.first._format_key, self.first._shape),
+                           self.first.activation or "",
+                           (values2, bias2, self.second._levels, self.second._format_key, self.second._shape))
+        return out.reshape(*x.shape[:-1], self.second.out_features)
 
 
 @dataclass(frozen=True)

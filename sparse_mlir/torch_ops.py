@@ -56,7 +56,7 @@ from sparse_mlir.runtime import threads
 from sparse_mlir.runtime.kernel import Kernel
 from sparse_mlir.tensor.host import SparseTensor
 
-__all__ = ["ACTIVATIONS", "TransposedPattern", "format_key", "linear", "transposed_pattern"]
+__all__ = ["ACTIVATIONS", "TransposedPattern", "feed_forward", "format_key", "linear", "transposed_pattern"]
 
 # the Linear orientation: X and Y row-major as torch has them, no transposes or copies around the kernel
 # (its emitter blocks the batch so that each block's X^T stays in L2, dialects/native/linear.py).  Its calls run
@@ -159,6 +159,52 @@ def _linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, le
 @_linear.register_fake
 def _(x, values, bias, levels, pattern, fmt, shape, activation):
     return x.new_empty((x.shape[0], shape[0]))
+
+
+@torch.library.custom_op("sparse_mlir::feed_forward", mutates_args=())
+def _feed_forward(x: torch.Tensor, values1: torch.Tensor, bias1: torch.Tensor | None, levels1: list[torch.Tensor],
+                  fmt1: str, shape1: list[int], activation: str, values2: torch.Tensor, bias2: torch.Tensor | None,
+                  levels2: list[torch.Tensor], fmt2: str, shape2: list[int]) -> torch.Tensor:
+    """``act(x W1^T + b1) W2^T + b2`` in one kernel (``dialects.native.mlp``): the hidden activations stay in
+    cache.  Inference only (no autograd formula): ``SparseFeedForward`` runs the two layers' own operators when a
+    gradient is wanted."""
+    w1 = SparseTensor(_format(fmt1), tuple(shape1), (*map(_numpy, levels1), _numpy(values1)), validate=False)
+    w2 = SparseTensor(_format(fmt2), tuple(shape2), (*map(_numpy, levels2), _numpy(values2)), validate=False)
+    operands: dict[str, Any] = {"W1": w1, "W2": w2}
+    if bias1 is not None:
+        operands["b1"] = _numpy(bias1)
+    if bias2 is not None:
+        operands["b2"] = _numpy(bias2)
+    kernel = _kernel(feed_forward_expression(activation, bias1 is not None, bias2 is not None),
+                     (("W1", w1.format), ("W2", w2.format)), str(w1.dtype))
+    with threads.blocktime(0):
+        return torch.from_numpy(kernel(X=_numpy(x.contiguous()), **operands))
+
+
+@_feed_forward.register_fake
+def _(x, values1, bias1, levels1, fmt1, shape1, activation, values2, bias2, levels2, fmt2, shape2):
+    return x.new_empty((x.shape[0], shape2[0]))
+
+
+def feed_forward_expression(activation: str, bias1: bool, bias2: bool) -> str:
+    """The kernel of two Linear layers in a chain, the first through ``activation`` (one of ``ACTIVATIONS``) or
+    with a bias (the fused kernel needs an elementwise step between the two products, ``patterns.Mlp``)."""
+    if activation and activation not in ACTIVATIONS:
+        raise OperandError(f"activation must be '' or one of {', '.join(sorted(ACTIVATIONS))}, got {activation!r}")
+    if not activation and not bias1:
+        raise OperandError("a fused feed-forward needs an activation or a bias between its two layers")
+    hidden = "X[b,i] * W1[o,i]" + (" + b1[o]" if bias1 else "")
+    return f"Y[b,p] = W2[p,o] * {activation}({hidden})" + (" + b2[p]" if bias2 else "")
+
+
+def feed_forward(x: torch.Tensor, first: tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], str,
+                                               tuple[int, int]], activation: str,
+                 second: tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], str, tuple[int, int]]
+                 ) -> torch.Tensor:
+    """``act(x W1^T + b1) W2^T + b2`` for 2-d ``x`` (checked by the caller), each layer given as its values, bias,
+    level buffers, ``format_key`` and shape."""
+    (v1, b1, l1, f1, s1), (v2, b2, l2, f2, s2) = first, second
+    return _feed_forward(x, v1, b1, l1, f1, list(s1), activation, v2, b2, l2, f2, list(s2))
 
 
 @torch.library.custom_op("sparse_mlir::linear_grad_input", mutates_args=())

@@ -52,6 +52,24 @@ def test_fused_gelu_keeps_the_unpruned_model_matching_sentence_transformers(mode
         minilm.prune_encoder(sparse, "magnitude", sparsity=0.5)
 
 
+def test_fused_feed_forward_gives_the_same_embeddings_and_round_trips_its_state(model):
+    """``fuse_feed_forward`` runs each MLP (6) as one kernel: embeddings bit-identical to the two layers', a fused
+    model's state dict loads into another fused copy, and a second call finds nothing left to fuse."""
+    sparse = copy.deepcopy(model)
+    minilm.prune_encoder(sparse, "magnitude", sparsity=0.9)
+    minilm.fuse_activations(sparse)
+    want = minilm.embed(sparse, HELD_OUT)
+    fused = copy.deepcopy(sparse)
+    assert minilm.fuse_feed_forward(fused) == 6 and minilm.fuse_feed_forward(fused) == 0
+    assert sum(type(m).__name__ == "SparseFeedForward" for m in fused.modules()) == 6
+    np.testing.assert_array_equal(minilm.embed(fused, HELD_OUT), want)
+    other = copy.deepcopy(model)
+    minilm.prune_encoder(other, "magnitude", sparsity=0.5)
+    minilm.fuse_feed_forward(other)
+    other.load_state_dict(fused.state_dict())
+    np.testing.assert_array_equal(minilm.embed(other, HELD_OUT), want)
+
+
 @pytest.mark.parametrize("kw", [{"pattern": "2:4"}, {"sparsity": 0.9}])
 def test_sparse_encoder_matches_the_same_pruning_on_dense_kernels(model, kw):
     sparse = copy.deepcopy(model)

@@ -10,7 +10,7 @@ second spec is planned), as a private function the kernel calls between two
 transposes in register tiles (``vector.transpose``) into scratch buffers; a
 bias over ``o`` or ``b`` becomes the SpMM's row or column bias, an
 elementwise expression of the result its epilogue.  The batch runs in
-blocks (``_batch_blocks``) of one register tile of columns: each block of
+blocks (``batch_blocks``) of one register tile of columns: each block of
 X's rows is transposed into a scratch, multiplied and transposed into its
 rows of Y, so the SpMM never streams a whole-batch ``X^T`` from memory,
 the block's scratch stays in L2, and X and Y stay row-major for the caller
@@ -47,7 +47,7 @@ from sparse_mlir.dsl.patterns import linear_epilogue, linear_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["native_linear"]
+__all__ = ["batch_blocks", "kernel_function", "native_linear"]
 
 _CORE = "linear_spmm"
 # scratch starts on a cache line (malloc gives 16 bytes): a vector load of a misaligned XT row straddles two
@@ -82,25 +82,11 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
     ``outputs`` (``W``'s rows) ``None``: read from ``Y``'s columns (a
     shape-generic build; the C entry point has checked that they agree).
     """
-    w, x = roles["w"], roles["x"]
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     index = ir.IndexType.get()
-    dynamic = ir.ShapedType.get_dynamic_size()
-    matrix = ir.MemRefType.get([dynamic, dynamic], element)
-
-    def vector_of(t: ir.Type) -> ir.Type:
-        return ir.MemRefType.get([dynamic], t)
-
-    sparse = [vector_of(ir.IntegerType.get_signless(fmt.pos_width or 64)),
-              vector_of(ir.IntegerType.get_signless(fmt.crd_width or 64)), vector_of(element)]
-    types = {name: sparse if name == w else [matrix] if name == x else [vector_of(element)] for name in spec.inputs}
-    fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]] + [matrix], [matrix]))
-    fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-    fn.attributes[FILLS_OUTPUT] = ir.UnitAttr.get()
-    block = fn.add_entry_block()
-    arguments = iter(block.arguments)
-    values = {name: [next(arguments) for _ in types[name]] for name in spec.inputs}
-    (x_value,), y = values[x], block.arguments[-1]
+    matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+    block, values = kernel_function(spec, {roles["w"]: fmt}, {roles["x"]}, element)
+    (x_value,), y = values[roles["x"]], block.arguments[-1]
     tile = vector_bits // 8 // spec.dtype.itemsize
     with ir.InsertionPoint(block):
         tiles = RegisterTranspose(element, tile)
@@ -115,9 +101,39 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
         if _reads_batch_index(core):
             _whole(tiles, matrix, x_value, y, batch, inputs, rows, spmm)
         else:
-            _batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, tile * ACCUMULATORS)
+            batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, tile * ACCUMULATORS)
         func.ReturnOp([y])
 
+
+
+def kernel_function(spec: KernelSpec, sparse: dict[str, Format], matrices: set[str], element: ir.Type
+                    ) -> tuple[ir.Block, dict[str, list[ir.BlockArgument]]]:
+    """The kernel function (``KERNEL_NAME``, C interface, ``FILLS_OUTPUT``) at the insertion point, with the
+    sparse assembler's signature: the spec's inputs in order (each ``sparse`` one as its positions, coordinates
+    and values, ``matrices`` as 2-D memrefs, the rest as vectors), then the output matrix, which it returns.
+
+    Returns its entry block and each input's arguments.
+    """
+    dynamic = ir.ShapedType.get_dynamic_size()
+    matrix = ir.MemRefType.get([dynamic, dynamic], element)
+
+    def vector_of(t: ir.Type) -> ir.Type:
+        return ir.MemRefType.get([dynamic], t)
+
+    def types_of(name: str) -> list[ir.Type]:
+        if name in sparse:
+            fmt = sparse[name]
+            return [vector_of(ir.IntegerType.get_signless(fmt.pos_width or 64)),
+                    vector_of(ir.IntegerType.get_signless(fmt.crd_width or 64)), vector_of(element)]
+        return [matrix] if name in matrices else [vector_of(element)]
+
+    types = {name: types_of(name) for name in spec.inputs}
+    fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]] + [matrix], [matrix]))
+    fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+    fn.attributes[FILLS_OUTPUT] = ir.UnitAttr.get()
+    block = fn.add_entry_block()
+    arguments = iter(block.arguments)
+    return block, {name: [next(arguments) for _ in types[name]] for name in spec.inputs}
 
 
 def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
@@ -134,7 +150,7 @@ def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, 
     memref.dealloc(t)
 
 
-def _batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
+def batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
                   rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None], full_tile: int) -> None:
     """``Y = (W @ X^T)^T`` by blocks of ``full_tile`` rows of the batch (the SpMM's widest register tile of
     columns): each block of X's rows is transposed into a scratch ``XT``, multiplied into a scratch ``T`` and

@@ -17,7 +17,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, Format, LevelKind
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
-           "spmm_epilogue", "linear_epilogue", "Sddmm", "sddmm_operands", "gpu_sddmm_operands", "spgemm_operands",
+           "spmm_epilogue", "linear_epilogue", "Mlp", "mlp_operands", "Sddmm", "sddmm_operands", "gpu_sddmm_operands", "spgemm_operands",
            "sparse_sum_operands",
            "SparseSum", "sparse_product_operands", "threads_sparse_output", "format_kind", "product_operands", "scatters",
            "total_reduction_operands", "fiber_operands", "unscaled"]
@@ -185,12 +185,94 @@ def linear_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[
     return roles, back.body, tuple(operands)
 
 
+class Mlp(NamedTuple):
+    """Two Linear layers in a chain: ``Y[b,p] = W2[p,o] * f(X[b,i] * W1[o,i], ...) (+ bias[p])``.
+
+    The planner lays it out in four stages: ``xt[i,b] = X[b,i]``, the first
+    SpMM ``t0[o,b] = W1[o,i] * xt[i,b]``, the second ``t1[p,b] = W2[p,o] *
+    middle`` (``middle``: an elementwise expression of ``t0[o,b]`` and of
+    dense vectors over ``o``, ``operands``) and ``Y[b,p] = t1[p,b]`` (+
+    ``bias[p]``).  ``W1`` and ``W2`` are CSR or N:M.
+    """
+
+    x: str
+    w1: str
+    w2: str
+    t0: str
+    middle: Expr
+    operands: tuple[str, ...]
+    bias: str | None
+    b: str
+    i: str
+    o: str
+    p: str
+
+
+def mlp_operands(spec: KernelSpec, formats: dict[str, Format]) -> Mlp | None:
+    """The roles of a two-layer MLP (``Mlp``) with CSR or N:M weights, or ``None``."""
+    if spec.sparse_output or len(spec.stages) != 4:
+        return None
+    transpose, first, second, back = spec.stages
+    roles = _first_layer(transpose, first, formats)
+    if roles is None:
+        return None
+    b, o, i, t0 = roles["b"], roles["o"], roles["i"], roles["t"]
+    if len(second.indices) != 2 or second.indices[1] != b or second.reduce != (o,) or second.indices[0] in (b, o, i):
+        return None
+    p = second.indices[0]
+    body = second.body
+    if not isinstance(body, Binary) or body.op != "*":
+        return None
+    weights = [side for side in (body.lhs, body.rhs) if isinstance(side, Access) and side.index == (p, o)
+               and side.tensor in formats and (is_csr(formats[side.tensor]) or formats[side.tensor].is_nm)]
+    if len(weights) != 1 or weights[0].tensor == roles["w"]:
+        return None
+    w2 = weights[0].tensor
+    middle = body.rhs if body.lhs is weights[0] else body.lhs
+    operands: dict[str, None] = {}
+
+    def elementwise(node: Expr) -> bool:
+        if isinstance(node, Access):
+            if node.tensor == t0:
+                return node.index == (o, b)
+            if node.tensor in formats or node.index != (o,):
+                return False
+            operands[node.tensor] = None
+            return True
+        return isinstance(node, (Literal, Unary, Binary, Call)) and all(elementwise(c) for c in node.children())
+
+    if not elementwise(middle) or t0 not in _tensors(middle):
+        return None
+    if back.result != spec.output or back.indices != (b, p) or back.reduce:
+        return None
+    bias, term = None, back.body
+    if isinstance(term, Binary) and term.op == "+":
+        others = [s for s in (term.lhs, term.rhs) if not (isinstance(s, Access) and s.tensor == second.result)]
+        if len(others) != 1 or not isinstance(others[0], Access) or others[0].tensor in formats \
+                or others[0].index != (p,):
+            return None
+        bias = others[0].tensor
+        term = term.rhs if term.lhs is others[0] else term.lhs
+    if not isinstance(term, Access) or (term.tensor, term.index) != (second.result, (p, b)):
+        return None
+    return Mlp(roles["x"], roles["w"], w2, t0, middle, tuple(operands), bias, b, i, o, p)
+
+
 def _linear_core(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Any] | None:
     """The transpose and SpMM stages of a Linear layer: roles ``x``, ``xt``, ``w``, ``t``, ``b``, ``o``, ``i`` and the
     third stage (``Y[b,o] = ...`` of ``t[o,b]``), not yet checked."""
     if spec.sparse_output or len(spec.stages) != 3:
         return None
     transpose, product, back = spec.stages
+    roles = _first_layer(transpose, product, formats)
+    if roles is None or back.result != spec.output or back.indices != (roles["b"], roles["o"]) or back.reduce:
+        return None
+    return roles, back
+
+
+def _first_layer(transpose: Any, product: Any, formats: dict[str, Format]) -> dict[str, str] | None:
+    """``xt[i,b] = X[b,i]`` then ``t[o,b] = W[o,i] * xt[i,b]`` with CSR or N:M ``W``: the roles ``x``, ``xt``,
+    ``w``, ``t``, ``b``, ``o``, ``i``, or ``None``."""
     if transpose.reduce or not isinstance(transpose.body, Access) or transpose.body.tensor in formats:
         return None
     (i, b), x = transpose.indices, transpose.body
@@ -205,9 +287,7 @@ def _linear_core(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str
               and (is_csr(formats[t]) or formats[t].is_nm)), None)
     if w is None or factors != {(transpose.result, (i, b)), (w, (o, i))}:
         return None
-    if back.result != spec.output or back.indices != (b, o) or back.reduce:
-        return None
-    return {"x": x.tensor, "xt": transpose.result, "w": w, "t": product.result, "b": b, "o": o, "i": i}, back
+    return {"x": x.tensor, "xt": transpose.result, "w": w, "t": product.result, "b": b, "o": o, "i": i}
 
 
 def dense_matmul_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, str] | None:

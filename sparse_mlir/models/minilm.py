@@ -30,11 +30,11 @@ from sparse_mlir import prune
 from sparse_mlir.errors import OperandError
 from sparse_mlir.models import sentences as generated_text
 from sparse_mlir.tensor.host import SparseTensor
-from sparse_mlir.torch import SparseLinear
+from sparse_mlir.torch import SparseFeedForward, SparseLinear
 
 __all__ = ["METHODS", "PruneReport", "model_path", "load", "encoder_linears", "embed", "prune_encoder",
            "pruned_dense", "cosine", "calibration_sentences", "training_sentences", "finetune", "prune_gradually",
-           "GRADUAL_SPARSITIES", "GRADUAL_STEPS", "fuse_activations"]
+           "GRADUAL_SPARSITIES", "GRADUAL_STEPS", "fuse_activations", "fuse_feed_forward"]
 
 METHODS = ("magnitude", "wanda", "sparsegpt", "admm")
 # hand-written everyday English, part of every default calibration set (with generated sentences: see
@@ -343,6 +343,33 @@ def fuse_activations(model: Any) -> int:
                 and _exact_gelu(act):
             dense.activation = "gelu"
             module.intermediate_act_fn = nn.Identity()
+            fused += 1
+    return fused
+
+
+def fuse_feed_forward(model: Any) -> int:
+    """Run each encoder MLP (its GELU fused first, ``fuse_activations``) as one ``SparseFeedForward`` kernel;
+    returns how many were fused.
+
+    BERT's ``intermediate`` module (dense + GELU) becomes the fused block of
+    both Linears, and ``output.dense`` an ``nn.Identity`` (``output`` then
+    adds the residual and normalizes as before).  Why: the 4096 x 1536 hidden
+    activations of a 32 x 128-token batch stay in cache instead of going to
+    memory and back (MiniLM 90%, 1 thread: 23.5-24.8 -> 18.9-19.3 ms a
+    layer; 2:4 72-73 -> 63-65 ms).  The outputs are bit-identical; the state
+    dict's names change (``intermediate.first.*``, ``intermediate.second.*``),
+    so save and load the fused model as such.  Fuse after pruning and
+    fine-tuning.
+    """
+    fuse_activations(model)
+    fused = 0
+    for module in model.modules():
+        intermediate, output = getattr(module, "intermediate", None), getattr(module, "output", None)
+        first, second = getattr(intermediate, "dense", None), getattr(output, "dense", None)
+        if isinstance(first, SparseLinear) and isinstance(second, SparseLinear) and first.activation is not None \
+                and isinstance(getattr(intermediate, "intermediate_act_fn", None), nn.Identity):
+            module.intermediate = SparseFeedForward(first, second)
+            output.dense = nn.Identity()
             fused += 1
     return fused
 
