@@ -26,14 +26,14 @@ The kernel function is built with the MLIR bindings' op builders.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mlir import ir
 from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.dialects.native.loops import RegisterTranspose
+from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, for_each
 from sparse_mlir.dialects.native.spmm import (
     ACCUMULATORS,
     B_ALIGNMENT,
@@ -93,7 +93,7 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
         batch, inputs = memref.dim(x_value, tiles.c0), memref.dim(x_value, tiles.c1)
         rows = arith.constant(index, outputs) if outputs is not None else memref.dim(y, tiles.c1)
 
-        def spmm(xt: ir.Value, t: ir.Value) -> None:
+        def spmm(xt: ir.Value, t: ir.Value, extra: Sequence[ir.Value] = ()) -> None:
             """``t = W @ xt`` (+ bias or epilogue): W's buffers, XT, then the bias or the epilogue's operands."""
             core_args = [v for name, _ in core.inputs for v in ([xt] if name == roles["xt"] else values[name])]
             func.CallOp([matrix], _CORE, [*core_args, t])
@@ -101,7 +101,7 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
         if _reads_batch_index(core):
             _whole(tiles, matrix, x_value, y, batch, inputs, rows, spmm)
         else:
-            batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, tile * ACCUMULATORS)
+            batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, tile * ACCUMULATORS, spec.dtype.itemsize)
         func.ReturnOp([y])
 
 
@@ -150,10 +150,12 @@ def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, 
     memref.dealloc(t)
 
 
-def batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
-                  rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None], full_tile: int) -> None:
+def batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value,
+                 inputs: ir.Value, rows: ir.Value, multiply: Callable[[ir.Value, ir.Value, list[ir.Value]], None],
+                 full_tile: int, itemsize: int, scratch_rows: Sequence[ir.Value] = ()) -> None:
     """``Y = (W @ X^T)^T`` by blocks of ``full_tile`` rows of the batch (the SpMM's widest register tile of
-    columns): each block of X's rows is transposed into a scratch ``XT``, multiplied into a scratch ``T`` and
+    columns): each block of X's rows is transposed into a scratch ``XT``, multiplied into a scratch ``T``
+    (``multiply(xt, t, extra)``, ``extra`` one scratch of the block's width per ``scratch_rows``) and
     transposed into its rows of Y.
 
     Why blocks: the SpMM streams, for every nonzero of ``W``, a row of
@@ -170,41 +172,54 @@ def batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.V
     against 3.5-4.0 with one tile; at 90% 12.5 against 10.3-11.0.  More
     columns only save re-reading ``W``'s entries (8 bytes each, streamed).
 
-    Blocks run in parallel when there
-    are at least ``PARALLEL_BLOCKS`` of them (each with the SpMM's own row
-    loop run serially inside, as OpenMP serializes a nested region); fewer
-    blocks (a small batch) run one after the other with the SpMM's rows threaded.
+    With at least ``PARALLEL_BLOCKS`` blocks, one worker per thread claims
+    blocks one at a time from a shared counter (``loops.by_workers``), with
+    its own scratch for all of them (each SpMM's row loop runs serially
+    inside, as OpenMP serializes a nested region).  Why not a parallel loop
+    over the blocks: its schedule hands a thread half the blocks in one
+    chunk, and a thread whose core is busy (torch's OpenMP workers spin for
+    a while after each torch operator, on the cores ours need) then holds
+    up the call; claimed one by one, the other thread takes them.  Fewer
+    blocks (a small batch) run one after the other with the SpMM's rows
+    threaded.
     """
     index = ir.IndexType.get()
     columns = arith.constant(index, full_tile)
     count = arith.ceildivui(batch, columns)
+    byte_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))
+    element_bytes = arith.constant(index, itemsize)
+    heights = [inputs, rows, *scratch_rows]
+
+    def allocate() -> list[ir.Value]:
+        """The scratch of one worker: ``XT``, ``T`` and the caller's, each ``columns`` wide, as bytes viewed at
+        each block's width (the SpMM reads its column count from its operands)."""
+        return [memref.alloc(byte_type, [arith.muli(arith.muli(h, columns), element_bytes)], [],
+                             alignment=SCRATCH_ALIGNMENT) for h in heights]
+
+    def release(buffers: list[ir.Value]) -> None:
+        for buffer in buffers:
+            memref.dealloc(buffer)
+
+    def block(item: ir.Value, buffers: list[ir.Value]) -> None:
+        first = arith.muli(item, columns)
+        width = arith.minui(columns, arith.subi(batch, first))
+        xt, t, *extra = (memref.view(matrix, buffer, tiles.c0, [h, width]) for buffer, h in zip(buffers, heights))
+        # X (memory) read along its rows into XT (cache)
+        tiles.transpose(x, xt, width, inputs, parallel=False, src_row=first, src_rows_outside=True)
+        multiply(xt, t, extra)
+        # Y[first + c, o] = T[o, c]
+        tiles.transpose(t, y, rows, width, parallel=False, dst_row=first)
+
     threaded = arith.cmpi(arith.CmpIPredicate.uge, count, arith.constant(index, PARALLEL_BLOCKS))
     branch = scf.IfOp(threaded, [], has_else=True)
-    for region, parallel in ((branch.then_block, True), (branch.else_block, False)):
-        with ir.InsertionPoint(region):
-            if parallel:
-                loop = scf.ParallelOp([], [tiles.c0], [count], [tiles.c1], [])
-                body = loop.regions[0].blocks.append(index)
-            else:
-                loop = scf.ForOp(tiles.c0, count, tiles.c1)
-                body = loop.body
-            with ir.InsertionPoint(body):
-                first = arith.muli(body.arguments[0], columns)
-                width = arith.minui(columns, arith.subi(batch, first))
-                xt = memref.alloc(matrix, [inputs, width], [], alignment=SCRATCH_ALIGNMENT)
-                # X (memory) read along its rows into XT (cache)
-                tiles.transpose(x, xt, width, inputs, parallel=False, src_row=first, src_rows_outside=True)
-                t = memref.alloc(matrix, [rows, width], [], alignment=SCRATCH_ALIGNMENT)
-                spmm(xt, t)
-                # Y[first + c, o] = T[o, c]
-                tiles.transpose(t, y, rows, width, parallel=False, dst_row=first)
-                memref.dealloc(xt)
-                memref.dealloc(t)
-                if parallel:
-                    scf.ReduceOp([], 0)
-                else:
-                    scf.YieldOp([])
-            scf.YieldOp([])
+    with ir.InsertionPoint(branch.then_block):
+        by_workers(count, block, allocate, release)
+        scf.YieldOp([])
+    with ir.InsertionPoint(branch.else_block):
+        buffers = allocate()
+        for_each(tiles.c0, count, lambda item: block(item, buffers))
+        release(buffers)
+        scf.YieldOp([])
 
 
 def _reads_batch_index(core: SpmmProblem) -> bool:

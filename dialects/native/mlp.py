@@ -21,7 +21,7 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
-from sparse_mlir.dialects.native.linear import SCRATCH_ALIGNMENT, batch_blocks, kernel_function
+from sparse_mlir.dialects.native.linear import batch_blocks, kernel_function
 from sparse_mlir.dialects.native.loops import RegisterTranspose
 from sparse_mlir.dialects.native.spmm import ACCUMULATORS, SpmmProblem, spmm_module
 from sparse_mlir.dialects.native.target import CpuTarget
@@ -87,12 +87,12 @@ def _kernel(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
         def arguments(problem: SpmmProblem, b_value: ir.Value) -> list[ir.Value]:
             return [v for name, _ in problem.inputs for v in ([b_value] if name == problem.b else values[name])]
 
-        def both(xt: ir.Value, t: ir.Value) -> None:
-            """``h = f(W1 @ xt)``, ``t = W2 @ h`` (+ bias), ``h`` a scratch of the block's width."""
-            h = memref.alloc(matrix, [hidden, memref.dim(xt, tiles.c1)], [], alignment=SCRATCH_ALIGNMENT)
+        def both(xt: ir.Value, t: ir.Value, extra: list[ir.Value]) -> None:
+            """``h = f(W1 @ xt)``, ``t = W2 @ h`` (+ bias), ``h`` the hidden scratch of the block."""
+            (h,) = extra
             func.CallOp([matrix], _FIRST, [*arguments(first, xt), h])
             func.CallOp([matrix], _SECOND, [*arguments(second, h), t])
-            memref.dealloc(h)
 
-        batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, both, tile * ACCUMULATORS)
+        batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, both, tile * ACCUMULATORS, spec.dtype.itemsize,
+                     [hidden])
         func.ReturnOp([y])
