@@ -11,8 +11,8 @@ For magnitude, Wanda, SparseGPT and ADMM pruning at 50%, 2:4 and 90% it prints:
   then ADMM 90% and 1600; ``--steps`` scales that schedule; only the stored
   values and the dense parts train: about 25 minutes on one core);
 * the time of a forward pass (a batch of sentences, padded to 128 tokens) of
-  the sparse model (each MLP's GELU fused into its first SparseLinear:
-  ``minilm.fuse_activations``), of the same pruned weights on dense torch Linears, and
+  the sparse model (each MLP, its GELU included, run as one kernel:
+  ``minilm.fuse_feed_forward``), of the same pruned weights on dense torch Linears, and
   of the unpruned model, all measured in this process (medians); ratios
   above 1 mean the sparse model is faster.
 
@@ -101,7 +101,7 @@ def main() -> None:
             start = time.perf_counter()
             report = minilm.prune_encoder(sparse, method, **kw)
             prune_s = time.perf_counter() - start
-            minilm.fuse_activations(sparse)  # each MLP's GELU in its first SparseLinear's kernel
+            minilm.fuse_feed_forward(sparse)  # each MLP (GELU included) as one kernel
             cosines = _cosines(sparse, reference)
             sparse_ms = forward_ms(sparse, features, repeats)
             dense_ms = forward_ms(minilm.pruned_dense(model, report), features, repeats)
