@@ -21,7 +21,7 @@ from sparse_mlir.runtime.cuda import CudaKernel
 from sparse_mlir.runtime.dtype_dispatch import DtypeKernel
 from sparse_mlir.runtime.kernel import Kernel
 from sparse_mlir.runtime.schedule import AutoKernel
-from sparse_mlir.runtime.threads import openmp_library
+from sparse_mlir.runtime.threads import kernel_runtime
 from sparse_mlir.tensor.host import register_compile
 
 __all__ = ["compile"]
@@ -87,7 +87,7 @@ def compile(expression: str, *, formats: dict[str, Format | str] | None = None, 
         make = functools.partial(CudaKernel, spec, deterministic=deterministic)
     else:
         threaded = spec.parallelizable or threads_sparse_output(spec, spec.formats)
-        options = BuildOptions(target, cpu=knobs.cpu(), openmp=openmp_library() if threaded else None)
+        options = BuildOptions(target, cpu=knobs.cpu(), openmp=kernel_runtime() if threaded else None)
         key = (_key_of(spec), options, schedule)
         make = functools.partial(AutoKernel if schedule == "auto" else CpuKernel, spec, options)
     return _cached(key, make)

@@ -102,6 +102,12 @@ class _Knobs:
         return os.environ.get("SPARSE_MLIR_HOPPER", "0") == "1"
 
     @staticmethod
+    def share_pool() -> bool:
+        """``SPARSE_MLIR_SHARE_POOL=0`` keeps our kernels on their own OpenMP pool (libiomp5) even where libgomp
+        (torch's) is loaded; by default kernels compiled then run on its pool (``runtime.gomp_bridge``)."""
+        return os.environ.get("SPARSE_MLIR_SHARE_POOL", "1") not in ("0", "false", "no")
+
+    @staticmethod
     def fast_call() -> bool:
         """``SPARSE_MLIR_FAST_CALL=0`` turns off the C-level call path of shape-generic CPU kernels
         (``runtime.fast_call``): every call then goes through the Python checks and ctypes, as before it existed.

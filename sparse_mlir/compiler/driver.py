@@ -33,7 +33,7 @@ from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.abi.gpu_program import CHIPS, GpuProgram
 from sparse_mlir.compiler import cache, process
 from sparse_mlir.compiler.emitters import shape_generic_cuda_emitter, shape_generic_emitter
-from sparse_mlir.compiler.extension import python_extension
+from sparse_mlir.compiler.extension import c_library, python_extension
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.errors import DeviceError, LoweringError
 from sparse_mlir.formats import Format
@@ -42,7 +42,7 @@ from sparse_mlir.lowering.toolchain import host_cpu_key, tool_versions
 
 __all__ = ["TARGETS", "EMITTERS", "BuildOptions", "Artifact", "build", "kernel_source", "cache_key", "source_hash", "tool_versions",
            "with_operand_formats", "densified_bytes", "stats", "shape_generic", "generic_shapes",
-           "python_extension"]
+           "c_library", "python_extension"]
 
 TARGETS = ("cpu", "cuda")
 EMITTERS = ("auto", "sparsifier")  # "sparsifier": skip the hand-scheduled emitters (to compare them)

@@ -26,7 +26,7 @@ from sparse_mlir.errors import LoweringError
 from sparse_mlir.files import replace_atomically
 from sparse_mlir.lowering.toolchain import c_compiler
 
-__all__ = ["python_extension"]
+__all__ = ["c_library", "python_extension"]
 
 
 def _headers() -> Path:
@@ -58,4 +58,36 @@ def python_extension(source: Path, module: str) -> Path:
         return {}
 
     path, _ = cache.load_or_build(key, {"module": module, "source": source.name}, build)
+    return path
+
+
+def c_library(source: Path, name: str, libraries: tuple[str, ...] = (), version_node: str | None = None) -> Path:
+    """The shared library built from the plain C file ``source`` (cached like ``python_extension``), linked with
+    ``libraries``; ``version_node`` puts every exported symbol under that symbol version (a library standing in
+    for another, whose versioned symbols our kernels import).  ``LoweringError`` when it cannot be built."""
+    compiler = c_compiler()
+    text = source.read_bytes()
+    identity = repr((name, hashlib.sha256(text).hexdigest(), libraries, version_node, platform.machine(), compiler))
+    key = "lib-" + hashlib.sha256(identity.encode()).hexdigest()
+
+    def build(path: Path) -> dict[str, str]:
+        with replace_atomically(path) as tmp:
+            flags = []
+            if version_node is not None:
+                script = tmp.with_name(tmp.name + ".map")
+                script.write_text(f"{version_node} {{ global: *; }};\n")
+                flags.append(f"-Wl,--version-script={script}")
+            try:
+                done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp),
+                                       str(source), *flags, *(f"-l{lib}" for lib in libraries)],
+                                      capture_output=True, text=True, check=False)
+            finally:
+                if version_node is not None:
+                    script.unlink(missing_ok=True)
+            if done.returncode:
+                raise LoweringError(f"compiling the library {name} failed", stage="link", target="cpu",
+                                    diagnostics=done.stderr)
+        return {}
+
+    path, _ = cache.load_or_build(key, {"library": name, "source": source.name}, build)
     return path

@@ -64,7 +64,8 @@ class Specialization:
         self.artifact = artifact
         self.key = artifact.key
         self.formats = formats
-        self.native = NativeFunction(artifact.path, artifact.signature, threaded=bool(artifact.options.openmp))
+        self.native = NativeFunction(artifact.path, artifact.signature, threaded=bool(artifact.options.openmp),
+                                     runtime=artifact.options.openmp)
         self.fresh = True  # not yet counted in a kernel's stats
         self.planner = fast_call.Planner(self.native)  # its C-level call, built on first use
         self._calls_seen = 0  # the C-level calls when eviction last looked at it

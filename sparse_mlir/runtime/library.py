@@ -52,14 +52,14 @@ def _tensor_args(tensor: SparseTensor) -> list[int]:
 class NativeFunction:
     """``int32_t NAME(...)`` of one library, callable with prepared operands."""
 
-    def __init__(self, path: Path, sig: Signature, *, threaded: bool = False):
+    def __init__(self, path: Path, sig: Signature, *, threaded: bool = False, runtime: Path | None = None):
         self.path = Path(path)
         self.signature = sig
         self.threaded = threaded
         # serial or threaded for calls that find the pool asleep, measured (shared with the C call path)
         self.thread_choice = ThreadChoice() if threaded else None
         if threaded:
-            threads.load_runtime()  # before the library, whose __kmpc_* symbols it provides
+            threads.load_runtime(runtime)  # the OpenMP runtime it links (``None``: ``openmp_library``'s), first
         try:
             self.library = ctypes.CDLL(str(path))
         except OSError as exc:  # not a shared library, or one that needs what this machine lacks

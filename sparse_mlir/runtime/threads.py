@@ -29,9 +29,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sparse_mlir.knobs import knobs
+from sparse_mlir.runtime import gomp_bridge
 
-__all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "load_runtime", "openmp_library", "set_threads",
-           "work_threads"]
+__all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "kernel_runtime", "load_runtime", "openmp_library",
+           "set_threads", "work_threads"]
 
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 _local = threading.local()
@@ -82,23 +83,49 @@ COLD_SERIAL_BELOW = 131072
 
 
 _loaded: dict[Path, ctypes.CDLL] = {}
+_generation = 0  # runtimes loaded so far: a thread's applied count is stale when a runtime joined since
 
 
-def load_runtime() -> ctypes.CDLL:
-    """Load the OpenMP runtime globally (once per runtime), so threaded kernel libraries resolve against it.
+def kernel_runtime() -> Path | None:
+    """The OpenMP runtime kernels compiled now link: the libgomp bridge (``gomp_bridge``: torch's pool) when
+    libgomp is in this process and ``SPARSE_MLIR_SHARE_POOL`` allows, else ``openmp_library``; ``None``:
+    serial kernels."""
+    own = openmp_library()
+    if own is None or not knobs.share_pool():
+        return own
+    found = gomp_bridge.bridge()
+    if found is None:
+        return own
+    path, library = found
+    _remember(path, library)
+    return path
 
-    The one ``openmp_library`` names now; when that is none (``SPARSE_MLIR_PARALLEL=0`` set since), the one
-    loaded last, which the threaded kernels compiled before still use.
+
+def _remember(path: Path, library: ctypes.CDLL) -> ctypes.CDLL:
+    global _generation
+    library = _loaded.setdefault(path, library)
+    _generation = len(_loaded)
+    return library
+
+
+def load_runtime(path: Path | None = None) -> ctypes.CDLL:
+    """Load the OpenMP runtime at ``path`` (once per runtime) before a threaded kernel library that links it.
+
+    Loaded locally: the kernel finds it as its dependency, and no library
+    loaded later resolves its own OpenMP calls against it.  ``path`` ``None``:
+    the one ``openmp_library`` names now, or when that is none
+    (``SPARSE_MLIR_PARALLEL=0`` set since), the one loaded last, which the
+    threaded kernels compiled before still use.
     """
-    path = openmp_library()
+    path = path or openmp_library()
     if path is None:
         assert _loaded, "threaded kernel without an OpenMP runtime"
         return next(reversed(_loaded.values()))
     lib = _loaded.get(path)
     if lib is None:
-        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        lib = ctypes.CDLL(str(path))
         lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-        lib = _loaded.setdefault(path, lib)
+        lib = _remember(path, lib)
     return lib
 
 
@@ -111,14 +138,18 @@ BLOCKTIME_MS = 5
 def set_threads(count: int) -> None:
     """Make the next kernel call on this Python thread use ``count`` threads (and this thread's blocktime)."""
     wanted = getattr(_local, "blocktime", BLOCKTIME_MS)
-    if getattr(_local, "applied_blocktime", None) != wanted:  # first call on this thread, or a ``blocktime`` block
-        runtime = load_runtime()
-        if knobs.kmp_blocktime() is None and hasattr(runtime, "kmp_set_blocktime"):
-            runtime.kmp_set_blocktime(wanted)  # per calling thread, like the thread count
-        _local.applied_blocktime = wanted
-    if getattr(_local, "count", None) != count:
-        load_runtime().omp_set_num_threads(count)
-        _local.count = count
+    if getattr(_local, "applied_blocktime", None) != (wanted, _generation):  # first call here, a ``blocktime`` block
+        if knobs.kmp_blocktime() is None:
+            for runtime in list(_loaded.values()) or [load_runtime()]:
+                if hasattr(runtime, "kmp_set_blocktime"):  # libiomp5's; libgomp's workers spin as torch set
+                    runtime.kmp_set_blocktime(wanted)  # per calling thread, like the thread count
+        _local.applied_blocktime = (wanted, _generation)
+    if getattr(_local, "count", None) != (count, _generation):
+        if not _loaded:
+            load_runtime()
+        for runtime in list(_loaded.values()):  # whichever the next kernel links (libiomp5 or the bridge)
+            runtime.omp_set_num_threads(count)
+        _local.count = (count, _generation)
 
 
 @contextlib.contextmanager
