@@ -42,52 +42,43 @@ def python_extension(source: Path, module: str) -> Path:
     """The shared library of extension ``module`` built from ``source`` (cached); ``LoweringError`` when it
     cannot be built here (no headers, no C compiler, a compile error)."""
     include = _headers()
-    compiler = c_compiler()
-    text = source.read_bytes()
-    identity = repr((module, hashlib.sha256(text).hexdigest(), sys.version, sys.implementation.cache_tag,
-                     sysconfig.get_config_var("EXT_SUFFIX"), str(include), platform.machine(), compiler))
-    key = "ext-" + hashlib.sha256(identity.encode()).hexdigest()
-
-    def build(path: Path) -> dict[str, str]:
-        with replace_atomically(path) as tmp:
-            done = subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{include}",
-                                   "-o", str(tmp), str(source)], capture_output=True, text=True, check=False)
-            if done.returncode:
-                raise LoweringError(f"compiling the extension {module} failed", stage="link", target="cpu",
-                                    diagnostics=done.stderr)
-        return {}
-
-    path, _ = cache.load_or_build(key, {"module": module, "source": source.name}, build)
-    return path
+    identity = (module, sys.version, sys.implementation.cache_tag, sysconfig.get_config_var("EXT_SUFFIX"),
+                str(include))
+    return _shared_library(source, f"the extension {module}", "ext-", identity, [f"-I{include}"],
+                           {"module": module, "source": source.name})
 
 
 def c_library(source: Path, name: str, libraries: tuple[str, ...] = (), version_node: str | None = None) -> Path:
     """The shared library built from the plain C file ``source`` (cached like ``python_extension``), linked with
     ``libraries``; ``version_node`` puts every exported symbol under that symbol version (a library standing in
     for another, whose versioned symbols our kernels import).  ``LoweringError`` when it cannot be built."""
+    return _shared_library(source, f"the library {name}", "lib-", (name, libraries, version_node),
+                           [f"-l{lib}" for lib in libraries], {"library": name, "source": source.name}, version_node)
+
+
+def _shared_library(source: Path, what: str, prefix: str, identity: tuple, flags: list[str], meta: dict[str, str],
+                    version_node: str | None = None) -> Path:
+    """``source`` compiled and linked with ``flags`` into a shared library in the cache, keyed by the source,
+    ``identity``, the machine and the compiler."""
     compiler = c_compiler()
-    text = source.read_bytes()
-    identity = repr((name, hashlib.sha256(text).hexdigest(), libraries, version_node, platform.machine(), compiler))
-    key = "lib-" + hashlib.sha256(identity.encode()).hexdigest()
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    key = prefix + hashlib.sha256(repr((*identity, digest, platform.machine(), compiler)).encode()).hexdigest()
 
     def build(path: Path) -> dict[str, str]:
         with replace_atomically(path) as tmp:
-            flags = []
+            script = tmp.with_name(tmp.name + ".map")
+            extra = []
             if version_node is not None:
-                script = tmp.with_name(tmp.name + ".map")
                 script.write_text(f"{version_node} {{ global: *; }};\n")
-                flags.append(f"-Wl,--version-script={script}")
+                extra.append(f"-Wl,--version-script={script}")
             try:
-                done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp),
-                                       str(source), *flags, *(f"-l{lib}" for lib in libraries)],
-                                      capture_output=True, text=True, check=False)
+                done = subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-fvisibility=hidden", "-o", str(tmp),
+                                       str(source), *flags, *extra], capture_output=True, text=True, check=False)
             finally:
-                if version_node is not None:
-                    script.unlink(missing_ok=True)
+                script.unlink(missing_ok=True)
             if done.returncode:
-                raise LoweringError(f"compiling the library {name} failed", stage="link", target="cpu",
-                                    diagnostics=done.stderr)
+                raise LoweringError(f"compiling {what} failed", stage="link", target="cpu", diagnostics=done.stderr)
         return {}
 
-    path, _ = cache.load_or_build(key, {"library": name, "source": source.name}, build)
+    path, _ = cache.load_or_build(key, meta, build)
     return path
