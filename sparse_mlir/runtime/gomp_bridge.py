@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -35,6 +36,7 @@ KMP_VERSION = "VERSION"
 
 _lock = threading.Lock()
 _found_libgomp = False
+_modules_seen = -1  # len(sys.modules) when the mappings were last read
 _forked = False  # this process is a fork of one that may have run libgomp regions
 
 
@@ -47,9 +49,15 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def libgomp_loaded() -> bool:
-    """Whether GCC's OpenMP runtime is mapped into this process (torch imported, or any other user of it)."""
-    global _found_libgomp
-    if not _found_libgomp:
+    """Whether GCC's OpenMP runtime is mapped into this process (torch imported, or any other user of it).
+
+    Looked up again only after new modules were imported (an extension
+    module is what brings libgomp in): reading the process's mappings on
+    every ``compile`` of a torch-free program would cost more than planning.
+    """
+    global _found_libgomp, _modules_seen
+    if not _found_libgomp and len(sys.modules) != _modules_seen:
+        _modules_seen = len(sys.modules)
         try:
             with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
                 _found_libgomp = any("libgomp" in line for line in maps)
