@@ -22,6 +22,7 @@ from sparse_mlir.export.artifacts import export
 from sparse_mlir.files import checkout_root
 from sparse_mlir.io.matrix_files import file_kind, load_any, save_any
 from sparse_mlir.io.smt import save_tensor
+from sparse_mlir.knobs import knobs
 from sparse_mlir.runtime import fast_call
 from sparse_mlir.runtime.threads import openmp_library
 from sparse_mlir.tensor.host import SparseTensor
@@ -119,6 +120,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     gpu = shutil.which("nvidia-smi") is not None
     print(f"GPU: {'nvidia-smi found' if gpu else 'none found'}")
     print(f"OpenMP runtime: {openmp_library() or 'none (kernels are serial)'}")
+    if openmp_library() is not None:
+        print("  with torch imported: " + ("kernels compiled then run on torch's libgomp pool (SPARSE_MLIR_SHARE_POOL=0 "
+                                           "keeps them on this runtime)" if knobs.share_pool() else
+                                           "kernels keep this runtime (SPARSE_MLIR_SHARE_POOL=0)"))
     why_not = fast_call.unavailable()  # builds the module into the cache if it is not there yet
     print(f"C call path: {'available' if why_not is None else 'off: ' + why_not}")
     folder = cache_dir()
