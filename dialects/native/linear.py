@@ -85,8 +85,10 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     index = ir.IndexType.get()
     matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
-    block, values = kernel_function(spec, {roles["w"]: fmt}, {roles["x"]}, element)
+    residual = roles["residual"]
+    block, values = kernel_function(spec, {roles["w"]: fmt}, {roles["x"], residual} - {None}, element)
     (x_value,), y = values[roles["x"]], block.arguments[-1]
+    addend = values[residual][0] if residual is not None else None
     tile = vector_bits // 8 // spec.dtype.itemsize
     with ir.InsertionPoint(block):
         tiles = RegisterTranspose(element, tile)
@@ -99,9 +101,10 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
             func.CallOp([matrix], _CORE, [*core_args, t])
 
         if _reads_batch_index(core):
-            _whole(tiles, matrix, x_value, y, batch, inputs, rows, spmm)
+            _whole(tiles, matrix, x_value, y, batch, inputs, rows, spmm, addend)
         else:
-            batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, tile * ACCUMULATORS, spec.dtype.itemsize)
+            batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, spmm, tile * ACCUMULATORS, spec.dtype.itemsize,
+                         addend=addend)
         func.ReturnOp([y])
 
 
@@ -137,7 +140,7 @@ def kernel_function(spec: KernelSpec, sparse: dict[str, Format], matrices: set[s
 
 
 def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,
-           rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None]) -> None:
+           rows: ir.Value, spmm: Callable[[ir.Value, ir.Value], None], addend: ir.Value | None = None) -> None:
     """``XT = X^T``, ``T = W @ XT``, ``Y = T^T`` over the whole batch, each stage threaded (an epilogue or bias
     that reads the batch index sees the SpMM's columns as batch rows)."""
     xt = memref.alloc(matrix, [inputs, batch], [], alignment=SCRATCH_ALIGNMENT)
@@ -145,18 +148,19 @@ def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, 
     t = memref.alloc(matrix, [rows, batch], [], alignment=SCRATCH_ALIGNMENT)
     spmm(xt, t)
     # Y[b, o] = T[o, b]: T's rows are Y's columns
-    tiles.transpose(t, y, rows, batch, parallel=True)
+    tiles.transpose(t, y, rows, batch, parallel=True, addend=addend)
     memref.dealloc(xt)
     memref.dealloc(t)
 
 
 def batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value,
                  inputs: ir.Value, rows: ir.Value, multiply: Callable[[ir.Value, ir.Value, list[ir.Value]], None],
-                 full_tile: int, itemsize: int, scratch_rows: Sequence[ir.Value] = ()) -> None:
+                 full_tile: int, itemsize: int, scratch_rows: Sequence[ir.Value] = (),
+                 addend: ir.Value | None = None) -> None:
     """``Y = (W @ X^T)^T`` by blocks of ``full_tile`` rows of the batch (the SpMM's widest register tile of
     columns): each block of X's rows is transposed into a scratch ``XT``, multiplied into a scratch ``T``
     (``multiply(xt, t, extra)``, ``extra`` one scratch of the block's width per ``scratch_rows``) and
-    transposed into its rows of Y.
+    transposed into its rows of Y (plus ``addend``'s same rows, a residual shaped like Y, when given).
 
     Why blocks: the SpMM streams, for every nonzero of ``W``, a row of
     ``XT``; over the whole batch ``XT`` is far larger than any cache (1536 x
@@ -208,7 +212,7 @@ def batch_blocks(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.V
         tiles.transpose(x, xt, width, inputs, parallel=False, src_row=first, src_rows_outside=True)
         multiply(xt, t, extra)
         # Y[first + c, o] = T[o, c]
-        tiles.transpose(t, y, rows, width, parallel=False, dst_row=first)
+        tiles.transpose(t, y, rows, width, parallel=False, dst_row=first, addend=addend)
 
     threaded = arith.cmpi(arith.CmpIPredicate.uge, count, arith.constant(index, PARALLEL_BLOCKS))
     branch = scf.IfOp(threaded, [], has_else=True)
@@ -247,10 +251,12 @@ def _core_problem(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str
     ``o`` and ``b``.  ``None`` when the kernel is not a Linear layer.
 
     The SpMM's inputs are in order of first appearance in ``W @ XT``, then
-    the bias or the epilogue's reads (``T`` read as ``W @ XT``).
+    the bias or the epilogue's reads (``T`` read as ``W @ XT``).  A residual
+    ``R[b,o]`` (``roles["residual"]``) is no input of the SpMM: the
+    transpose into ``Y`` adds it.
     """
-    plain = linear_operands(spec, formats)
-    found = linear_epilogue(spec, formats) if plain is None else None
+    plain = linear_operands(spec, formats, residual=True)
+    found = linear_epilogue(spec, formats, residual=True) if plain is None else None
     if plain is None and found is None:
         return None
     roles = plain if plain is not None else found[0]

@@ -438,7 +438,7 @@ class RegisterTranspose:
         return inside
 
     def _interior(self, src: ir.Value, dst: ir.Value, src_row: ir.Value, src_col: ir.Value, dst_row: ir.Value,
-                  dst_col: ir.Value) -> None:
+                  dst_col: ir.Value, addend: ir.Value | None) -> None:
         """One tile inside both memrefs, transposed by butterflies: at each of log2(tile) stages, rows ``a`` and
         ``a + d`` swap the halves of their ``2d``-lane blocks (two two-source shuffles), ``tile * log2(tile)``
         shuffles in all.  Measured against ``vector.transpose`` of an unmasked tile on the Linear kernel
@@ -455,12 +455,16 @@ class RegisterTranspose:
                                                    vector.shuffle(rows[a], rows[a + distance], high))
             distance //= 2
         for t, row in enumerate(rows):
-            vector.store(row, dst, [arith.addi(dst_row, index(t)), dst_col])
+            at = [arith.addi(dst_row, index(t)), dst_col]
+            if addend is not None:
+                row = add(row, vector.load(row_type, addend, at))
+            vector.store(row, dst, at)
 
     def transpose(self, src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value, parallel: bool,
                   src_row: ir.Value | None = None, dst_row: ir.Value | None = None,
-                  src_rows_outside: bool = False) -> None:
-        """``dst[dst_row + k, r] = src[src_row + r, k]`` for ``r < rows``, ``k < cols``, in ``tile x tile``
+                  src_rows_outside: bool = False, addend: ir.Value | None = None) -> None:
+        """``dst[dst_row + k, r] = src[src_row + r, k]`` (``+ addend[dst_row + k, r]``, a memref shaped like
+        dst: the Linear kernels' residual) for ``r < rows``, ``k < cols``, in ``tile x tile``
         register tiles (tiles of dst's rows in parallel or not: with ``K = 64`` the rows of src made 4 parallel
         iterations, and B's transpose took 0.10 ms at 1 and 2 threads, 0.053 at 2 after; tiles past either memref's
         end are masked).
@@ -496,13 +500,16 @@ class RegisterTranspose:
                 inside = self._inside([(src, read_row, k), (dst, write_row, r)])
                 whole = scf.IfOp(inside, [], has_else=True)
                 with ir.InsertionPoint(whole.then_block):
-                    self._interior(src, dst, read_row, k, write_row, r)
+                    self._interior(src, dst, read_row, k, write_row, r, addend)
                     scf.YieldOp([])
                 with ir.InsertionPoint(whole.else_block):
                     tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad,
                                                    self.masked)
-                    vector.transfer_write(None, vector.transpose(self.square, tile_in, [1, 0]), dst,
-                                          [write_row, r], self.identity, self.masked)
+                    tile_out = vector.transpose(self.square, tile_in, [1, 0])
+                    if addend is not None:
+                        tile_out = add(tile_out, vector.transfer_read(self.square, addend, [write_row, r],
+                                                                      self.identity, self.pad, self.masked))
+                    vector.transfer_write(None, tile_out, dst, [write_row, r], self.identity, self.masked)
                     scf.YieldOp([])
                 scf.YieldOp([])
             if parallel:

@@ -1,4 +1,4 @@
-"""Two sparse Linear layers in one kernel: ``Y[b,p] = W2[p,o] * f(X[b,i] * W1[o,i], ...) (+ bias[p])``.
+"""Two sparse Linear layers in one kernel: ``Y[b,p] = W2[p,o] * f(X[b,i] * W1[o,i], ...) (+ bias[p]) (+ R[b,p])``.
 
 A transformer's feed-forward block (``W1``, GELU, ``W2``) run as two
 ``native_linear`` kernels writes its hidden activations (4096 x 1536 floats,
@@ -75,8 +75,9 @@ def _kernel(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
     index = ir.IndexType.get()
     matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
     sparse = {found.w1: formats[found.w1], found.w2: formats[found.w2]}
-    block, values = kernel_function(spec, sparse, {found.x}, element)
+    block, values = kernel_function(spec, sparse, {found.x, found.residual} - {None}, element)
     (x_value,), y = values[found.x], block.arguments[-1]
+    addend = values[found.residual][0] if found.residual is not None else None
     tile = vector_bits // 8 // spec.dtype.itemsize
     with ir.InsertionPoint(block):
         tiles = RegisterTranspose(element, tile)
@@ -94,5 +95,5 @@ def _kernel(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
             func.CallOp([matrix], _SECOND, [*arguments(second, h), t])
 
         batch_blocks(tiles, matrix, x_value, y, batch, inputs, rows, both, tile * ACCUMULATORS, spec.dtype.itemsize,
-                     [hidden])
+                     [hidden], addend)
         func.ReturnOp([y])

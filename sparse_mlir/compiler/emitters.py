@@ -70,7 +70,8 @@ def _bsr(spec: KernelSpec, formats: dict[str, Format]) -> bool:
 
 
 def _linear(spec: KernelSpec, formats: dict[str, Format]) -> bool:
-    return linear_operands(spec, formats) is not None or linear_epilogue(spec, formats) is not None
+    return linear_operands(spec, formats, residual=True) is not None \
+        or linear_epilogue(spec, formats, residual=True) is not None
 
 
 def _format_spmv(spec: KernelSpec, formats: dict[str, Format]) -> bool:

@@ -126,14 +126,43 @@ def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, st
     return None
 
 
-def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, str | None] | None:
+def _peel_residual(body: Expr, temp: str, rows: tuple[str, str], formats: dict[str, Format]
+                   ) -> tuple[Expr, str | None]:
+    """``body`` without one ``+ R[b,o]`` term of its top-level sum (a dense operand indexed like the output,
+    ``rows``: a residual connection), and ``R``'s name; ``body`` and ``None`` when it has none.  The Linear
+    kernels add ``R`` while they write ``Y``, after the rest of the sum (floating-point sums in another order)."""
+    terms = _sum_terms(body)
+    found = [t for t in terms if isinstance(t, Access) and t.index == rows and t.tensor not in formats
+             and t.tensor != temp]
+    if len(found) != 1 or len(terms) < 2:
+        return body, None
+    rest = [t for t in terms if t is not found[0]]
+    if temp not in set().union(*(_tensors(t) for t in rest)):
+        return body, None
+    total = rest[0]
+    for term in rest[1:]:
+        total = Binary("+", total, term)
+    return total, found[0].tensor
+
+
+def _sum_terms(node: Expr) -> list[Expr]:
+    """The terms of ``node``'s top-level chain of ``+``, in order (``node`` alone when it is no sum)."""
+    if isinstance(node, Binary) and node.op == "+":
+        return _sum_terms(node.lhs) + _sum_terms(node.rhs)
+    return [node]
+
+
+def linear_operands(spec: KernelSpec, formats: dict[str, Format], residual: bool = False
+                    ) -> dict[str, str | None] | None:
     """The roles of a Linear layer ``Y[b,o] = X[b,i] * W[o,i] (+ bias[o] or bias[b])`` with CSR or N:M ``W``.
 
     The planner lays it out as three stages (``plan._contiguous_layouts``):
     ``XT[i,b] = X[b,i]``, the SpMM ``T[o,b] = XT[i,b] * W[o,i]`` and
     ``Y[b,o] = T[o,b] (+ bias)``.  Returns the names of ``x``, ``xt``, ``w``,
     ``t``, ``bias`` (or ``None``), the indices ``b``, ``o``, ``i`` and the
-    bias index ``bias_index``.
+    bias index ``bias_index``.  ``residual``: also take a last ``+ R[b,o]``
+    (the CPU kernel adds it while writing ``Y``; its name under
+    ``"residual"``, else ``None``).
     """
     found = _linear_core(spec, formats)
     if found is None:
@@ -141,7 +170,7 @@ def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, s
     roles, back = found
     o, b = roles["o"], roles["b"]
     bias = bias_index = None
-    term = back.body
+    term, added = _peel_residual(back.body, roles["t"], (b, o), formats) if residual else (back.body, None)
     if isinstance(term, Binary) and term.op == "+":
         sides = [s for s in (term.lhs, term.rhs) if isinstance(s, Access)]
         others = [s for s in sides if s.tensor != roles["t"]]
@@ -151,23 +180,28 @@ def linear_operands(spec: KernelSpec, formats: dict[str, Format]) -> dict[str, s
         term = next(s for s in sides if s.tensor == roles["t"])
     if not isinstance(term, Access) or (term.tensor, term.index) != (roles["t"], (o, b)):
         return None
-    return {**roles, "bias": bias, "bias_index": bias_index}
+    return {**roles, "bias": bias, "bias_index": bias_index, "residual": added}
 
 
-def linear_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Expr, tuple[str, ...]] | None:
+def linear_epilogue(spec: KernelSpec, formats: dict[str, Format], residual: bool = False
+                    ) -> tuple[dict[str, str | None], Expr, tuple[str, ...]] | None:
     """A Linear layer whose result goes through an elementwise expression: ``Y[b,o] = relu(X@W^T + bias[o])``.
 
     Returns the roles (as ``linear_operands``, without a bias), the third
     stage's expression (reading ``t[o,b]``) and the dense tensors it reads,
     each indexed ``(o,)`` or ``(b,)``; ``None`` when the layer has no such
-    epilogue (``linear_operands`` takes plain layers and a bias).
+    epilogue (``linear_operands`` takes plain layers and a bias).  ``residual``
+    as for ``linear_operands``: a last ``+ R[b,o]`` is added after the
+    expression.
     """
-    if linear_operands(spec, formats) is not None:
+    if linear_operands(spec, formats, residual) is not None:
         return None
     found = _linear_core(spec, formats)
     if found is None:
         return None
     roles, back = found
+    body, added = (_peel_residual(back.body, roles["t"], (roles["b"], roles["o"]), formats) if residual
+                   else (back.body, None))
     operands: dict[str, None] = {}
 
     def allowed(node: Expr) -> bool:
@@ -180,9 +214,9 @@ def linear_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[
             return True
         return isinstance(node, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in node.children())
 
-    if not allowed(back.body) or roles["t"] not in _tensors(back.body):
+    if not allowed(body) or roles["t"] not in _tensors(body):
         return None
-    return roles, back.body, tuple(operands)
+    return {**roles, "residual": added}, body, tuple(operands)
 
 
 class Mlp(NamedTuple):
@@ -206,6 +240,7 @@ class Mlp(NamedTuple):
     i: str
     o: str
     p: str
+    residual: str | None = None  # a dense ``R[b,p]`` added to ``Y`` (a residual connection)
 
 
 def mlp_operands(spec: KernelSpec, formats: dict[str, Format]) -> Mlp | None:
@@ -245,7 +280,8 @@ def mlp_operands(spec: KernelSpec, formats: dict[str, Format]) -> Mlp | None:
         return None
     if back.result != spec.output or back.indices != (b, p) or back.reduce:
         return None
-    bias, term = None, back.body
+    bias = None
+    term, residual = _peel_residual(back.body, second.result, (b, p), formats)
     if isinstance(term, Binary) and term.op == "+":
         others = [s for s in (term.lhs, term.rhs) if not (isinstance(s, Access) and s.tensor == second.result)]
         if len(others) != 1 or not isinstance(others[0], Access) or others[0].tensor in formats \
@@ -255,7 +291,7 @@ def mlp_operands(spec: KernelSpec, formats: dict[str, Format]) -> Mlp | None:
         term = term.rhs if term.lhs is others[0] else term.lhs
     if not isinstance(term, Access) or (term.tensor, term.index) != (second.result, (p, b)):
         return None
-    return Mlp(roles["x"], roles["w"], w2, t0, middle, tuple(operands), bias, b, i, o, p)
+    return Mlp(roles["x"], roles["w"], w2, t0, middle, tuple(operands), bias, b, i, o, p, residual)
 
 
 def _linear_core(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Any] | None:

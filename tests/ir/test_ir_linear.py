@@ -107,8 +107,24 @@ def test_linear_never_plans_a_kernel(monkeypatch):
     ("Y[b,o] = X[b,i] * W[o,i]", {}),
     ("Y[b,o] = X[b,i] * W[i,o]", {"W": "csr"}),
     ("C[i,j] = A[i,k] * B[k,j]", {"A": "csr"}),
-    ("Y[b,o] = X[b,i] * W[o,i] + D[b,o]", {"W": "csr"}),
+    ("Y[b,o] = X[b,i] * W[o,i] + D[o,b]", {"W": "csr"}),  # a 2-d addend not shaped like Y
+    ("Y[b,o] = X[b,i] * W[o,i] * D[b,o]", {"W": "csr"}),  # multiplied, not added (a residual is)
 ])
 def test_other_kernels_are_not_linear(expression, formats):
     spec = planned(expression, formats)
     assert native_linear(spec, spec.formats, cpu_shapes(spec, {**EXTENTS, "k": 8, "j": 8})) is None
+
+
+def test_a_residual_is_added_in_the_transpose_into_y():
+    """``+ R[b,o]``: ``R`` is the kernel's matrix input after ``X``'s and ``W``'s, read by the transpose into ``Y``
+    (one more load per interior tile row and one more masked read per edge tile), and no input of the SpMM."""
+    plain = op_counts(verified(_build("Y[b,o] = X[b,i] * W[o,i] + bias[o]", {"W": "csr"})))
+    module = verified(_build("Y[b,o] = X[b,i] * W[o,i] + bias[o] + R[b,o]", {"W": "csr"}))
+    ops = op_counts(module)
+    # two copies of the block (workers, serial), 8x8 tiles at 256 bits
+    assert ops["vector.load"] - plain["vector.load"] == 2 * 8
+    assert ops["vector.transfer_read"] - plain["vector.transfer_read"] == 2
+    inputs, _ = _signature(module, KERNEL_NAME)
+    assert inputs[-2:] == ["memref<?x?xf32>", "memref<?x?xf32>"]  # R, then Y
+    assert len(_signature(module, "linear_spmm")[0]) == len(_signature(
+        verified(_build("Y[b,o] = X[b,i] * W[o,i] + bias[o]", {"W": "csr"})), "linear_spmm")[0])
