@@ -171,8 +171,8 @@ def main() -> None:
         # the same numbers on both paths, or the timing compares different work
         got, want = variants[f"sparse {label}"](), variants[f"dense-pruned {label}"]()
         error = (got["sentence_embedding"] - want["sentence_embedding"]).abs().max().item()
-        print(f"{label}: {report.layers} SparseLinear layers ({fused} MLPs fused with their GELU), {report.sparsity:.1%} "
-              f"sparse; max difference of the "
+        print(f"{label}: {report.layers} SparseLinear layers ({fused} MLPs fused with their GELU), "
+              f"{report.sparsity:.1%} sparse; max difference of the "
               f"embeddings to the dense-pruned model {error:.1e}")
     for threads in args.threads:  # both sides get the same count (our kernels read it at each call)
         torch.set_num_threads(threads)

@@ -349,8 +349,8 @@ class SparseFeedForward(nn.Module):
     two kernels the wide hidden activations go to memory and back; fused
     (``dialects.native.mlp``) each block of rows keeps them in cache.
     MiniLM's FFN at 90% (4096 rows, 1 thread): 23.5-24.8 ms as two layers,
-    18.9-19.3 ms fused (2:4: 72-73 and 63-65 ms).  With autograd recording (training), the two layers run their own
-    differentiable operators.  The layers stay submodules: their state dict
+    18.9-19.3 ms fused (2:4: 72-73 and 63-65 ms).  With autograd recording
+    (training), the two layers run their own differentiable operators.  The layers stay submodules: their state dict
     entries are theirs, under ``first.`` and ``second.``.
     """
 

@@ -137,6 +137,17 @@ def transposed_pattern(weight: SparseTensor) -> TransposedPattern:
                                (pos, crd, stored, t_pos, t_crd, t_order.astype(np.int64))))
 
 
+def _weight(fmt: str, shape: list[int], levels: list[torch.Tensor], values: torch.Tensor) -> SparseTensor:
+    """A weight as the operators receive it (format key, shape, level buffers, values) as a ``SparseTensor``
+    over the same memory (validated when the module took it)."""
+    return SparseTensor(_format(fmt), tuple(shape), (*map(_numpy, levels), _numpy(values)), validate=False)
+
+
+def _check_activation(activation: str) -> None:
+    if activation and activation not in ACTIVATIONS:
+        raise OperandError(f"activation must be '' or one of {', '.join(sorted(ACTIVATIONS))}, got {activation!r}")
+
+
 # -- the operators -------------------------------------------------------------------
 @torch.library.custom_op("sparse_mlir::linear", mutates_args=())
 def _linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, levels: list[torch.Tensor],
@@ -144,12 +155,11 @@ def _linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, le
     """``act(x W^T + b)`` for ``x`` of shape ``(rows, in)``: a row-major ``(rows, out)`` tensor; ``activation``
     one of ``ACTIVATIONS`` or ``""`` (none)."""
     del pattern  # the backward's (an input so that setup_context can save it)
-    weight = SparseTensor(_format(fmt), tuple(shape), (*map(_numpy, levels), _numpy(values)), validate=False)
+    weight = _weight(fmt, shape, levels, values)
     operands: dict[str, Any] = {"W": weight}
     if bias is not None:
         operands["bias"] = _numpy(bias)
-    if activation and activation not in ACTIVATIONS:
-        raise OperandError(f"activation must be '' or one of {', '.join(sorted(ACTIVATIONS))}, got {activation!r}")
+    _check_activation(activation)
     expressions = ACTIVATIONS[activation] if activation else (_LINEAR, _LINEAR_BIAS)
     kernel = _kernel(expressions[bias is not None], (("W", weight.format),), str(weight.dtype))
     with threads.blocktime(0):
@@ -168,8 +178,7 @@ def _feed_forward(x: torch.Tensor, values1: torch.Tensor, bias1: torch.Tensor | 
     """``act(x W1^T + b1) W2^T + b2`` in one kernel (``dialects.native.mlp``): the hidden activations stay in
     cache.  Inference only (no autograd formula): ``SparseFeedForward`` runs the two layers' own operators when a
     gradient is wanted."""
-    w1 = SparseTensor(_format(fmt1), tuple(shape1), (*map(_numpy, levels1), _numpy(values1)), validate=False)
-    w2 = SparseTensor(_format(fmt2), tuple(shape2), (*map(_numpy, levels2), _numpy(values2)), validate=False)
+    w1, w2 = _weight(fmt1, shape1, levels1, values1), _weight(fmt2, shape2, levels2, values2)
     operands: dict[str, Any] = {"W1": w1, "W2": w2}
     if bias1 is not None:
         operands["b1"] = _numpy(bias1)
@@ -189,8 +198,7 @@ def _(x, values1, bias1, levels1, fmt1, shape1, activation, values2, bias2, leve
 def feed_forward_expression(activation: str, bias1: bool, bias2: bool) -> str:
     """The kernel of two Linear layers in a chain, the first through ``activation`` (one of ``ACTIVATIONS``) or
     with a bias (the fused kernel needs an elementwise step between the two products, ``patterns.Mlp``)."""
-    if activation and activation not in ACTIVATIONS:
-        raise OperandError(f"activation must be '' or one of {', '.join(sorted(ACTIVATIONS))}, got {activation!r}")
+    _check_activation(activation)
     if not activation and not bias1:
         raise OperandError("a fused feed-forward needs an activation or a bias between its two layers")
     hidden = "X[b,i] * W1[o,i]" + (" + b1[o]" if bias1 else "")

@@ -119,10 +119,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"targets: {', '.join(TARGETS)}")
     gpu = shutil.which("nvidia-smi") is not None
     print(f"GPU: {'nvidia-smi found' if gpu else 'none found'}")
-    print(f"OpenMP runtime: {openmp_library() or 'none (kernels are serial)'}")
-    if openmp_library() is not None:
-        print("  with torch imported: " + ("kernels compiled then run on torch's libgomp pool (SPARSE_MLIR_SHARE_POOL=0 "
-                                           "keeps them on this runtime)" if knobs.share_pool() else
+    runtime = openmp_library()
+    print(f"OpenMP runtime: {runtime or 'none (kernels are serial)'}")
+    if runtime is not None:
+        shared = ("kernels compiled then run on torch's libgomp pool (SPARSE_MLIR_SHARE_POOL=0 keeps them on this "
+                  "runtime)")
+        print("  with torch imported: " + (shared if knobs.share_pool() else
                                            "kernels keep this runtime (SPARSE_MLIR_SHARE_POOL=0)"))
     why_not = fast_call.unavailable()  # builds the module into the cache if it is not there yet
     print(f"C call path: {'available' if why_not is None else 'off: ' + why_not}")

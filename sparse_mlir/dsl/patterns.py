@@ -17,8 +17,8 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import BSR, COO, CSC, CSF, CSR, DCSR, Format, LevelKind
 
 __all__ = ["is_csr", "bsr_blocks", "spmv_operands", "spmm_operands", "linear_operands", "dense_matmul_operands",
-           "spmm_epilogue", "linear_epilogue", "Mlp", "mlp_operands", "Sddmm", "sddmm_operands", "gpu_sddmm_operands", "spgemm_operands",
-           "sparse_sum_operands",
+           "spmm_epilogue", "linear_epilogue", "Mlp", "mlp_operands", "Sddmm", "sddmm_operands", "gpu_sddmm_operands",
+           "spgemm_operands", "sparse_sum_operands",
            "SparseSum", "sparse_product_operands", "threads_sparse_output", "format_kind", "product_operands", "scatters",
            "total_reduction_operands", "fiber_operands", "unscaled"]
 
@@ -126,6 +126,44 @@ def spmm_operands(spec: KernelSpec, formats: dict[str, Format]) -> tuple[str, st
     return None
 
 
+def _elementwise_operands(node: Expr, temp: Access, indices: tuple[tuple[str, ...], ...],
+                          formats: dict[str, Format]) -> tuple[str, ...] | None:
+    """The dense tensors ``node`` reads besides ``temp`` (in order of appearance), when ``node`` is an
+    elementwise expression of ``temp`` (read at ``temp.index`` only, at least once) and of dense tensors indexed
+    by one of ``indices``; else ``None``.  What an epilogue may compute from a product's sums."""
+    operands: dict[str, None] = {}
+
+    def allowed(part: Expr) -> bool:
+        if isinstance(part, Access):
+            if part.tensor == temp.tensor:
+                return part.index == temp.index
+            if part.tensor in formats or part.index not in indices:
+                return False
+            operands[part.tensor] = None
+            return True
+        return isinstance(part, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in part.children())
+
+    if not allowed(node) or temp.tensor not in _tensors(node):
+        return None
+    return tuple(operands)
+
+
+def _plus_bias(term: Expr, temp: Access, indices: tuple[tuple[str, ...], ...], formats: dict[str, Format]
+               ) -> tuple[str | None, str | None] | None:
+    """``(bias, its index)`` when ``term`` is ``temp`` plus one dense vector indexed by one of ``indices``,
+    ``(None, None)`` when it is ``temp`` alone, else ``None``."""
+    def is_temp(node: Expr) -> bool:  # by name and index (an access also records where it was written)
+        return isinstance(node, Access) and (node.tensor, node.index) == (temp.tensor, temp.index)
+
+    if isinstance(term, Binary) and term.op == "+":
+        sides = [side for side in (term.lhs, term.rhs) if isinstance(side, Access)]
+        others = [side for side in sides if side.tensor != temp.tensor]
+        if len(sides) != 2 or len(others) != 1 or others[0].tensor in formats or others[0].index not in indices:
+            return None
+        return (others[0].tensor, others[0].index[0]) if any(is_temp(side) for side in sides) else None
+    return (None, None) if is_temp(term) else None
+
+
 def _peel_residual(body: Expr, temp: str, rows: tuple[str, str], formats: dict[str, Format]
                    ) -> tuple[Expr, str | None]:
     """``body`` without one ``+ R[b,o]`` term of its top-level sum (a dense operand indexed like the output,
@@ -169,17 +207,11 @@ def linear_operands(spec: KernelSpec, formats: dict[str, Format], residual: bool
         return None
     roles, back = found
     o, b = roles["o"], roles["b"]
-    bias = bias_index = None
     term, added = _peel_residual(back.body, roles["t"], (b, o), formats) if residual else (back.body, None)
-    if isinstance(term, Binary) and term.op == "+":
-        sides = [s for s in (term.lhs, term.rhs) if isinstance(s, Access)]
-        others = [s for s in sides if s.tensor != roles["t"]]
-        if len(sides) != 2 or len(others) != 1 or others[0].tensor in formats or others[0].index not in ((o,), (b,)):
-            return None
-        bias, bias_index = others[0].tensor, others[0].index[0]
-        term = next(s for s in sides if s.tensor == roles["t"])
-    if not isinstance(term, Access) or (term.tensor, term.index) != (roles["t"], (o, b)):
+    found_bias = _plus_bias(term, Access(roles["t"], (o, b)), ((o,), (b,)), formats)
+    if found_bias is None:
         return None
+    bias, bias_index = found_bias
     return {**roles, "bias": bias, "bias_index": bias_index, "residual": added}
 
 
@@ -202,21 +234,11 @@ def linear_epilogue(spec: KernelSpec, formats: dict[str, Format], residual: bool
     roles, back = found
     body, added = (_peel_residual(back.body, roles["t"], (roles["b"], roles["o"]), formats) if residual
                    else (back.body, None))
-    operands: dict[str, None] = {}
-
-    def allowed(node: Expr) -> bool:
-        if isinstance(node, Access):
-            if node.tensor == roles["t"]:
-                return node.index == (roles["o"], roles["b"])
-            if node.tensor in formats or node.index not in ((roles["o"],), (roles["b"],)):
-                return False
-            operands[node.tensor] = None
-            return True
-        return isinstance(node, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in node.children())
-
-    if not allowed(body) or roles["t"] not in _tensors(body):
+    operands = _elementwise_operands(body, Access(roles["t"], (roles["o"], roles["b"])),
+                                     ((roles["o"],), (roles["b"],)), formats)
+    if operands is None:
         return None
-    return {**roles, "residual": added}, body, tuple(operands)
+    return {**roles, "residual": added}, body, operands
 
 
 class Mlp(NamedTuple):
@@ -264,34 +286,17 @@ def mlp_operands(spec: KernelSpec, formats: dict[str, Format]) -> Mlp | None:
         return None
     w2 = weights[0].tensor
     middle = body.rhs if body.lhs is weights[0] else body.lhs
-    operands: dict[str, None] = {}
-
-    def elementwise(node: Expr) -> bool:
-        if isinstance(node, Access):
-            if node.tensor == t0:
-                return node.index == (o, b)
-            if node.tensor in formats or node.index != (o,):
-                return False
-            operands[node.tensor] = None
-            return True
-        return isinstance(node, (Literal, Unary, Binary, Call)) and all(elementwise(c) for c in node.children())
-
-    if not elementwise(middle) or t0 not in _tensors(middle):
+    operands = _elementwise_operands(middle, Access(t0, (o, b)), ((o,),), formats)
+    if operands is None:
         return None
     if back.result != spec.output or back.indices != (b, p) or back.reduce:
         return None
-    bias = None
     term, residual = _peel_residual(back.body, second.result, (b, p), formats)
-    if isinstance(term, Binary) and term.op == "+":
-        others = [s for s in (term.lhs, term.rhs) if not (isinstance(s, Access) and s.tensor == second.result)]
-        if len(others) != 1 or not isinstance(others[0], Access) or others[0].tensor in formats \
-                or others[0].index != (p,):
-            return None
-        bias = others[0].tensor
-        term = term.rhs if term.lhs is others[0] else term.lhs
-    if not isinstance(term, Access) or (term.tensor, term.index) != (second.result, (p, b)):
+    found_bias = _plus_bias(term, Access(second.result, (p, b)), ((p,),), formats)
+    if found_bias is None:
         return None
-    return Mlp(roles["x"], roles["w"], w2, t0, middle, tuple(operands), bias, b, i, o, p, residual)
+    bias = found_bias[0]
+    return Mlp(roles["x"], roles["w"], w2, t0, middle, operands, bias, b, i, o, p, residual)
 
 
 def _linear_core(spec: KernelSpec, formats: dict[str, Format]) -> tuple[dict[str, str], Any] | None:
@@ -386,21 +391,10 @@ def spmm_epilogue(spec: KernelSpec, formats: dict[str, Format]) -> SpmmEpilogue 
     i, j = product.indices
     if after.indices != (i, j) or after.result != spec.output:
         return None
-    operands: dict[str, None] = {}
-
-    def allowed(node: Expr) -> bool:
-        if isinstance(node, Access):
-            if node.tensor == product.result:
-                return node.index == (i, j)
-            if node.tensor in formats or node.index not in ((i,), (j,), (i, j)):
-                return False
-            operands[node.tensor] = None
-            return True
-        return isinstance(node, (Literal, Unary, Binary, Call)) and all(allowed(c) for c in node.children())
-
-    if not allowed(after.body) or product.result not in _tensors(after.body):
+    operands = _elementwise_operands(after.body, Access(product.result, (i, j)), ((i,), (j,), (i, j)), formats)
+    if operands is None:
         return None
-    return SpmmEpilogue(found[0], found[1], after.body, product.result, i, j, tuple(operands))
+    return SpmmEpilogue(found[0], found[1], after.body, product.result, i, j, operands)
 
 
 def _tensors(node: Expr) -> set[str]:

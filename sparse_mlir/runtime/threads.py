@@ -138,16 +138,17 @@ BLOCKTIME_MS = 5
 def set_threads(count: int) -> None:
     """Make the next kernel call on this Python thread use ``count`` threads (and this thread's blocktime)."""
     wanted = getattr(_local, "blocktime", BLOCKTIME_MS)
+    if not _loaded:
+        load_runtime()
+    # every runtime loaded: the next kernel links one of them (libiomp5, or the bridge to torch's libgomp)
     if getattr(_local, "applied_blocktime", None) != (wanted, _generation):  # first call here, a ``blocktime`` block
         if knobs.kmp_blocktime() is None:
-            for runtime in list(_loaded.values()) or [load_runtime()]:
+            for runtime in list(_loaded.values()):
                 if hasattr(runtime, "kmp_set_blocktime"):  # libiomp5's; libgomp's workers spin as torch set
                     runtime.kmp_set_blocktime(wanted)  # per calling thread, like the thread count
         _local.applied_blocktime = (wanted, _generation)
     if getattr(_local, "count", None) != (count, _generation):
-        if not _loaded:
-            load_runtime()
-        for runtime in list(_loaded.values()):  # whichever the next kernel links (libiomp5 or the bridge)
+        for runtime in list(_loaded.values()):
             runtime.omp_set_num_threads(count)
         _local.count = (count, _generation)
 
