@@ -33,7 +33,8 @@ from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, for_each
+from sparse_mlir.dialects.native import lane_select
+from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, declare_thread_count, for_each
 from sparse_mlir.dialects.native.spmm import (
     ACCUMULATORS,
     B_ALIGNMENT,
@@ -64,6 +65,8 @@ def native_linear(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str
     if found is None:
         return None
     roles, core = found
+    if lane_select.applies(core.fmt, spec.dtype, target):
+        return _lane_module(spec, formats[roles["w"]], shapes[roles["w"]][0], roles, core, target)
     # the SpMM (and its epilogue functions) first, then the kernel that calls it goes in before them
     module = spmm_module(core, target, function_name=_CORE, b_aligned=True)  # B: the aligned X^T scratch
     with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
@@ -107,6 +110,43 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
                          addend=addend)
         func.ReturnOp([y])
 
+
+
+def _lane_module(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str, str | None],
+                 core: SpmmProblem, target: CpuTarget) -> ir.Module:
+    """The Linear kernel of an N:M ``W`` with output features across lanes (``lane_select``): ``W`` repacked,
+    then items of (a block of ``BLOCK_ROWS`` batch rows, ``CHUNKS_PER_ITEM`` chunks of features) claimed by
+    one worker per thread; X and Y are read and written in place, no scratch."""
+    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
+    lanes = target.vector_bits // 8 // spec.dtype.itemsize
+    epilogue = core.epilogue
+    if epilogue is not None:  # lanes along the output features: the epilogue's columns are ``o``
+        module = lane_select.epilogue_module(Epilogue(epilogue.expr, epilogue.temp, roles["b"], roles["o"],
+                                                      epilogue.operands),
+                                             {name: 1 for name in epilogue.operands}, element, lanes)
+    else:
+        module = ir.Module.create(ir.Location.unknown())
+    with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
+        declare_thread_count()
+        residual = roles["residual"]
+        block, values = kernel_function(spec, {roles["w"]: fmt}, {roles["x"], residual} - {None}, element)
+        (x,), y = values[roles["x"]], block.arguments[-1]
+        with ir.InsertionPoint(block):
+            c0, c1 = arith.constant(ir.IndexType.get(), 0), arith.constant(ir.IndexType.get(), 1)
+            batch, inputs = memref.dim(x, c0), memref.dim(x, c1)
+            rows = arith.constant(ir.IndexType.get(), outputs) if outputs is not None else memref.dim(y, c1)
+            _, crd, val = values[roles["w"]]
+            weight = lane_select.PackedWeight(fmt, crd, val, rows, inputs, element, lanes)
+            finish = lane_select.Finish(
+                bias=values[core.bias][0] if core.bias is not None else None,
+                bias_over="o" if core.bias_dim == 0 else "b", epilogue=epilogue is not None,
+                operands=[values[name][0] for name in epilogue.operands] if epilogue is not None else (),
+                residual=values[residual][0] if residual is not None else None)
+            lane_select.linear_items(lane_select.LaneProduct(weight, element, finish), x, y, batch)
+            weight.free()
+            func.ReturnOp([y])
+    module.operation.verify()
+    return module
 
 
 def kernel_function(spec: KernelSpec, sparse: dict[str, Format], matrices: set[str], element: ir.Type

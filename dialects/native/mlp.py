@@ -21,8 +21,9 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
+from sparse_mlir.dialects.native import lane_select
 from sparse_mlir.dialects.native.linear import batch_blocks, kernel_function
-from sparse_mlir.dialects.native.loops import RegisterTranspose
+from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, by_workers, declare_thread_count
 from sparse_mlir.dialects.native.spmm import ACCUMULATORS, SpmmProblem, spmm_module
 from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.dsl.patterns import Mlp, mlp_operands
@@ -32,6 +33,7 @@ from sparse_mlir.formats import Format
 __all__ = ["native_mlp"]
 
 _FIRST, _SECOND = "mlp_first", "mlp_second"
+LANE_BLOCK_ROWS = 128  # batch rows per block of the lane kernel: 56-58 ms for MiniLM's 2:4 FFN (64 rows: 59, 32: 60-65)
 _HIDDEN = "_hidden"  # the second SpMM's B: the first one's result, through ``f``
 
 
@@ -42,6 +44,8 @@ def native_mlp(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     found = mlp_operands(spec, formats)
     if found is None or None in (*shapes[found.w1], *shapes[found.w2]):
         return None
+    if all(lane_select.applies(formats[w], spec.dtype, target) for w in (found.w1, found.w2)):
+        return _lane_module(spec, formats, shapes, found, target)
     xt = spec.stages[0].result
     first = SpmmProblem(spec.dtype, formats[found.w1], shapes[found.w1],
                         ((found.w1, 2), (xt, 2), *((name, 1) for name in found.operands)), found.w1, xt,
@@ -54,6 +58,58 @@ def native_mlp(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
     _merge(module, spmm_module(second, target, function_name=_SECOND, b_aligned=True))
     with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
         _kernel(spec, formats, shapes, found, first, second, target.vector_bits)
+    module.operation.verify()
+    return module
+
+
+def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
+                 found: Mlp, target: CpuTarget) -> ir.Module:
+    """Both N:M layers with features across lanes (``lane_select``): per block of ``LANE_BLOCK_ROWS`` batch
+    rows, claimed by one worker per thread, ``H = f(X W1^T)`` into the worker's hidden scratch (rows of
+    ``H``: already the second product's ``X``), then ``Y = H W2^T`` (+ bias, + residual) in place."""
+    element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
+    index = ir.IndexType.get()
+    lanes = target.vector_bits // 8 // spec.dtype.itemsize
+    module = lane_select.epilogue_module(Epilogue(found.middle, found.t0, found.b, found.o, found.operands),
+                                         {name: 1 for name in found.operands}, element, lanes)
+    sparse = {found.w1: formats[found.w1], found.w2: formats[found.w2]}
+    with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
+        declare_thread_count()
+        block, values = kernel_function(spec, sparse, {found.x, found.residual} - {None}, element)
+        (x,), y = values[found.x], block.arguments[-1]
+        with ir.InsertionPoint(block):
+            c0, c1 = arith.constant(index, 0), arith.constant(index, 1)
+            batch, inputs = memref.dim(x, c0), memref.dim(x, c1)
+            hidden = arith.constant(index, shapes[found.w1][0])
+            rows = arith.constant(index, shapes[found.w2][0])
+            first_w = lane_select.PackedWeight(formats[found.w1], values[found.w1][1], values[found.w1][2], hidden,
+                                               inputs, element, lanes)
+            second_w = lane_select.PackedWeight(formats[found.w2], values[found.w2][1], values[found.w2][2], rows,
+                                                hidden, element, lanes)
+            first = lane_select.LaneProduct(first_w, element, lane_select.Finish(
+                epilogue=True, operands=[values[name][0] for name in found.operands]))
+            second = lane_select.LaneProduct(second_w, element, lane_select.Finish(
+                bias=values[found.bias][0] if found.bias else None,
+                residual=values[found.residual][0] if found.residual else None))
+            block_rows = arith.constant(index, LANE_BLOCK_ROWS)
+            matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+            byte_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))
+
+            def allocate() -> ir.Value:
+                size = arith.muli(arith.muli(block_rows, hidden), arith.constant(index, spec.dtype.itemsize))
+                return memref.alloc(byte_type, [size], [], alignment=LINE_BYTES)
+
+            def rows_block(item: ir.Value, scratch: ir.Value) -> None:
+                row = arith.muli(item, block_rows)
+                count = arith.minui(block_rows, arith.subi(batch, row))
+                h = memref.view(matrix, scratch, c0, [count, hidden])
+                first.product(x, row, h, c0, count, c0, first_w.chunks)
+                second.product(h, c0, y, row, count, c0, second_w.chunks)
+
+            by_workers(arith.ceildivui(batch, block_rows), rows_block, allocate, memref.dealloc)
+            first_w.free()
+            second_w.free()
+            func.ReturnOp([y])
     module.operation.verify()
     return module
 
