@@ -57,18 +57,27 @@ __all__ = ["BLOCK_ROWS", "CHUNKS_PER_ITEM", "ROW_TILE", "Finish", "LaneProduct",
 
 ROW_TILE = 8  # rows of X per register tile: 8 windows of X and 16 accumulators with two chunks
 CHUNKS_PER_TILE = 2  # chunks of output features per register tile: each window of X serves both
-BLOCK_ROWS = 256  # rows of X a worker takes at a time: their rows stay in L2 for every chunk of W
+BLOCK_ROWS = 256  # rows of X a worker takes at a time, at most: their rows stay in L2 for every chunk of W
+BLOCK_BYTES = 1 << 20  # ... and at most this much of X (MiniLM's 384 -> 1536 in float64, 4096 rows, took 73 ms in blocks of 256 rows)
 CHUNKS_PER_ITEM = 2  # chunks of a block a Linear layer's worker claims at once (128 features of float32)
 _PERMUTES = {("f", 32): "llvm.x86.avx512.permvar.sf.512", ("f", 64): "llvm.x86.avx512.permvar.df.512",
              ("i", 32): "llvm.x86.avx512.permvar.si.512", ("i", 64): "llvm.x86.avx512.permvar.di.512"}
 
 
 def applies(fmt: Format, dtype: np.dtype, target: CpuTarget) -> bool:
-    """Whether an N:M weight of ``dtype`` runs here: AVX-512 (its permutes), whole groups in a window."""
-    if not fmt.is_nm or target.vector_bits != 512 or np.dtype(dtype).itemsize not in (4, 8):
+    """Whether an N:M weight of ``dtype`` runs here: AVX-512 (``vector_bits`` 512 is chosen only with it) and a
+    window of ``lanes`` columns holding whole groups.
+
+    Not on 256-bit targets: AVX2's ``vpermps`` exists, but there loads are
+    cheap (three 256-bit loads a cycle) and the transposing kernel wins.
+    The lane kernel as AVX2 code on this Xeon, 4096 rows, one thread: 2:4
+    384 -> 384 14.1-15.9 ms against 11.5-11.7, 384 -> 1536 65-67 against
+    44-46.
+    """
+    dtype = np.dtype(dtype)
+    if not fmt.is_nm or target.vector_bits != 512 or dtype.kind not in "fi" or dtype.itemsize not in (4, 8):
         return False
-    lanes = target.vector_bits // 8 // np.dtype(dtype).itemsize
-    return lanes % fmt.levels[-1].m == 0
+    return (target.vector_bits // 8 // dtype.itemsize) % fmt.levels[-1].m == 0
 
 
 def _lane_types(element: ir.Type, lanes: int) -> tuple[ir.VectorType, ir.VectorType, str]:
@@ -286,13 +295,23 @@ def linear_items(product: LaneProduct, x: ir.Value, y: ir.Value, batch: ir.Value
     by block, claimed one at a time by one worker per thread (``loops.by_workers``): a small batch still
     splits its features between the threads, and a thread whose core is busy takes fewer items."""
     groups = arith.ceildivui(product.w.chunks, index(CHUNKS_PER_ITEM))
-    blocks = arith.ceildivui(batch, index(BLOCK_ROWS))
+    block_rows = rows_per_block(product.w.cols, product.element)
+    blocks = arith.ceildivui(batch, block_rows)
 
     def item(at: ir.Value, _state: object) -> None:
-        row = arith.muli(arith.divui(at, groups), index(BLOCK_ROWS))
-        count = arith.minui(index(BLOCK_ROWS), arith.subi(batch, row))
+        row = arith.muli(arith.divui(at, groups), block_rows)
+        count = arith.minui(block_rows, arith.subi(batch, row))
         chunk = arith.muli(arith.remui(at, groups), index(CHUNKS_PER_ITEM))
         product.product(x, row, y, row, count, chunk, arith.minui(arith.addi(chunk, index(CHUNKS_PER_ITEM)),
                                                                   product.w.chunks))
 
     by_workers(arith.muli(blocks, groups), item)
+
+
+def rows_per_block(cols: ir.Value, element: ir.Type) -> ir.Value:
+    """Rows of X per block: ``BLOCK_ROWS``, fewer when they would hold more than ``BLOCK_BYTES`` (a whole number
+    of register tiles, at least one)."""
+    row_bytes = arith.maxui(arith.muli(cols, index(element.width // 8)), index(1))
+    fit = arith.divui(index(BLOCK_BYTES), row_bytes)
+    tiles = arith.maxui(arith.divui(arith.minui(fit, index(BLOCK_ROWS)), index(ROW_TILE)), index(1))
+    return arith.muli(tiles, index(ROW_TILE))

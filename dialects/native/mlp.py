@@ -33,7 +33,6 @@ from sparse_mlir.formats import Format
 __all__ = ["native_mlp"]
 
 _FIRST, _SECOND = "mlp_first", "mlp_second"
-LANE_BLOCK_ROWS = 128  # batch rows per block of the lane kernel: 56-58 ms for MiniLM's 2:4 FFN (64 rows: 59, 32: 60-65)
 _HIDDEN = "_hidden"  # the second SpMM's B: the first one's result, through ``f``
 
 
@@ -64,8 +63,8 @@ def native_mlp(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
 
 def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                  found: Mlp, target: CpuTarget) -> ir.Module:
-    """Both N:M layers with features across lanes (``lane_select``): per block of ``LANE_BLOCK_ROWS`` batch
-    rows, claimed by one worker per thread, ``H = f(X W1^T)`` into the worker's hidden scratch (rows of
+    """Both N:M layers with features across lanes (``lane_select``): per block of batch rows (as many as
+    ``lane_select.rows_per_block`` gives the hidden width), claimed by one worker per thread, ``H = f(X W1^T)`` into the worker's hidden scratch (rows of
     ``H``: already the second product's ``X``), then ``Y = H W2^T`` (+ bias, + residual) in place."""
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     index = ir.IndexType.get()
@@ -91,7 +90,7 @@ def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str,
             second = lane_select.LaneProduct(second_w, element, lane_select.Finish(
                 bias=values[found.bias][0] if found.bias else None,
                 residual=values[found.residual][0] if found.residual else None))
-            block_rows = arith.constant(index, LANE_BLOCK_ROWS)
+            block_rows = lane_select.rows_per_block(hidden, element)
             matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
             byte_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))
 

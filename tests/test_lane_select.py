@@ -1,0 +1,112 @@
+"""N:M Linear and MLP kernels with output features across AVX-512 lanes (``dialects/native/lane_select.py``), run:
+every N:M pattern a window holds, dtypes, partial chunks of features, partial windows of inputs, biases,
+epilogues, residuals, blocks of the batch; which targets and formats take them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.data import prune_nm, random_values
+from support.kernels import LANE_PERMUTE, host_has_lane_kernels
+
+import sparse_mlir as sm
+
+pytestmark = pytest.mark.skipif(not host_has_lane_kernels(), reason="the lane kernels need AVX-512")
+
+SHAPES = [(1, 16, 16), (7, 20, 17), (9, 36, 40), (300, 64, 33), (700, 48, 96)]  # (batch, inputs, outputs)
+
+
+def _weight(rng: np.random.Generator, outputs: int, inputs: int, n: int, m: int, dtype: str) -> np.ndarray:
+    return prune_nm(random_values(rng, (outputs, inputs), dtype), n, m)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bias", [None, "o", "b"])
+def test_a_2_4_linear_layer_matches_numpy(rng, dtype, shape, bias):
+    """Exact: the values are small integers, so every summation order gives the same floats."""
+    batch, inputs, outputs = shape
+    inputs += -inputs % 4
+    w = _weight(rng, outputs, inputs, 2, 4, dtype)
+    x = random_values(rng, (batch, inputs), dtype)
+    expression = "Y[b,o] = X[b,i] * W[o,i]" + ("" if bias is None else f" + bias[{bias}]")
+    operands = {"X": x, "W": sm.SparseTensor.from_dense(w, "2:4")}
+    want = x @ w.T
+    if bias is not None:
+        operands["bias"] = random_values(rng, outputs if bias == "o" else batch, dtype)
+        want = want + (operands["bias"] if bias == "o" else operands["bias"][:, None])
+    kernel = sm.compile(expression, formats={"W": "2:4"}, dtype=dtype)
+    out = np.full((batch, outputs), -7, dtype)  # every element is stored
+    kernel(out=out, **operands)
+    np.testing.assert_array_equal(out, want)
+    assert LANE_PERMUTE in kernel.ir["input"] and "vector.transpose" not in kernel.ir["input"]
+
+
+@pytest.mark.parametrize("n, m", [(1, 2), (1, 4), (2, 8), (4, 8), (3, 16), (8, 16)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_n_m_pattern_whose_groups_fit_a_window(rng, n, m, dtype):
+    """Windows are 16 float32 or 8 float64 inputs: 1:2 to 8:16 in float32; in float64 groups of 16 do not fit,
+    so those weights keep the transposing kernel, with the same results."""
+    batch, inputs, outputs = 45, 3 * m + (16 if m < 16 else 0), 21
+    w = _weight(rng, outputs, inputs, n, m, dtype)
+    x = random_values(rng, (batch, inputs), dtype)
+    fmt = f"{n}:{m}"
+    kernel = sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": fmt}, dtype=dtype)
+    np.testing.assert_array_equal(kernel(X=x, W=sm.SparseTensor.from_dense(w, fmt)), x @ w.T)
+    lanes = 64 // np.dtype(dtype).itemsize
+    assert (LANE_PERMUTE in kernel.ir["input"]) == (lanes % m == 0)
+
+
+def test_a_partial_last_window_reads_nothing_past_its_row(rng):
+    """36 inputs: two windows of 16 and a masked one of 4.  Odd rows of X start with infinities; were the last
+    window of an even row read whole, its padding (a zero weight) would pick up the next row's infinity."""
+    batch, inputs, outputs = 40, 36, 24
+    w = _weight(rng, outputs, inputs, 2, 4, "float32")
+    x = random_values(rng, (batch, inputs), "float32")
+    x[1::2, :12] = np.inf
+    kernel = sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": "2:4"}, dtype="float32")
+    got = kernel(X=x, W=sm.SparseTensor.from_dense(w, "2:4"))
+    np.testing.assert_array_equal(got[0::2], x[0::2] @ w.T)
+
+
+@pytest.mark.parametrize("fmt", ["2:4", "1:4"])
+def test_an_epilogue_over_features_and_batch_and_a_residual(rng, fmt):
+    """``max(X W^T, s[b]) * 2 - bias[o] + R[b,o]``: the epilogue's vector function in whole chunks, its scalar one
+    lane by lane in the partial last chunk (40 features: 16, 16, 8), then the residual."""
+    batch, inputs, outputs = 77, 52, 40
+    n, m = map(int, fmt.split(":"))
+    w = _weight(rng, outputs, inputs, n, m, "float64")
+    x = rng.standard_normal((batch, inputs))
+    s, bias, r = rng.standard_normal(batch), rng.standard_normal(outputs), rng.standard_normal((batch, outputs))
+    kernel = sm.compile("Y[b,o] = max(X[b,i] * W[o,i], s[b]) * 2.0 - bias[o] + R[b,o]", formats={"W": fmt},
+                        dtype="float64")
+    got = kernel(X=x, W=sm.SparseTensor.from_dense(w, fmt), s=s, bias=bias, R=r)
+    np.testing.assert_allclose(got, np.maximum(x @ w.T, s[:, None]) * 2 - bias + r, rtol=1e-12, atol=1e-12)
+    assert LANE_PERMUTE in kernel.ir["input"] and "sm_epilogue_scalar" in kernel.ir["input"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(1, 36, 40, 20), (130, 64, 96, 48), (600, 48, 200, 17)])
+def test_a_2_4_feed_forward_block_with_a_residual(rng, dtype, shape):
+    """Both layers in one kernel, the hidden rows in a worker's scratch: blocks of the batch (600 rows: several),
+    a partial last chunk of hidden features (40, 200) and of outputs (17), a partial last window (36 inputs)."""
+    batch, inputs, hidden, outputs = shape
+    w1, w2 = _weight(rng, hidden, inputs, 2, 4, dtype), _weight(rng, outputs, hidden, 2, 4, dtype)
+    x, r = random_values(rng, (batch, inputs), dtype), random_values(rng, (batch, outputs), dtype)
+    b1, b2 = random_values(rng, hidden, dtype), random_values(rng, outputs, dtype)
+    kernel = sm.compile("Y[b,p] = W2[p,o] * relu(X[b,i] * W1[o,i] + b1[o]) + b2[p] + R[b,p]",
+                        formats={"W1": "2:4", "W2": "2:4"}, dtype=dtype)
+    got = kernel(X=x, W1=sm.SparseTensor.from_dense(w1, "2:4"), W2=sm.SparseTensor.from_dense(w2, "2:4"), b1=b1,
+                 b2=b2, R=r)
+    np.testing.assert_array_equal(got, np.maximum(x @ w1.T + b1, 0) @ w2.T + b2 + r)
+    assert LANE_PERMUTE in kernel.ir["input"] and "call @mlp_first" not in kernel.ir["input"]
+
+
+def test_the_operands_are_not_written(rng):
+    w = _weight(rng, 24, 32, 2, 4, "float32")
+    x, bias = rng.standard_normal((50, 32)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    weight = sm.SparseTensor.from_dense(w, "2:4")
+    saved = [x.copy(), bias.copy(), *(np.array(b, copy=True) for b in weight.buffers)]
+    sm.compile("Y[b,o] = X[b,i] * W[o,i] + bias[o]", formats={"W": "2:4"}, dtype="float32")(X=x, W=weight, bias=bias)
+    for before, after in zip(saved, [x, bias, *weight.buffers]):
+        np.testing.assert_array_equal(before, after)
