@@ -272,8 +272,11 @@ def _load(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[
         _loaded[key] = special
         while len(_loaded) > knobs.max_loaded_kernels():
             old_key, old = _loaded.popitem(last=False)
-            if old.used_since_last_look() and old_key != key:
-                _loaded[old_key] = old  # called through C since we last looked: most recently used after all
+            # the one just loaded stays (it reaches the front when every other was called since the last look,
+            # and was unloaded before its first call: the next call loaded it again); one called through C
+            # since we last looked is most recently used after all
+            if old_key == key or old.used_since_last_look():
+                _loaded[old_key] = old
                 continue
             old.unload()  # unmapped once no call still runs it (NativeFunction.__del__)
         return special
