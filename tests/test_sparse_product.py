@@ -42,6 +42,9 @@ def _check(got: sm.SparseTensor, a: sp.csr_array, b: sp.csr_array) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_equals_scipy_at_every_size_and_thread_count_from_one_build(rng, dtype):
     kernel = sm.compile(EXPRESSION, formats={"A": "csr", "B": "csr", "C": "csr"}, dtype=dtype)
+    # compile() hands out one Kernel per process: an earlier test may have loaded (and the table of loaded
+    # libraries since evicted) its build, so count the loads from here
+    loads = kernel.stats["specializations"]
     for shape, da, db in [((1, 1), 1.0, 1.0), ((5, 7), 0.5, 0.5), ((300, 200), 0.05, 0.3), ((40, 50), 0.0, 0.4),
                           ((2000, 3000), 0.01, 0.01), ((60, 100000), 0.01, 0.0005), ((20000, 30), 0.2, 0.2)]:
         a, b = _random(rng, shape, da, dtype), _random(rng, shape, db, dtype)
@@ -49,7 +52,7 @@ def test_equals_scipy_at_every_size_and_thread_count_from_one_build(rng, dtype):
             with fixed(threads):
                 _check(kernel(A=sm.SparseTensor.from_scipy(a), B=sm.SparseTensor.from_scipy(b)), a, b)
                 _check(kernel(A=sm.SparseTensor.from_scipy(b), B=sm.SparseTensor.from_scipy(a)), b, a)
-    assert kernel.shape_generic and kernel.stats["specializations"] == 1
+    assert kernel.shape_generic and kernel.stats["specializations"] - loads <= 1 and len(kernel.specializations) == 1
 
 
 def test_equal_patterns_a_long_row_against_a_short_one_and_scipy_operands(rng):
