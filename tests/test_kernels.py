@@ -277,6 +277,32 @@ def test_nm_spmm_walks_rows_in_panels_of_b(rng, nm, n, axis):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("fmt", ["csr", "2:4"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 15, 17, 18, 31])
+@pytest.mark.parametrize("bias", [None, "i", "j"])
+def test_spmm_last_columns_take_one_masked_vector(rng, fmt, dtype, n, bias):
+    """Fewer columns left than a vector's lanes run as one masked vector (one walk of the row, not one per
+    column); a single last column stays scalar.  Column biases load masked; N:M rows span more than two panels of
+    B, so later panels continue from C's last columns, read masked."""
+    from sparse_mlir.lowering.toolchain import cpu_target
+
+    panel_groups = cpu_target("native").panel_bytes // (n * np.dtype(dtype).itemsize * 4)
+    rows, cols = 29, 4 * (2 * panel_groups + 3)
+    a = prune_nm(random_values(rng, (rows, cols), dtype), 2, 4) if fmt == "2:4" else \
+        random_sparse(rng, (rows, cols), 0.2, dtype)
+    b = random_values(rng, (cols, n), dtype)
+    expr = "C[i,j] = A[i,k] * B[k,j]" + ("" if bias is None else f" + bias[{bias}]")
+    operands = {"A": sm.SparseTensor.from_dense(a, fmt), "B": b}
+    want = a @ b
+    if bias is not None:
+        operands["bias"] = random_values(rng, rows if bias == "i" else n, dtype)
+        want = want + (operands["bias"][:, None] if bias == "i" else operands["bias"])
+    out = np.full((rows, n), -7, dtype)
+    sm.compile(expr, formats={"A": fmt}, dtype=dtype)(out=out, **operands)
+    np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("blocks", [(2, 2), (4, 4), (2, 8), (8, 2), (16, 1), (20, 1)])
 @pytest.mark.parametrize("n", [3, 37, 130])
 @pytest.mark.parametrize("axis", [None, 0, 1])

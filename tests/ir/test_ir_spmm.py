@@ -42,8 +42,10 @@ def test_csr_spmm_keeps_column_tiles_in_registers(bits, lanes):
     assert ops["scf.parallel"] == 1 and ops["scf.while"] == 1 and ops["memref.atomic_rmw"] == 2
     assert ops["scf.if"] == 3 and ops["memref.copy"] == 1 and "alignment = 64" in str(module)
     assert ops["func.call"] == 1 and THREAD_COUNT in functions(module)  # the thread count, resolved when lowered
-    assert ops["vector.fma"] == sum(TIERS) and ops["math.fma"] == 1  # one FMA per register per nonzero, then scalars
-    assert ops["vector.store"] == sum(TIERS)  # C stored once per tile
+    # one FMA per register per nonzero: the tiers, one masked vector for the last columns, a scalar last column
+    assert ops["vector.fma"] == sum(TIERS) + 1 and ops["math.fma"] == 1
+    assert ops["vector.store"] == sum(TIERS) and ops["vector.maskedstore"] == 1  # C stored once per tile
+    assert ops["vector.maskedload"] == 1 and ops["vector.create_mask"] == 1  # B's rows, masked to the last columns
     assert f"vector<{lanes}xf32>" in str(module)
     assert _types(module) == (["memref<?xi32>", "memref<?xi32>", "memref<?xf32>", "memref<?x?xf32>",
                                "memref<?x?xf32>"], ["memref<?x?xf32>"])
@@ -53,8 +55,9 @@ def test_nm_rows_walk_unrolled_groups_in_panels():
     module = verified(_build("C[i,j] = A[i,k] * B[k,j]", {"A": "2:4"}))
     ops = op_counts(module)
     # both entries of a group unrolled, in separate accumulator sets while registers allow
-    assert ops["vector.fma"] == 2 * sum(TIERS) and ops["math.fma"] == 2
-    assert ops["scf.if"] == len(TIERS) + 1 + 3  # each tile and the scalar column start from zero or from C
+    assert ops["vector.fma"] == 2 * (sum(TIERS) + 1) and ops["math.fma"] == 2
+    # each tile (the masked one too) and the scalar column start from zero or from C
+    assert ops["scf.if"] == len(TIERS) + 1 + 1 + 3
     assert ops["scf.parallel"] == 1 and ops["arith.minui"] >= 2  # blocks of rows, panels of groups
     inputs, _ = _types(module)
     assert inputs[:3] == ["memref<?xi32>", "memref<?xi8>", "memref<?xf32>"]  # positions are implicit: unread
