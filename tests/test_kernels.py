@@ -304,10 +304,11 @@ def test_spmm_last_columns_take_one_masked_vector(rng, fmt, dtype, n, bias):
 
 
 @pytest.mark.parametrize("blocks", [(2, 2), (4, 4), (2, 8), (8, 2), (16, 1), (20, 1)])
-@pytest.mark.parametrize("n", [3, 37, 130])
+@pytest.mark.parametrize("n", [1, 3, 17, 37, 130])
 @pytest.mark.parametrize("axis", [None, 0, 1])
 def test_bsr_spmm_uses_dense_register_blocks(rng, blocks, n, axis):
-    """Block rows with several blocks, an empty block row, column tiles of every tier and a scalar tail.
+    """Block rows with several blocks, an empty block row, column tiles of every tier, a masked vector for the
+    last columns (3, 37 and 130 columns leave 2 to 5 at either width) and a scalar last column (1 and 17).
 
     16x1 and 20x1 are taller than AVX2's accumulator budget (20x1 than AVX-512's too): walked in row chunks.
     """

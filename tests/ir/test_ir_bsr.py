@@ -37,23 +37,26 @@ def test_bsr_blocks_reuse_each_vector_of_b_for_every_row_of_the_block():
     assert FILLS_OUTPUT in kernel.attributes and "llvm.emit_c_interface" in kernel.attributes
     ops = op_counts(module)
     assert ops["scf.parallel"] == 1
-    # per block column: tiles of 4 vectors (8 accumulators over 2 rows), then 1 vector: 2 rows each
-    assert ops["vector.fma"] == 2 * 2 * (4 + 1)
-    assert _loop_results(module) == [0, 8, 0, 2, 0, 2]  # tile loops and the block loops carrying the sums
+    # per block column: tiles of 4 vectors (8 accumulators over 2 rows), then 1 vector, then 1 masked vector for
+    # the last columns: 2 rows each
+    assert ops["vector.fma"] == 2 * 2 * (4 + 1 + 1)
+    assert ops["vector.maskedload"] == 2 and ops["vector.maskedstore"] == 2  # B's 2 rows of a block, C's 2 rows
+    # tile loops and the block loops carrying the sums (the masked tile's, then the scalar column's)
+    assert _loop_results(module) == [0, 8, 0, 2, 0, 2, 0, 2]
 
 
 @pytest.mark.parametrize("bits, chunks", [(256, [8, 8]), (512, [16])])
 def test_tall_blocks_are_walked_in_row_chunks(bits, chunks):
     module = verified(_build("C[i,j] = A[i,k] * B[k,j]", {"A": "bsr16x1"}, bits=bits))
     carried = [n for n in _loop_results(module) if n]
-    assert carried == chunks * 2  # one vector tier and the scalar tail, each chunk carrying its rows' sums
+    assert carried == chunks * 3  # one vector tier, the masked one and the scalar column, each chunk's rows' sums
 
 
 @pytest.mark.parametrize("bias", ["bias[i]", "bias[j]"])
 def test_a_bias_seeds_the_block_sums(bias):
     module = verified(_build(f"C[i,j] = A[i,k] * B[k,j] + {bias}", {"A": "bsr2x2"}, "float64"))
     ops = op_counts(module)
-    assert ops["vector.fma"] == 2 * 2 * (4 + 1) and "vector<4xf64>" in str(module)
+    assert ops["vector.fma"] == 2 * 2 * (4 + 1 + 1) and "vector<4xf64>" in str(module)
     kernel = functions(module)[KERNEL_NAME]
     signature = ir.FunctionType(ir.TypeAttr(kernel.attributes["function_type"]).value)
     assert str(signature.inputs[-2]) == "memref<?xf64>"  # the bias, before C
