@@ -49,6 +49,7 @@ from sparse_mlir.dialects.native.loops import (
     as_index,
     by_workers,
     constant_like,
+    declare_thread_count,
     dynamic_vector,
     for_each,
     index,
@@ -59,12 +60,14 @@ from sparse_mlir.dialects.native.loops import (
 from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.formats import Format
 
-__all__ = ["BLOCK_ROWS", "CHUNKS_PER_ITEM", "ROW_TILE", "Finish", "LaneProduct", "PackedWeight", "applies", "epilogue_module", "linear_items"]
+__all__ = ["BLOCK_ROWS", "CHUNKS_PER_ITEM", "ROW_TILE", "Finish", "LaneProduct", "PackedWeight", "applies",
+           "kernel_module", "linear_items", "rows_per_block"]
 
 ROW_TILE = 8  # rows of X per register tile: 8 windows of X and 16 accumulators with two chunks
 CHUNKS_PER_TILE = 2  # chunks of output features per register tile: each window of X serves both
 BLOCK_ROWS = 256  # rows of X a worker takes at a time, at most: their rows stay in L2 for every chunk of W
-BLOCK_BYTES = 1 << 20  # ... and at most this much of X (MiniLM's 384 -> 1536 in float64, 4096 rows, took 73 ms in blocks of 256 rows)
+# ... and at most this much of X (MiniLM's 384 -> 1536 in float64, 4096 rows, took 73 ms in blocks of 256 rows)
+BLOCK_BYTES = 1 << 20
 CHUNKS_PER_ITEM = 2  # chunks of a block a Linear layer's worker claims at once (128 features of float32)
 _PERMUTES = {("f", 32): "llvm.x86.avx512.permvar.sf.512", ("f", 64): "llvm.x86.avx512.permvar.df.512",
              ("i", 32): "llvm.x86.avx512.permvar.si.512", ("i", 64): "llvm.x86.avx512.permvar.di.512"}
@@ -186,7 +189,7 @@ def _widened(offsets: ir.Value, wide: ir.VectorType) -> ir.Value:
 @dataclass(frozen=True)
 class Finish:
     """What happens to a finished accumulator vector: a bias (over the output features ``"o"`` or the batch
-    ``"b"``) it starts from, or an elementwise epilogue (``epilogue_module``'s functions, reading
+    ``"b"``) it starts from, or an elementwise epilogue (``kernel_module``'s functions, reading
     ``operands``), then a residual ``residual[b, o]`` added before the store."""
 
     bias: ir.Value | None = None
@@ -307,11 +310,18 @@ class LaneProduct:
             scf.YieldOp([])
 
 
-def epilogue_module(epilogue: Epilogue, ranks: dict[str, int], element: ir.Type, lanes: int) -> ir.Module:
-    """A module holding the epilogue's vector and scalar functions, lanes along ``epilogue.j`` (the output
-    features), for the kernel to be built into."""
-    text = epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j, ranks, str(element), lanes)
-    return ir.Module.parse("module {\n" + text + "\n}")
+def kernel_module(epilogue: Epilogue | None, element: ir.Type, lanes: int) -> ir.Module:
+    """The module a lane kernel is built into: the epilogue's vector and scalar functions (its operands vectors,
+    lanes along ``epilogue.j``, the output features) when there is one, and the thread count's declaration."""
+    if epilogue is None:
+        module = ir.Module.create(ir.Location.unknown())
+    else:
+        ranks = {name: 1 for name in epilogue.operands}
+        text = epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j, ranks, str(element), lanes)
+        module = ir.Module.parse("module {\n" + text + "\n}")
+    with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
+        declare_thread_count()
+    return module
 
 
 def linear_items(product: LaneProduct, x: ir.Value, y: ir.Value, batch: ir.Value) -> None:

@@ -34,7 +34,7 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native import lane_select
-from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, declare_thread_count, for_each
+from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, for_each
 from sparse_mlir.dialects.native.spmm import (
     ACCUMULATORS,
     B_ALIGNMENT,
@@ -120,14 +120,10 @@ def _lane_module(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     lanes = target.vector_bits // 8 // spec.dtype.itemsize
     epilogue = core.epilogue
-    if epilogue is not None:  # lanes along the output features: the epilogue's columns are ``o``
-        module = lane_select.epilogue_module(Epilogue(epilogue.expr, epilogue.temp, roles["b"], roles["o"],
-                                                      epilogue.operands),
-                                             {name: 1 for name in epilogue.operands}, element, lanes)
-    else:
-        module = ir.Module.create(ir.Location.unknown())
+    # lanes along the output features: the epilogue's columns are ``o``
+    module = lane_select.kernel_module(None if epilogue is None else Epilogue(
+        epilogue.expr, epilogue.temp, roles["b"], roles["o"], epilogue.operands), element, lanes)
     with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
-        declare_thread_count()
         residual = roles["residual"]
         block, values = kernel_function(spec, {roles["w"]: fmt}, {roles["x"], residual} - {None}, element)
         (x,), y = values[roles["x"]], block.arguments[-1]

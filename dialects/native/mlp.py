@@ -23,7 +23,7 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.native import lane_select
 from sparse_mlir.dialects.native.linear import batch_blocks, kernel_function
-from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, by_workers, declare_thread_count
+from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, by_workers
 from sparse_mlir.dialects.native.spmm import ACCUMULATORS, SpmmProblem, spmm_module
 from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.dsl.patterns import Mlp, mlp_operands
@@ -64,16 +64,16 @@ def native_mlp(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, t
 def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
                  found: Mlp, target: CpuTarget) -> ir.Module:
     """Both N:M layers with features across lanes (``lane_select``): per block of batch rows (as many as
-    ``lane_select.rows_per_block`` gives the hidden width), claimed by one worker per thread, ``H = f(X W1^T)`` into the worker's hidden scratch (rows of
-    ``H``: already the second product's ``X``), then ``Y = H W2^T`` (+ bias, + residual) in place."""
+    ``lane_select.rows_per_block`` gives the hidden width), claimed by one worker per thread,
+    ``H = f(X W1^T)`` into the worker's hidden scratch (rows of ``H``: already the second product's ``X``),
+    then ``Y = H W2^T`` (+ bias, + residual) in place."""
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     index = ir.IndexType.get()
     lanes = target.vector_bits // 8 // spec.dtype.itemsize
-    module = lane_select.epilogue_module(Epilogue(found.middle, found.t0, found.b, found.o, found.operands),
-                                         {name: 1 for name in found.operands}, element, lanes)
+    module = lane_select.kernel_module(Epilogue(found.middle, found.t0, found.b, found.o, found.operands), element,
+                                       lanes)
     sparse = {found.w1: formats[found.w1], found.w2: formats[found.w2]}
     with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
-        declare_thread_count()
         block, values = kernel_function(spec, sparse, {found.x, found.residual} - {None}, element)
         (x,), y = values[found.x], block.arguments[-1]
         with ir.InsertionPoint(block):

@@ -434,7 +434,8 @@ def spmm_module(problem: SpmmProblem, target: CpuTarget = CpuTarget(), accumulat
 
         def load(buffer: str, at: str, memref_type: str) -> str:
             if masked:
-                return f"vector.maskedload {buffer}[{at}], %{tag}mask, %zv : {memref_type}, {mask_type}, {vec} into {vec}"
+                return (f"vector.maskedload {buffer}[{at}], %{tag}mask, %zv : {memref_type}, {mask_type}, {vec} "
+                        f"into {vec}")
             return f"vector.load {buffer}[{at}] : {memref_type}, {vec}"
 
         def update(k: str, v: str, e: int) -> list[str]:
