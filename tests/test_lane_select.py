@@ -125,3 +125,15 @@ def test_threads_repacking_neighbouring_chunks_do_not_overwrite_each_other(rng, 
     with fixed(2):
         for _ in range(20):
             np.testing.assert_array_equal(kernel(X=x, W=weight), want)
+
+
+@pytest.mark.parametrize("batch, outputs, inputs", [(0, 16, 16), (3, 16, 0), (2, 0, 8), (5, 1, 4)])
+def test_empty_and_one_feature_shapes(batch, outputs, inputs):
+    """No rows, no inputs (only the bias), no outputs, a single output feature."""
+    w = np.zeros((outputs, inputs), np.float32)
+    w[:, ::4] = 1
+    x, bias = np.ones((batch, inputs), np.float32), np.arange(outputs, dtype=np.float32)
+    kernel = sm.compile("Y[b,o] = X[b,i] * W[o,i] + bias[o]", formats={"W": "2:4"}, dtype="float32")
+    got = kernel(X=x, W=sm.SparseTensor.from_dense(w, "2:4"), bias=bias)
+    np.testing.assert_array_equal(got, x @ w.T + bias)
+    assert got.shape == (batch, outputs)
