@@ -62,6 +62,10 @@ from sparse_mlir.torch_ops import (
     feed_forward,
     format_key,
     linear,
+    operator_weight,
+    run_feed_forward,
+    run_linear,
+    runs_directly,
     transposed_pattern,
 )
 
@@ -225,6 +229,22 @@ class SparseLinear(nn.Module):
             raise DeviceError(f"the weight is on {self.weight_values.device}; SparseLinear runs on the CPU")
         return SparseTensor(self._format, self._shape, tuple(t.detach().numpy() for t in tensors), validate=False)
 
+    def _operand(self) -> SparseTensor:
+        """``weight``, built once and kept while the buffers and values are the same memory (a ``SparseTensor``
+        reads them in place, so changed values need no rebuild; replaced or moved tensors get a new one)."""
+        tensors = (*self._levels, self.weight_values)
+        key = tuple((t.data_ptr(), t.shape, t.dtype) for t in tensors)
+        kept = self.__dict__.get("_kept_operand")
+        if kept is None or kept[0] != key:  # the operators' own wrapping (the kernels' C path keys on its format)
+            kept = (key, operator_weight(self._format_key, list(self._shape), list(tensors[:-1]), tensors[-1]))
+            self.__dict__["_kept_operand"] = kept
+        return kept[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_kept_operand", None)  # views of this module's tensors: rebuilt on the first call
+        return state
+
     def get_extra_state(self) -> dict[str, Any]:
         """The weight's format and shape: what its buffers mean, saved beside them."""
         return {"format": format_to_json(self._format), "shape": list(self._shape)}
@@ -306,8 +326,12 @@ class SparseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows, values, bias = self._checked(x)
-        pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
-        out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape, self.activation or "")
+        if runs_directly(rows, values, bias):
+            out = run_linear(rows, self._operand(), bias, self.activation or "")
+        else:
+            pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
+            out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape,
+                         self.activation or "")
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def _checked(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -380,6 +404,10 @@ class SparseFeedForward(nn.Module):
             raise DTypeError(f"the layers compute in {values1.dtype} and {self.second.weight_values.dtype}; "
                              f"cast one of them")
         _, values2, bias2 = self.second._checked(rows.new_empty((0, self.second.in_features)))
+        if runs_directly(rows, values1, bias1, values2, bias2):
+            out = run_feed_forward(rows, self.first._operand(), bias1, self.first.activation or "",
+                                   self.second._operand(), bias2)
+            return out.reshape(*x.shape[:-1], self.second.out_features)
         out = feed_forward(rows, (values1, bias1, self.first._levels, self.first._format_key, self.first._shape),
                            self.first.activation or "",
                            (values2, bias2, self.second._levels, self.second._format_key, self.second._shape))
