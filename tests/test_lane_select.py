@@ -1,6 +1,8 @@
 """N:M Linear and MLP kernels with output features across AVX-512 lanes (``dialects/native/lane_select.py``), run:
 every N:M pattern a window holds, dtypes, partial chunks of features, partial windows of inputs, biases,
-epilogues, residuals, blocks of the batch; which targets and formats take them."""
+epilogues, residuals, blocks of the batch; which targets and formats take them.  Batches under
+``row_select.SMALL_BATCH`` rows read ``W`` as stored (``dialects/native/row_select.py``) when ``m = 2 n``: the
+cases run both sides of that line."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from sparse_mlir.runtime.threads import fixed
 
 pytestmark = pytest.mark.skipif(not host_has_lane_kernels(), reason="the lane kernels need AVX-512")
 
-SHAPES = [(1, 16, 16), (7, 20, 17), (9, 36, 40), (300, 64, 33), (700, 48, 96)]  # (batch, inputs, outputs)
+# (batch, inputs, outputs); the first four read W as stored (spans of 32 float32 inputs: none whole and 16 left,
+# 20 left, one and 4 left, two whole), the others repack it
+SHAPES = [(1, 16, 16), (7, 20, 17), (9, 36, 40), (15, 64, 48), (300, 64, 33), (700, 48, 96)]
 
 
 def _weight(rng: np.random.Generator, outputs: int, inputs: int, n: int, m: int, dtype: str) -> np.ndarray:
@@ -45,10 +49,11 @@ def test_a_2_4_linear_layer_matches_numpy(rng, dtype, shape, bias):
 
 @pytest.mark.parametrize("n, m", [(1, 2), (1, 4), (2, 8), (4, 8), (3, 16), (8, 16)])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_every_n_m_pattern_whose_groups_fit_a_window(rng, n, m, dtype):
+@pytest.mark.parametrize("batch", [45, 3])
+def test_every_n_m_pattern_whose_groups_fit_a_window(rng, n, m, dtype, batch):
     """Windows are 16 float32 or 8 float64 inputs: 1:2 to 8:16 in float32; in float64 groups of 16 do not fit,
     so those weights keep the transposing kernel, with the same results."""
-    batch, inputs, outputs = 45, 3 * m + (16 if m < 16 else 0), 21
+    inputs, outputs = 3 * m + (16 if m < 16 else 0), 21
     w = _weight(rng, outputs, inputs, n, m, dtype)
     x = random_values(rng, (batch, inputs), dtype)
     fmt = f"{n}:{m}"
@@ -58,10 +63,12 @@ def test_every_n_m_pattern_whose_groups_fit_a_window(rng, n, m, dtype):
     assert (LANE_PERMUTE in kernel.ir["input"]) == (lanes % m == 0)
 
 
-def test_a_partial_last_window_reads_nothing_past_its_row(rng):
-    """36 inputs: two windows of 16 and a masked one of 4.  Odd rows of X start with infinities; were the last
-    window of an even row read whole, its padding (a zero weight) would pick up the next row's infinity."""
-    batch, inputs, outputs = 40, 36, 24
+@pytest.mark.parametrize("batch", [40, 10])
+def test_a_partial_last_window_reads_nothing_past_its_row(rng, batch):
+    """36 inputs: two windows of 16 and a masked one of 4 (as stored: a span of 32 and a masked one of 4).  Odd
+    rows of X start with infinities; were the last window of an even row read whole, its padding (a zero weight)
+    would pick up the next row's infinity."""
+    inputs, outputs = 36, 24
     w = _weight(rng, outputs, inputs, 2, 4, "float32")
     x = random_values(rng, (batch, inputs), "float32")
     x[1::2, :12] = np.inf
@@ -70,11 +77,29 @@ def test_a_partial_last_window_reads_nothing_past_its_row(rng):
     np.testing.assert_array_equal(got[0::2], x[0::2] @ w.T)
 
 
+@pytest.mark.parametrize("batch", [40, 10])
+def test_padding_entries_pick_no_input_of_the_last_window(rng, batch):
+    """36 inputs: the last window holds one group, so most of its entries are padding (zero weights).  Column 32,
+    the group's first, is infinite and no row of ``W`` uses it: padding that picked it would make NaNs."""
+    inputs, outputs = 36, 40
+    w = random_values(rng, (outputs, inputs), "float32")
+    w[:, 32] = w[:, 35] = 0  # the group's entries are its columns 33 and 34 in every row
+    w[:, 33:35][w[:, 33:35] == 0] = 1
+    w = prune_nm(w, 2, 4)
+    x = random_values(rng, (batch, inputs), "float32")
+    finite = x.copy()
+    x[:, 32] = np.inf
+    got = sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": "2:4"}, dtype="float32")(
+        X=x, W=sm.SparseTensor.from_dense(w, "2:4"))
+    np.testing.assert_array_equal(got, finite @ w.T)
+
+
 @pytest.mark.parametrize("fmt", ["2:4", "1:4"])
-def test_an_epilogue_over_features_and_batch_and_a_residual(rng, fmt):
+@pytest.mark.parametrize("batch", [77, 6])
+def test_an_epilogue_over_features_and_batch_and_a_residual(rng, fmt, batch):
     """``max(X W^T, s[b]) * 2 - bias[o] + R[b,o]``: the epilogue's vector function in whole chunks, its scalar one
     lane by lane in the partial last chunk (40 features: 16, 16, 8), then the residual."""
-    batch, inputs, outputs = 77, 52, 40
+    inputs, outputs = 52, 40
     n, m = map(int, fmt.split(":"))
     w = _weight(rng, outputs, inputs, n, m, "float64")
     x = rng.standard_normal((batch, inputs))
@@ -87,7 +112,7 @@ def test_an_epilogue_over_features_and_batch_and_a_residual(rng, fmt):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("shape", [(1, 36, 40, 20), (130, 64, 96, 48), (600, 48, 200, 17)])
+@pytest.mark.parametrize("shape", [(1, 36, 40, 20), (11, 52, 200, 17), (130, 64, 96, 48), (600, 48, 200, 17)])
 def test_a_2_4_feed_forward_block_with_a_residual(rng, dtype, shape):
     """Both layers in one kernel, the hidden rows in a worker's scratch: blocks of the batch (600 rows: several),
     a partial last chunk of hidden features (40, 200) and of outputs (17), a partial last window (36 inputs)."""

@@ -61,7 +61,7 @@ from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.formats import Format
 
 __all__ = ["BLOCK_ROWS", "CHUNKS_PER_ITEM", "ROW_TILE", "Finish", "LaneProduct", "PackedWeight", "applies",
-           "kernel_module", "linear_items", "rows_per_block"]
+           "kernel_module", "lane_types", "linear_items", "rows_per_block", "widened"]
 
 ROW_TILE = 8  # rows of X per register tile: 8 windows of X and 16 accumulators with two chunks
 CHUNKS_PER_TILE = 2  # chunks of output features per register tile: each window of X serves both
@@ -89,7 +89,7 @@ def applies(fmt: Format, dtype: np.dtype, target: CpuTarget) -> bool:
     return (target.vector_bits // 8 // dtype.itemsize) % fmt.levels[-1].m == 0
 
 
-def _lane_types(element: ir.Type, lanes: int) -> tuple[ir.VectorType, ir.VectorType, str]:
+def lane_types(element: ir.Type, lanes: int) -> tuple[ir.VectorType, ir.VectorType, str]:
     """The vector of ``lanes`` elements, the vector of in-window indices of the same width, the permute."""
     width = element.width
     kind = "f" if is_float(element) else "i"
@@ -112,7 +112,7 @@ class PackedWeight:
         nm = fmt.levels[-1]
         self.lanes, self.n, self.m = lanes, nm.n, nm.m
         self.entries = lanes // nm.m * nm.n  # E: entries of a row in one window
-        self.vector, self.index_vector, self.permute = _lane_types(element, lanes)
+        self.vector, self.index_vector, self.permute = lane_types(element, lanes)
         self.rows, self.cols = rows, cols
         self.full_windows = arith.divui(cols, index(lanes))
         self.windows = arith.ceildivui(cols, index(lanes))
@@ -162,7 +162,7 @@ class PackedWeight:
             def entry(e: ir.Value) -> None:
                 group_start = arith.remui(arith.muli(arith.divui(e, index(self.n)), index(self.m)), index(lanes))
                 at = arith.addi(start, arith.muli(e, index(lanes)))
-                column = arith.addi(_widened(vector.load(narrow, targets[1], [e, index(0)]), wide),
+                column = arith.addi(widened(vector.load(narrow, targets[1], [e, index(0)]), wide),
                                     vector.broadcast(wide, arith.index_cast(idx_type, group_start)))
                 stored = arith.cmpi(arith.CmpIPredicate.ult, e, per_row)
                 padding = constant_like(wide, lanes - 1)
@@ -178,7 +178,7 @@ class PackedWeight:
         memref.dealloc(self.indices)
 
 
-def _widened(offsets: ir.Value, wide: ir.VectorType) -> ir.Value:
+def widened(offsets: ir.Value, wide: ir.VectorType) -> ir.Value:
     """In-group offsets (unsigned, of the coordinates' width) as lanes of ``wide``'s integer width."""
     have, want = ir.VectorType(offsets.type).element_type.width, wide.element_type.width
     if have == want:

@@ -33,7 +33,7 @@ from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.dialects.native import lane_select
+from sparse_mlir.dialects.native import lane_select, row_select
 from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, for_each
 from sparse_mlir.dialects.native.spmm import (
     ACCUMULATORS,
@@ -132,14 +132,25 @@ def _lane_module(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict
             batch, inputs = memref.dim(x, c0), memref.dim(x, c1)
             rows = arith.constant(ir.IndexType.get(), outputs) if outputs is not None else memref.dim(y, c1)
             _, crd, val = values[roles["w"]]
-            weight = lane_select.PackedWeight(fmt, crd, val, rows, inputs, element, lanes)
             finish = lane_select.Finish(
                 bias=values[core.bias][0] if core.bias is not None else None,
                 bias_over="o" if core.bias_dim == 0 else "b", epilogue=epilogue is not None,
                 operands=[values[name][0] for name in epilogue.operands] if epilogue is not None else (),
                 residual=values[residual][0] if residual is not None else None)
-            lane_select.linear_items(lane_select.LaneProduct(weight, element, finish), x, y, batch)
-            weight.free()
+
+            def repacked() -> None:
+                weight = lane_select.PackedWeight(fmt, crd, val, rows, inputs, element, lanes)
+                lane_select.linear_items(lane_select.LaneProduct(weight, element, finish), x, y, batch)
+                weight.free()
+
+            def as_stored() -> None:
+                weight = row_select.RowWeight(fmt, crd, val, rows, inputs, element, lanes)
+                row_select.row_items(row_select.RowProduct(weight, element, finish), x, y, batch)
+
+            if row_select.applies(fmt):  # a small batch reads W as stored: repacking would cost more
+                row_select.by_batch_size(batch, as_stored, repacked)
+            else:
+                repacked()
             func.ReturnOp([y])
     module.operation.verify()
     return module

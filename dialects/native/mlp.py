@@ -21,7 +21,7 @@ from mlir import ir
 from mlir.dialects import arith, func, memref
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
-from sparse_mlir.dialects.native import lane_select
+from sparse_mlir.dialects.native import lane_select, row_select
 from sparse_mlir.dialects.native.linear import batch_blocks, kernel_function
 from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, by_workers
 from sparse_mlir.dialects.native.spmm import ACCUMULATORS, SpmmProblem, spmm_module
@@ -81,33 +81,51 @@ def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str,
             batch, inputs = memref.dim(x, c0), memref.dim(x, c1)
             hidden = arith.constant(index, shapes[found.w1][0])
             rows = arith.constant(index, shapes[found.w2][0])
-            first_w = lane_select.PackedWeight(formats[found.w1], values[found.w1][1], values[found.w1][2], hidden,
-                                               inputs, element, lanes)
-            second_w = lane_select.PackedWeight(formats[found.w2], values[found.w2][1], values[found.w2][2], rows,
-                                                hidden, element, lanes)
-            first = lane_select.LaneProduct(first_w, element, lane_select.Finish(
-                epilogue=True, operands=[values[name][0] for name in found.operands]))
-            second = lane_select.LaneProduct(second_w, element, lane_select.Finish(
-                bias=values[found.bias][0] if found.bias else None,
-                residual=values[found.residual][0] if found.residual else None))
-            block_rows = lane_select.rows_per_block(hidden, element)
+            first_finish = lane_select.Finish(epilogue=True, operands=[values[name][0] for name in found.operands])
+            second_finish = lane_select.Finish(bias=values[found.bias][0] if found.bias else None,
+                                               residual=values[found.residual][0] if found.residual else None)
             matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
-            byte_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))
 
-            def allocate() -> ir.Value:
-                size = arith.muli(arith.muli(block_rows, hidden), arith.constant(index, spec.dtype.itemsize))
-                return memref.alloc(byte_type, [size], [], alignment=LINE_BYTES)
+            def repacked() -> None:
+                first_w = lane_select.PackedWeight(formats[found.w1], values[found.w1][1], values[found.w1][2],
+                                                   hidden, inputs, element, lanes)
+                second_w = lane_select.PackedWeight(formats[found.w2], values[found.w2][1], values[found.w2][2],
+                                                    rows, hidden, element, lanes)
+                first = lane_select.LaneProduct(first_w, element, first_finish)
+                second = lane_select.LaneProduct(second_w, element, second_finish)
+                block_rows = lane_select.rows_per_block(hidden, element)
+                byte_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))
 
-            def rows_block(item: ir.Value, scratch: ir.Value) -> None:
-                row = arith.muli(item, block_rows)
-                count = arith.minui(block_rows, arith.subi(batch, row))
-                h = memref.view(matrix, scratch, c0, [count, hidden])
-                first.product(x, row, h, c0, count, c0, first_w.chunks)
-                second.product(h, c0, y, row, count, c0, second_w.chunks)
+                def allocate() -> ir.Value:
+                    size = arith.muli(arith.muli(block_rows, hidden), arith.constant(index, spec.dtype.itemsize))
+                    return memref.alloc(byte_type, [size], [], alignment=LINE_BYTES)
 
-            by_workers(arith.ceildivui(batch, block_rows), rows_block, allocate, memref.dealloc)
-            first_w.free()
-            second_w.free()
+                def rows_block(item: ir.Value, scratch: ir.Value) -> None:
+                    row = arith.muli(item, block_rows)
+                    count = arith.minui(block_rows, arith.subi(batch, row))
+                    h = memref.view(matrix, scratch, c0, [count, hidden])
+                    first.product(x, row, h, c0, count, c0, first_w.chunks)
+                    second.product(h, c0, y, row, count, c0, second_w.chunks)
+
+                by_workers(arith.ceildivui(batch, block_rows), rows_block, allocate, memref.dealloc)
+                first_w.free()
+                second_w.free()
+
+            def as_stored() -> None:
+                """A small batch: each layer over chunks of its features, ``W`` read as stored (``row_select``),
+                the whole batch's hidden rows in one scratch between them."""
+                h = memref.alloc(matrix, [batch, hidden], [], alignment=LINE_BYTES)
+                for (w, cols, out_rows, finish, source, target) in (
+                        (found.w1, inputs, hidden, first_finish, x, h), (found.w2, hidden, rows, second_finish, h, y)):
+                    weight = row_select.RowWeight(formats[w], values[w][1], values[w][2], out_rows, cols, element,
+                                                  lanes)
+                    row_select.row_items(row_select.RowProduct(weight, element, finish), source, target, batch)
+                memref.dealloc(h)
+
+            if row_select.applies(formats[found.w1]) and row_select.applies(formats[found.w2]):
+                row_select.by_batch_size(batch, as_stored, repacked)
+            else:
+                repacked()
             func.ReturnOp([y])
     module.operation.verify()
     return module

@@ -1,8 +1,10 @@
 """IR of the N:M Linear and MLP kernels with output features across lanes (``dialects/native/lane_select.py``):
 lane permutes and FMAs in register tiles, no transposes, no private SpMM; which targets, formats and dtypes
-take them."""
+take them; and the small-batch path that reads ``W`` as stored (``dialects/native/row_select.py``)."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 from ir_helpers import cpu_shapes, functions, op_counts, planned, verified
@@ -28,24 +30,24 @@ def _linear(expression: str, formats: dict, dtype: str = "float32", bits: int = 
     return native_linear(spec, spec.formats, cpu_shapes(spec, EXTENTS), CpuTarget(bits))
 
 
-def _intrinsics(module: ir.Module) -> set[str]:
-    found = set()
+def _intrinsics(module: ir.Module) -> Counter[str]:
+    found: Counter[str] = Counter()
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == PERMUTE:
-            found.add(ir.StringAttr(op.attributes["intrin"]).value)
+            found[ir.StringAttr(op.attributes["intrin"]).value] += 1
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
     return found
 
 
-@pytest.mark.parametrize("dtype, n, m, entries, permute", [
-    ("float32", 2, 4, 8, "llvm.x86.avx512.permvar.sf.512"),
-    ("float64", 2, 4, 4, "llvm.x86.avx512.permvar.df.512"),
-    ("int32", 1, 4, 4, "llvm.x86.avx512.permvar.si.512"),
-    ("int64", 4, 8, 4, "llvm.x86.avx512.permvar.di.512")])
-def test_an_n_m_linear_layer_permutes_and_multiplies_in_register_tiles(dtype, n, m, entries, permute):
+@pytest.mark.parametrize("dtype, n, m, entries, permute, two_source", [
+    ("float32", 2, 4, 8, "llvm.x86.avx512.permvar.sf.512", "llvm.x86.avx512.vpermi2var.ps.512"),
+    ("float64", 2, 4, 4, "llvm.x86.avx512.permvar.df.512", "llvm.x86.avx512.vpermi2var.pd.512"),
+    ("int32", 1, 4, 4, "llvm.x86.avx512.permvar.si.512", None),  # m != 2 n: small batches repack W too
+    ("int64", 4, 8, 4, "llvm.x86.avx512.permvar.di.512", "llvm.x86.avx512.vpermi2var.q.512")])
+def test_an_n_m_linear_layer_permutes_and_multiplies_in_register_tiles(dtype, n, m, entries, permute, two_source):
     module = verified(_linear("Y[b,o] = X[b,i] * W[o,i] + bias[o]", {"W": f"{n}:{m}"}, dtype))
     assert set(functions(module)) == {KERNEL_NAME, THREAD_COUNT}
     kernel = functions(module)[KERNEL_NAME]
@@ -53,14 +55,20 @@ def test_an_n_m_linear_layer_permutes_and_multiplies_in_register_tiles(dtype, n,
     ops = op_counts(module)
     # per register tile, a window's ``entries`` x chunks x rows permutes, in the loop over whole windows and in
     # the masked last window; one FMA (floats) or multiply-add (integers) each
-    assert ops[PERMUTE] == 2 * entries * TILES
+    found = _intrinsics(module)
+    assert found[permute] == 2 * entries * TILES
     assert ops["vector.fma" if dtype.startswith("float") else "arith.muli"] >= ops[PERMUTE]
-    assert _intrinsics(module) == {permute}
+    # a small batch: one two-source permute per row of a chunk (a vector's lanes of them), in the loop over
+    # whole spans and in the masked last span
+    lanes = 64 // (8 if dtype.endswith("64") else 4)
+    assert found == ({permute: found[permute]} | ({two_source: 2 * lanes} if two_source else {}))
+    assert ops["scf.if"] >= (1 if two_source else 0)
     # X and Y in place: the only transposes repack W (its values and its coordinates, each with one masked
     # edge tile), into W's repacked values and indices, through a scratch of in-window offsets; the workers' counter
     assert ops["vector.transpose"] == 2 and ops["vector.transfer_read"] == 2
-    assert ops["memref.alloc"] == 4 and ops["memref.dealloc"] == 4
-    assert ops["scf.parallel"] == 2  # the repacking (by chunks) and the workers
+    # (and the small batch's workers' counter)
+    assert ops["memref.alloc"] == ops["memref.dealloc"] == (5 if two_source else 4)
+    assert ops["scf.parallel"] == (3 if two_source else 2)  # the repacking (by chunks), the workers of each path
 
 
 def test_the_signature_is_the_transposing_kernels():
@@ -101,6 +109,8 @@ def test_a_feed_forward_block_takes_the_lanes_when_both_weights_are_n_m(formats,
     ops = op_counts(module)
     assert (PERMUTE in ops) == lanes and ("mlp_first" in functions(module)) != lanes
     if lanes:
-        # both weights repacked, the hidden scratch per worker, the workers' counter
-        assert ops["memref.alloc"] == 2 * 3 + 1 + 1 and ops["vector.transpose"] == 2 * 2
+        # both weights repacked, the hidden scratch per worker, the workers' counter; for a small batch (W as
+        # stored) the batch's hidden scratch and the counters of the two layers' workers
+        assert ops["memref.alloc"] == 2 * 3 + 1 + 1 + 3 and ops["vector.transpose"] == 2 * 2
+        assert _intrinsics(module)["llvm.x86.avx512.vpermi2var.ps.512"] == 2 * 2 * 16
         assert "call @" + VECTOR_EPILOGUE in str(functions(module)[KERNEL_NAME])

@@ -1,0 +1,159 @@
+"""N:M Linear layers on a few rows of ``X``, reading ``W`` as stored: no repacking.
+
+The lane kernel (``lane_select``) repacks ``W`` at every call (0.03 ms
+for 384 x 384 at 2:4, 0.2 ms for 1536 x 384, one thread): on a batch of a
+few rows that is most of the call, and it made a 2:4 MiniLM slower than
+dense torch on one sentence.  Here each row of ``W`` is read in its own
+storage order.  When ``m = 2 n`` (1:2, 2:4, 4:8, 8:16), a span of
+``2 * lanes`` inputs holds exactly ``lanes`` entries of a row: one vector of
+values and one of in-group offsets, both contiguous.  The offsets plus each
+entry's group start are indices into the span, and a two-source lane
+permute (``vpermi2ps``; an LLVM intrinsic, no dialect has it) picks each
+entry's input from the span of ``X``'s row held in two registers; one FMA
+accumulates.  A chunk of ``lanes`` rows of ``W`` has one accumulator each,
+summed at once by ``loops.lane_sums`` into one vector of output features,
+which the lane kernel's ``Finish`` (bias, epilogue, residual, a partial last
+chunk) completes and stores.
+
+Per useful FMA this does more vector work than the lane kernel (the
+offsets are widened and offset on every use), so it pays only while the
+repacking it saves is larger: below ``SMALL_BATCH`` rows.  Built with the
+MLIR bindings' op builders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from mlir import ir
+from mlir.dialects import arith, llvm, scf, vector
+from sparse_mlir.dialects.native.lane_select import Finish, LaneProduct, lane_types, widened
+from sparse_mlir.dialects.native.loops import (
+    add,
+    by_workers,
+    constant_like,
+    for_each,
+    if_else,
+    index,
+    is_float,
+    lane_sums,
+    reduce_loop,
+)
+from sparse_mlir.formats import Format
+
+__all__ = ["SMALL_BATCH", "RowProduct", "RowWeight", "applies", "by_batch_size", "row_items"]
+
+SMALL_BATCH = 16  # batches of fewer rows read W as stored (measured: see the module's docstring)
+_TWO_SOURCE = {("f", 32): "llvm.x86.avx512.vpermi2var.ps.512", ("f", 64): "llvm.x86.avx512.vpermi2var.pd.512",
+               ("i", 32): "llvm.x86.avx512.vpermi2var.d.512", ("i", 64): "llvm.x86.avx512.vpermi2var.q.512"}
+
+
+def applies(fmt: Format) -> bool:
+    """Whether a span of twice the lanes holds one vector of a row's entries: ``m = 2 n``."""
+    nm = fmt.levels[-1]
+    return fmt.is_nm and nm.m == 2 * nm.n
+
+
+class RowWeight:
+    """An N:M ``W`` (``rows x cols``) as stored: its values and in-group offsets, row-major, ``cols / m * n``
+    entries a row; what ``LaneProduct``'s finishing reads of a weight (``rows``, ``cols``, ``lanes``,
+    ``vector``)."""
+
+    def __init__(self, fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value, cols: ir.Value,
+                 element: ir.Type, lanes: int):
+        nm = fmt.levels[-1]
+        self.n, self.m, self.lanes = nm.n, nm.m, lanes
+        self.crd, self.values, self.rows, self.cols = crd, values, rows, cols
+        self.vector, self.index_vector, _ = lane_types(element, lanes)
+        self.permute = _TWO_SOURCE["f" if is_float(element) else "i", element.width]
+        self.per_row = arith.muli(arith.divui(cols, index(self.m)), index(self.n))
+        self.chunks = arith.ceildivui(rows, index(lanes))
+
+
+class RowProduct(LaneProduct):
+    """``y[y_row + r, o] = finish(x[x_row + r, :] . W[o, :])`` for rows ``r < count`` and the chunks of
+    features ``[chunk_lo, chunk_hi)``: per chunk, the batch rows one after another (the chunk's rows of ``W``
+    stay in cache between them)."""
+
+    def __init__(self, weight: RowWeight, element: ir.Type, finish: Finish):
+        super().__init__(weight, element, finish)
+        span = 2 * weight.lanes
+        self.full_spans = arith.divui(weight.cols, index(span))
+        self.tail = arith.remui(weight.cols, index(span))  # inputs of a partial last span (whole groups)
+        starts = [(e // weight.n) * weight.m for e in range(weight.lanes)]  # entry e's group start in the span
+        self.group_starts = arith.constant(weight.index_vector, ir.DenseElementsAttr.get(
+            np.array(starts, dtype=f"int{weight.index_vector.element_type.width}"), type=weight.index_vector))
+
+    def product(self, x: ir.Value, x_row: ir.Value, y: ir.Value, y_row: ir.Value, count: ir.Value,
+                chunk_lo: ir.Value, chunk_hi: ir.Value) -> None:
+        def chunk(c: ir.Value) -> None:
+            for_each(index(0), count, lambda r: self._row(x, arith.addi(x_row, r), y, arith.addi(y_row, r), c))
+
+        for_each(chunk_lo, chunk_hi, chunk)
+
+    def _row(self, x: ir.Value, x_row: ir.Value, y: ir.Value, y_row: ir.Value, chunk: ir.Value) -> None:
+        w, lanes = self.w, self.lanes
+        feature = arith.muli(chunk, index(lanes))
+        last = arith.subi(w.rows, index(1))
+        # rows of W past the last (a partial last chunk) read the last row again: their lanes are not stored
+        starts = [arith.muli(arith.minui(arith.addi(feature, index(e)), last), w.per_row) for e in range(lanes)]
+
+        def span(s: ir.Value, accs: list[ir.Value], masked: bool) -> list[ir.Value]:
+            column = arith.muli(s, index(2 * lanes))
+            entry = arith.muli(s, index(lanes))
+            if masked:  # the partial last span: lanes past the inputs read as zeros, entries past a row's as 0
+                low = vector.create_mask(self.mask_type, [arith.minui(self.tail, index(lanes))])
+                high = vector.create_mask(self.mask_type, [arith.subi(self.tail, arith.minui(self.tail,
+                                                                                            index(lanes)))])
+                high_column = arith.minui(arith.addi(column, index(lanes)), arith.subi(w.cols, index(1)))
+                xs = (vector.maskedload(w.vector, x, [x_row, column], low, self.zero),
+                      vector.maskedload(w.vector, x, [x_row, high_column], high, self.zero))
+                entries = vector.create_mask(self.mask_type, [arith.divui(self.tail, index(2))])
+            else:
+                xs = (vector.load(w.vector, x, [x_row, column]),
+                      vector.load(w.vector, x, [x_row, arith.addi(column, index(lanes))]))
+            out = []
+            for e, acc in enumerate(accs):
+                at = arith.addi(starts[e], entry)
+                offsets_type = ir.VectorType.get([lanes], ir.MemRefType(w.crd.type).element_type)
+                if masked:
+                    weights = vector.maskedload(w.vector, w.values, [at], entries, self.zero)
+                    offsets = vector.maskedload(offsets_type, w.crd, [at], entries,
+                                                constant_like(offsets_type, 0))
+                else:
+                    weights = vector.load(w.vector, w.values, [at])
+                    offsets = vector.load(offsets_type, w.crd, [at])
+                # entries past a row's last (offset 0) point at their group's start, past the span's inputs:
+                # a zero lane, so no padding multiplies a value of X
+                picks = arith.addi(widened(offsets, w.index_vector), self.group_starts)
+                chosen = llvm.call_intrinsic(w.vector, w.permute, [xs[0], picks, xs[1]], [], [])
+                out.append(vector.fma(weights, chosen, acc) if is_float(self.element)
+                           else arith.addi(arith.muli(weights, chosen), acc))
+            return out
+
+        accs = reduce_loop(index(0), self.full_spans, [self.zero] * lanes, lambda s, a: span(s, a, False))
+        has_tail = arith.cmpi(arith.CmpIPredicate.ne, self.tail, index(0))
+        accs = if_else(has_tail, lambda: span(self.full_spans, accs, True), lambda: accs,
+                        [a.type for a in accs])
+        sums = lane_sums(accs)
+        if self.finish.bias is not None:
+            sums = add(sums, self._start(feature, y_row))
+        self._store(sums, y, y_row, feature)
+
+
+def row_items(product: RowProduct, x: ir.Value, y: ir.Value, batch: ir.Value) -> None:
+    """``y = product(x)`` for a small batch: items of one chunk of features (every row of the batch), claimed
+    by one worker per thread (``loops.by_workers``)."""
+    by_workers(product.w.chunks, lambda c, _state: product.product(x, index(0), y, index(0), batch, c,
+                                                                      arith.addi(c, index(1))))
+
+
+def by_batch_size(batch: ir.Value, small: Callable[[], None], large: Callable[[], None]) -> None:
+    """``small()`` below ``SMALL_BATCH`` rows, else ``large()``: the choice between reading ``W`` as stored and
+    repacking it, made at run time (the batch is a run-time size)."""
+    branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, batch, index(SMALL_BATCH)), [], has_else=True)
+    for block, emit in ((branch.then_block, small), (branch.else_block, large)):
+        with ir.InsertionPoint(block):
+            emit()
+            scf.YieldOp([])
