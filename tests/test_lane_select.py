@@ -1,7 +1,7 @@
 """N:M Linear and MLP kernels with output features across AVX-512 lanes (``dialects/native/lane_select.py``), run:
 every N:M pattern a window holds, dtypes, partial chunks of features, partial windows of inputs, biases,
 epilogues, residuals, blocks of the batch; which targets and formats take them.  Batches under
-``row_select.SMALL_BATCH`` rows read ``W`` as stored (``dialects/native/row_select.py``) when ``m = 2 n``: the
+``row_select.SMALL_BATCH`` (32) rows read ``W`` as stored (``dialects/native/row_select.py``) when ``m = 2 n``: the
 cases run both sides of that line."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from sparse_mlir.runtime.threads import fixed
 
 pytestmark = pytest.mark.skipif(not host_has_lane_kernels(), reason="the lane kernels need AVX-512")
 
-# (batch, inputs, outputs); the first four read W as stored (spans of 32 float32 inputs: none whole and 16 left,
-# 20 left, one and 4 left, two whole), the others repack it
-SHAPES = [(1, 16, 16), (7, 20, 17), (9, 36, 40), (15, 64, 48), (300, 64, 33), (700, 48, 96)]
+# (batch, inputs, outputs); the first five read W as stored (spans of 32 float32 inputs: none whole and 16 left,
+# 20 left, one and 4 left, two whole, one and 20 left; batch rows in groups of 4, 2 and 1), the others repack it
+SHAPES = [(1, 16, 16), (7, 20, 17), (9, 36, 40), (15, 64, 48), (31, 52, 40), (300, 64, 33), (700, 48, 96)]
 
 
 def _weight(rng: np.random.Generator, outputs: int, inputs: int, n: int, m: int, dtype: str) -> np.ndarray:

@@ -10,15 +10,21 @@ values and one of in-group offsets, both contiguous.  The offsets plus each
 entry's group start are indices into the span, and a two-source lane
 permute (``vpermi2ps``; an LLVM intrinsic, no dialect has it) picks each
 entry's input from the span of ``X``'s row held in two registers; one FMA
-accumulates.  A chunk of ``lanes`` rows of ``W`` has one accumulator each,
-summed at once by ``loops.lane_sums`` into one vector of output features,
-which the lane kernel's ``Finish`` (bias, epilogue, residual, a partial last
-chunk) completes and stores.
+accumulates.  ``BATCH_ROWS`` rows of the batch share each load of ``W``'s
+values and offsets: a pass takes ``lanes / BATCH_ROWS`` rows of ``W`` (16
+accumulators), and ``loops.lane_sums`` plus shuffles turn a chunk's passes
+into one vector of output features per batch row, which the lane kernel's
+``Finish`` (bias, epilogue, residual, a partial last chunk) completes and
+stores.
 
 Per useful FMA this does more vector work than the lane kernel (the
 offsets are widened and offset on every use), so it pays only while the
-repacking it saves is larger: below ``SMALL_BATCH`` rows.  Built with the
-MLIR bindings' op builders.
+repacking it saves is larger: below ``SMALL_BATCH`` rows.  One thread, 2:4,
+ms (as stored / repacked): 384 x 384 at 16 rows 0.068 / 0.077, at 32 0.107
+/ 0.101; 1536 x 384 at 16 0.197 / 0.367, at 32 0.333 / 0.467, at 63 0.61 /
+0.71 (the repacked weight outgrows L2).  One batch row at a time (before
+``BATCH_ROWS``), 1536 x 384 at 8 rows took 0.168 ms, 0.123 with 4.  Built
+with the MLIR bindings' op builders.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from sparse_mlir.formats import Format
 
 __all__ = ["SMALL_BATCH", "RowProduct", "RowWeight", "applies", "by_batch_size", "row_items"]
 
-SMALL_BATCH = 16  # batches of fewer rows read W as stored (measured: see the module's docstring)
+BATCH_ROWS = 4  # batch rows per read of a row of W (with lanes / 4 rows of W a pass: 16 accumulators)
+SMALL_BATCH = 32  # batches of fewer rows read W as stored (measured: see the module's docstring)
 _TWO_SOURCE = {("f", 32): "llvm.x86.avx512.vpermi2var.ps.512", ("f", 64): "llvm.x86.avx512.vpermi2var.pd.512",
                ("i", 32): "llvm.x86.avx512.vpermi2var.d.512", ("i", 64): "llvm.x86.avx512.vpermi2var.q.512"}
 
@@ -87,17 +94,49 @@ class RowProduct(LaneProduct):
 
     def product(self, x: ir.Value, x_row: ir.Value, y: ir.Value, y_row: ir.Value, count: ir.Value,
                 chunk_lo: ir.Value, chunk_hi: ir.Value) -> None:
+        """Per chunk, ``BATCH_ROWS`` batch rows at a time (each read of a row of ``W`` serves them all), the rest
+        in halving groups (2, then 1 with ``BATCH_ROWS`` 4)."""
+        def rows(chunk: ir.Value, first: ir.Value, together: int) -> None:
+            self._rows(x, [arith.addi(x_row, arith.addi(first, index(r))) for r in range(together)],
+                       y, [arith.addi(y_row, arith.addi(first, index(r))) for r in range(together)], chunk)
+
         def chunk(c: ir.Value) -> None:
-            for_each(index(0), count, lambda r: self._row(x, arith.addi(x_row, r), y, arith.addi(y_row, r), c))
+            done, together = index(0), BATCH_ROWS
+            while together:
+                end = arith.subi(count, arith.remui(arith.subi(count, done), index(together)))
+                for_each(done, end, lambda r, t=together: rows(c, r, t), index(together))
+                done, together = end, together // 2
 
         for_each(chunk_lo, chunk_hi, chunk)
 
-    def _row(self, x: ir.Value, x_row: ir.Value, y: ir.Value, y_row: ir.Value, chunk: ir.Value) -> None:
-        w, lanes = self.w, self.lanes
+    def _rows(self, x: ir.Value, x_rows: list[ir.Value], y: ir.Value, y_rows: list[ir.Value], chunk: ir.Value
+              ) -> None:
+        """A chunk's outputs for ``x_rows``: with ``k`` batch rows, ``k`` passes over ``lanes / k`` rows of ``W``
+        each (``lanes`` accumulators in all), each pass's sums in the low lanes of one vector per batch row,
+        then the passes' parts put side by side, pairwise."""
+        lanes, together = self.lanes, len(x_rows)
         feature = arith.muli(chunk, index(lanes))
+        width = lanes // together
+        passes = [self._pass(x, x_rows, arith.addi(feature, index(p * width)), width) for p in range(together)]
+        for r, y_row in enumerate(y_rows):
+            parts, valid = [found[r] for found in passes], width
+            while len(parts) > 1:  # two vectors with ``valid`` low lanes each -> one with twice as many
+                mask = [*range(valid), *range(lanes, lanes + valid)] + [0] * (lanes - 2 * valid)
+                parts = [vector.shuffle(a, b, mask) for a, b in zip(parts[::2], parts[1::2])]
+                valid *= 2
+            sums = parts[0]
+            if self.finish.bias is not None:
+                sums = add(sums, self._start(feature, y_row))
+            self._store(sums, y, y_row, feature)
+
+    def _pass(self, x: ir.Value, x_rows: list[ir.Value], first: ir.Value, group: int) -> list[ir.Value]:
+        """Rows ``first .. first + group`` of ``W`` times ``x_rows``: per batch row, a vector whose lane ``e``
+        is row ``first + e``'s dot product."""
+        w, lanes = self.w, self.lanes
         last = arith.subi(w.rows, index(1))
         # rows of W past the last (a partial last chunk) read the last row again: their lanes are not stored
-        starts = [arith.muli(arith.minui(arith.addi(feature, index(e)), last), w.per_row) for e in range(lanes)]
+        starts = [arith.muli(arith.minui(arith.addi(first, index(e)), last), w.per_row) for e in range(group)]
+        offsets_type = ir.VectorType.get([lanes], ir.MemRefType(w.crd.type).element_type)
 
         def span(s: ir.Value, accs: list[ir.Value], masked: bool) -> list[ir.Value]:
             column = arith.muli(s, index(2 * lanes))
@@ -107,16 +146,15 @@ class RowProduct(LaneProduct):
                 high = vector.create_mask(self.mask_type, [arith.subi(self.tail, arith.minui(self.tail,
                                                                                             index(lanes)))])
                 high_column = arith.minui(arith.addi(column, index(lanes)), arith.subi(w.cols, index(1)))
-                xs = (vector.maskedload(w.vector, x, [x_row, column], low, self.zero),
-                      vector.maskedload(w.vector, x, [x_row, high_column], high, self.zero))
+                xs = [(vector.maskedload(w.vector, x, [row, column], low, self.zero),
+                       vector.maskedload(w.vector, x, [row, high_column], high, self.zero)) for row in x_rows]
                 entries = vector.create_mask(self.mask_type, [arith.divui(self.tail, index(2))])
             else:
-                xs = (vector.load(w.vector, x, [x_row, column]),
-                      vector.load(w.vector, x, [x_row, arith.addi(column, index(lanes))]))
-            out = []
-            for e, acc in enumerate(accs):
+                xs = [(vector.load(w.vector, x, [row, column]),
+                       vector.load(w.vector, x, [row, arith.addi(column, index(lanes))])) for row in x_rows]
+            out = list(accs)
+            for e in range(group):
                 at = arith.addi(starts[e], entry)
-                offsets_type = ir.VectorType.get([lanes], ir.MemRefType(w.crd.type).element_type)
                 if masked:
                     weights = vector.maskedload(w.vector, w.values, [at], entries, self.zero)
                     offsets = vector.maskedload(offsets_type, w.crd, [at], entries,
@@ -127,19 +165,18 @@ class RowProduct(LaneProduct):
                 # entries past a row's last (offset 0) point at their group's start, past the span's inputs:
                 # a zero lane, so no padding multiplies a value of X
                 picks = arith.addi(widened(offsets, w.index_vector), self.group_starts)
-                chosen = llvm.call_intrinsic(w.vector, w.permute, [xs[0], picks, xs[1]], [], [])
-                out.append(vector.fma(weights, chosen, acc) if is_float(self.element)
-                           else arith.addi(arith.muli(weights, chosen), acc))
+                for r, (low_x, high_x) in enumerate(xs):
+                    chosen = llvm.call_intrinsic(w.vector, w.permute, [low_x, picks, high_x], [], [])
+                    k = e * len(x_rows) + r
+                    out[k] = (vector.fma(weights, chosen, out[k]) if is_float(self.element)
+                              else arith.addi(arith.muli(weights, chosen), out[k]))
             return out
 
-        accs = reduce_loop(index(0), self.full_spans, [self.zero] * lanes, lambda s, a: span(s, a, False))
+        inits = [self.zero] * (group * len(x_rows))
+        accs = reduce_loop(index(0), self.full_spans, inits, lambda s, a: span(s, a, False))
         has_tail = arith.cmpi(arith.CmpIPredicate.ne, self.tail, index(0))
-        accs = if_else(has_tail, lambda: span(self.full_spans, accs, True), lambda: accs,
-                        [a.type for a in accs])
-        sums = lane_sums(accs)
-        if self.finish.bias is not None:
-            sums = add(sums, self._start(feature, y_row))
-        self._store(sums, y, y_row, feature)
+        accs = if_else(has_tail, lambda: span(self.full_spans, accs, True), lambda: accs, [a.type for a in accs])
+        return [lane_sums([accs[e * len(x_rows) + r] for e in range(group)]) for r in range(len(x_rows))]
 
 
 def row_items(product: RowProduct, x: ir.Value, y: ir.Value, batch: ir.Value) -> None:

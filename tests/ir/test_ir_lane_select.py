@@ -15,6 +15,7 @@ from sparse_mlir.dialects.native.lane_select import CHUNKS_PER_TILE, ROW_TILE
 from sparse_mlir.dialects.native.linear import native_linear
 from sparse_mlir.dialects.native.loops import THREAD_COUNT
 from sparse_mlir.dialects.native.mlp import native_mlp
+from sparse_mlir.dialects.native.row_select import BATCH_ROWS
 from sparse_mlir.dialects.native.target import CpuTarget
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
@@ -58,10 +59,11 @@ def test_an_n_m_linear_layer_permutes_and_multiplies_in_register_tiles(dtype, n,
     found = _intrinsics(module)
     assert found[permute] == 2 * entries * TILES
     assert ops["vector.fma" if dtype.startswith("float") else "arith.muli"] >= ops[PERMUTE]
-    # a small batch: one two-source permute per row of a chunk (a vector's lanes of them), in the loop over
-    # whole spans and in the masked last span
+    # a small batch: for groups of 4, 2 and 1 batch rows, one two-source permute per row of a chunk (a vector's
+    # lanes of them) and batch row, in the loop over whole spans and in the masked last span
     lanes = 64 // (8 if dtype.endswith("64") else 4)
-    assert found == ({permute: found[permute]} | ({two_source: 2 * lanes} if two_source else {}))
+    groups = sum(BATCH_ROWS >> k for k in range(BATCH_ROWS.bit_length()))
+    assert found == ({permute: found[permute]} | ({two_source: 2 * lanes * groups} if two_source else {}))
     assert ops["scf.if"] >= (1 if two_source else 0)
     # X and Y in place: the only transposes repack W (its values and its coordinates, each with one masked
     # edge tile), into W's repacked values and indices, through a scratch of in-window offsets; the workers' counter
@@ -112,5 +114,6 @@ def test_a_feed_forward_block_takes_the_lanes_when_both_weights_are_n_m(formats,
         # both weights repacked, the hidden scratch per worker, the workers' counter; for a small batch (W as
         # stored) the batch's hidden scratch and the counters of the two layers' workers
         assert ops["memref.alloc"] == 2 * 3 + 1 + 1 + 3 and ops["vector.transpose"] == 2 * 2
-        assert _intrinsics(module)["llvm.x86.avx512.vpermi2var.ps.512"] == 2 * 2 * 16
+        groups = sum(BATCH_ROWS >> k for k in range(BATCH_ROWS.bit_length()))
+        assert _intrinsics(module)["llvm.x86.avx512.vpermi2var.ps.512"] == 2 * 2 * 16 * groups
         assert "call @" + VECTOR_EPILOGUE in str(functions(module)[KERNEL_NAME])
