@@ -23,11 +23,12 @@ C, against 8.1-8.4 for torch's dense Linear.
 
 ``W``'s entries are repacked at each call into that layout
 (``PackedWeight``: register-tile transposes, threaded; 0.03 ms for 384 x
-384, 0.3 ms for 1536 x 384 at one thread) so the kernel keeps the sparse
-assembler's signature.  That is about 1% of a 4096-row layer, but it is
-most of a small batch's time (the 36 layers of MiniLM on one 17-token
-sentence: 14 ms against 9 for dense torch; the transposing kernels took
-21): a storage format holding the repacked layout would save it.
+384, 0.2-0.3 ms for 1536 x 384 at one thread) so the kernel keeps the sparse
+assembler's signature.  That is about 1% of a 4096-row layer, but it was
+most of a small batch's time (MiniLM 2:4 on one 10-token sentence: 14.5 ms
+against 9 for dense torch), so batches under ``row_select.SMALL_BATCH``
+rows read ``W`` as stored instead (``row_select``, when ``m = 2 n``: 9.4-9.8
+ms).
 AVX-512 only (the 16-lane ``vpermps`` and its 64-bit and integer
 siblings); narrower hosts keep the transposing kernel.  Built with the
 MLIR bindings' op builders.
