@@ -12,7 +12,8 @@ not depend on how the weights were chosen):
   GELU fused into the first one's kernel and both its Linears run as one
   kernel (``minilm.fuse_feed_forward``).
 
-``python benchmarks/minilm_speed.py [--threads 2 1] [--rounds 5] [--repeats 3] [--batch 32] [--profile]``.
+``python benchmarks/minilm_speed.py [--threads 2 1] [--rounds 5] [--repeats 3] [--batch 32] [--tokens 128]
+[--profile]`` (``--batch 1 --tokens 0``: one unpadded sentence, the latency a single query sees).
 For each thread count (torch and our kernels get the same number) the
 models take turns, round after round, the order rotating each round, so a
 shared machine's drifting load falls on all of them alike; a model's time
@@ -72,11 +73,14 @@ def host() -> str:
             f"load average {os.getloadavg()[0]:.2f}, GOMP_SPINCOUNT {spin}")
 
 
-def batch_features(model: Any, batch: int) -> dict[str, torch.Tensor]:
-    """``batch`` tokenized sentences padded (and masked) to ``TOKENS`` tokens, the length issue 18 measures at."""
+def batch_features(model: Any, batch: int, tokens: int = TOKENS) -> dict[str, torch.Tensor]:
+    """``batch`` tokenized sentences padded (and masked) to ``tokens`` tokens (``TOKENS``, the length issue 18
+    measures at), or as long as the longest of them when ``tokens`` is 0 (what one sentence's latency sees)."""
     sentences = (SENTENCES * (batch // len(SENTENCES) + 1))[:batch]
     features = (model.preprocess if hasattr(model, "preprocess") else model.tokenize)(sentences)
-    return {k: torch.nn.functional.pad(v, (0, TOKENS - v.shape[1])) if torch.is_tensor(v) and v.ndim == 2 else v
+    if not tokens:
+        return features
+    return {k: torch.nn.functional.pad(v, (0, tokens - v.shape[1])) if torch.is_tensor(v) and v.ndim == 2 else v
             for k, v in features.items()}
 
 
@@ -126,7 +130,9 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int, repeats:
 def print_times(times: dict[str, list[float]]) -> None:
     """Each variant's median [range] in ms; for the sparse ones the ratios to both baselines."""
     for name, samples in times.items():
-        line = f"    {name}: {np.median(samples) * 1e3:.0f} ms [{min(samples) * 1e3:.0f}-{max(samples) * 1e3:.0f}]"
+        digits = 0 if np.median(samples) >= 0.1 else 1  # a sentence's few milliseconds need a decimal
+        line = (f"    {name}: {np.median(samples) * 1e3:.{digits}f} ms "
+                f"[{min(samples) * 1e3:.{digits}f}-{max(samples) * 1e3:.{digits}f}]")
         if name.startswith("sparse"):
             label = name.split(" ", 1)[1]
             for baseline in ("dense", f"dense-pruned {label}"):
@@ -155,11 +161,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="forwards per round (their median is the round's)")
     parser.add_argument("--batch", type=int, default=32, help="sentences per forward")
+    parser.add_argument("--tokens", type=int, default=TOKENS,
+                        help="tokens per sentence, padded; 0: as long as the longest sentence (small-batch latency)")
     parser.add_argument("--profile", action="store_true", help="print where each model's forward spends its time")
     args = parser.parse_args()
     print(f"host: {host()}; torch {torch.__version__}")
     dense = minilm.load()
-    features = batch_features(dense, args.batch)
+    features = batch_features(dense, args.batch, args.tokens)
+    tokens = features["input_ids"].shape[1]
     variants: dict[str, Callable[[], object]] = {"dense": forward(dense, features)}
     for label, options in PRUNINGS:
         sparse = copy.deepcopy(dense)
@@ -181,7 +190,7 @@ def main() -> None:
             run()  # warm: kernels compiled and loaded, torch's pools started
         started = time.strftime("%H:%M:%S", time.gmtime())
         wall, cpu = interleaved(variants, args.rounds, args.repeats)
-        print(f"{args.batch} x {TOKENS} tokens, {threads} thread(s), {started} UTC, {args.rounds} rounds of "
+        print(f"{args.batch} x {tokens} tokens, {threads} thread(s), {started} UTC, {args.rounds} rounds of "
               f"{args.repeats} forwards, load average now {os.getloadavg()[0]:.2f}; ratio = baseline time / sparse "
               f"time (above 1: sparse faster), median of per-round ratios [range]")
         print("  wall time:")
