@@ -48,7 +48,7 @@ from sparse_mlir.dialects.native.loops import (
 )
 from sparse_mlir.formats import Format
 
-__all__ = ["SMALL_BATCH", "RowProduct", "RowWeight", "applies", "by_batch_size", "row_items"]
+__all__ = ["BATCH_ROWS", "SMALL_BATCH", "RowProduct", "RowWeight", "applies", "by_batch_size", "row_items"]
 
 BATCH_ROWS = 4  # batch rows per read of a row of W (with lanes / 4 rows of W a pass: 16 accumulators)
 SMALL_BATCH = 32  # batches of fewer rows read W as stored (measured: see the module's docstring)
@@ -80,8 +80,8 @@ class RowWeight:
 
 class RowProduct(LaneProduct):
     """``y[y_row + r, o] = finish(x[x_row + r, :] . W[o, :])`` for rows ``r < count`` and the chunks of
-    features ``[chunk_lo, chunk_hi)``: per chunk, the batch rows one after another (the chunk's rows of ``W``
-    stay in cache between them)."""
+    features ``[chunk_lo, chunk_hi)``: per chunk, the batch rows ``BATCH_ROWS`` at a time (the chunk's rows of
+    ``W`` stay in cache between them)."""
 
     def __init__(self, weight: RowWeight, element: ir.Type, finish: Finish):
         super().__init__(weight, element, finish)
