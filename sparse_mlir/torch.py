@@ -224,13 +224,12 @@ class SparseLinear(nn.Module):
     @property
     def weight(self) -> SparseTensor:
         """The weight as a ``SparseTensor`` over the module's buffers and values (shared memory, read-only)."""
-        tensors = [*self._levels, self.weight_values]
-        if any(t.device.type != "cpu" for t in tensors):
+        if any(t.device.type != "cpu" for t in (*self._levels, self.weight_values)):
             raise DeviceError(f"the weight is on {self.weight_values.device}; SparseLinear runs on the CPU")
-        return SparseTensor(self._format, self._shape, tuple(t.detach().numpy() for t in tensors), validate=False)
+        return self._operand()
 
     def _operand(self) -> SparseTensor:
-        """``weight``, built once and kept while the buffers and values are the same memory (a ``SparseTensor``
+        """The weight's ``SparseTensor``, built once and kept while the buffers and values are the same memory (it
         reads them in place, so changed values need no rebuild; replaced or moved tensors get a new one)."""
         tensors = (*self._levels, self.weight_values)
         key = tuple((t.data_ptr(), t.shape, t.dtype) for t in tensors)

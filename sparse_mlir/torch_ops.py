@@ -178,6 +178,9 @@ def run_linear(x: torch.Tensor, weight: SparseTensor, bias: torch.Tensor | None,
         return torch.from_numpy(kernel(X=_numpy(x.contiguous()), **operands))
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # what ``runs_directly`` takes: no subclass that wraps operators
+
+
 def runs_directly(*tensors: torch.Tensor | None) -> bool:
     """Whether a forward may call its kernel without the dispatcher: no gradient wanted, and nothing that
     records or transforms operators (``torch.compile``, ``torch.jit.trace``, the profiler, ``torch.func``, a
@@ -199,9 +202,6 @@ def runs_directly(*tensors: torch.Tensor | None) -> bool:
         if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
             return False
     return True
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 @torch.library.custom_op("sparse_mlir::feed_forward", mutates_args=())

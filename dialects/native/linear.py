@@ -143,14 +143,9 @@ def _lane_module(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict
                 lane_select.linear_items(lane_select.LaneProduct(weight, element, finish), x, y, batch)
                 weight.free()
 
-            def as_stored() -> None:
-                weight = row_select.RowWeight(fmt, crd, val, rows, inputs, element, lanes)
-                row_select.row_items(row_select.RowProduct(weight, element, finish), x, y, batch)
-
-            if row_select.applies(fmt):  # a small batch reads W as stored: repacking would cost more
-                row_select.by_batch_size(batch, as_stored, repacked)
-            else:
-                repacked()
+            # a small batch reads W as stored: repacking would cost more
+            row_select.by_batch_size(batch, [fmt], lambda: row_select.linear_as_stored(
+                fmt, crd, val, rows, element, lanes, finish, x, y, batch), repacked)
             func.ReturnOp([y])
     module.operation.verify()
     return module

@@ -115,17 +115,13 @@ def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str,
                 """A small batch: each layer over chunks of its features, ``W`` read as stored (``row_select``),
                 the whole batch's hidden rows in one scratch between them."""
                 h = memref.alloc(matrix, [batch, hidden], [], alignment=LINE_BYTES)
-                for (w, cols, out_rows, finish, source, target) in (
-                        (found.w1, inputs, hidden, first_finish, x, h), (found.w2, hidden, rows, second_finish, h, y)):
-                    weight = row_select.RowWeight(formats[w], values[w][1], values[w][2], out_rows, cols, element,
-                                                  lanes)
-                    row_select.row_items(row_select.RowProduct(weight, element, finish), source, target, batch)
+                for w, out_rows, finish, source, dest in ((found.w1, hidden, first_finish, x, h),
+                                                          (found.w2, rows, second_finish, h, y)):
+                    row_select.linear_as_stored(formats[w], values[w][1], values[w][2], out_rows, element, lanes,
+                                                finish, source, dest, batch)
                 memref.dealloc(h)
 
-            if row_select.applies(formats[found.w1]) and row_select.applies(formats[found.w2]):
-                row_select.by_batch_size(batch, as_stored, repacked)
-            else:
-                repacked()
+            row_select.by_batch_size(batch, [formats[found.w1], formats[found.w2]], as_stored, repacked)
             func.ReturnOp([y])
     module.operation.verify()
     return module

@@ -29,11 +29,11 @@ with the MLIR bindings' op builders.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, llvm, scf, vector
+from mlir.dialects import arith, llvm, memref, scf, vector
 from sparse_mlir.dialects.native.lane_select import Finish, LaneProduct, lane_types, widened
 from sparse_mlir.dialects.native.loops import (
     add,
@@ -48,7 +48,8 @@ from sparse_mlir.dialects.native.loops import (
 )
 from sparse_mlir.formats import Format
 
-__all__ = ["BATCH_ROWS", "SMALL_BATCH", "RowProduct", "RowWeight", "applies", "by_batch_size", "row_items"]
+__all__ = ["BATCH_ROWS", "SMALL_BATCH", "RowProduct", "RowWeight", "applies", "by_batch_size", "linear_as_stored",
+           "row_items"]
 
 BATCH_ROWS = 4  # batch rows per read of a row of W (with lanes / 4 rows of W a pass: 16 accumulators)
 SMALL_BATCH = 32  # batches of fewer rows read W as stored (measured: see the module's docstring)
@@ -186,9 +187,22 @@ def row_items(product: RowProduct, x: ir.Value, y: ir.Value, batch: ir.Value) ->
                                                                       arith.addi(c, index(1))))
 
 
-def by_batch_size(batch: ir.Value, small: Callable[[], None], large: Callable[[], None]) -> None:
+def linear_as_stored(fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value, element: ir.Type, lanes: int,
+                     finish: Finish, x: ir.Value, y: ir.Value, batch: ir.Value) -> None:
+    """``y = finish(x W^T)`` for the ``rows x cols`` N:M ``W`` (``crd``, ``values``; ``cols``: ``x``'s), ``W``
+    read as stored: what the Linear and MLP kernels run for a small batch."""
+    weight = RowWeight(fmt, crd, values, rows, memref.dim(x, index(1)), element, lanes)
+    row_items(RowProduct(weight, element, finish), x, y, batch)
+
+
+def by_batch_size(batch: ir.Value, formats: Sequence[Format], small: Callable[[], None],
+                  large: Callable[[], None]) -> None:
     """``small()`` below ``SMALL_BATCH`` rows, else ``large()``: the choice between reading ``W`` as stored and
-    repacking it, made at run time (the batch is a run-time size)."""
+    repacking it, made at run time (the batch is a run-time size); always ``large()`` when a weight's format
+    cannot be read as stored (``applies``)."""
+    if not all(applies(fmt) for fmt in formats):
+        large()
+        return
     branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, batch, index(SMALL_BATCH)), [], has_else=True)
     for block, emit in ((branch.then_block, small), (branch.else_block, large)):
         with ir.InsertionPoint(block):
