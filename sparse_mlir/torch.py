@@ -219,25 +219,30 @@ class SparseLinear(nn.Module):
 
     @property
     def _levels(self) -> list[torch.Tensor]:
-        return [getattr(self, _BUFFER + name) for name in self._format.buffer_names[:-1]]
+        buffers = self._buffers  # not getattr: nn.Module's attribute fallback costs 0.5 us a name, every call
+        return [buffers[_BUFFER + name] for name in self._format.buffer_names[:-1]]
 
     @property
     def weight(self) -> SparseTensor:
         """The weight as a ``SparseTensor`` over the module's buffers and values (shared memory, read-only)."""
         if any(t.device.type != "cpu" for t in (*self._levels, self.weight_values)):
             raise DeviceError(f"the weight is on {self.weight_values.device}; SparseLinear runs on the CPU")
-        return self._operand()
+        return self._operands()[0]
 
-    def _operand(self) -> SparseTensor:
-        """The weight's ``SparseTensor``, built once and kept while the buffers and values are the same memory (it
-        reads them in place, so changed values need no rebuild; replaced or moved tensors get a new one)."""
-        tensors = (*self._levels, self.weight_values)
-        key = tuple((t.data_ptr(), t.shape, t.dtype) for t in tensors)
+    def _operands(self) -> tuple[SparseTensor, np.ndarray | None]:
+        """The weight's ``SparseTensor`` and the bias as an array, built once and kept while the buffers, values
+        and bias are the same memory (they are read in place, so changed values need no rebuild; replaced or moved
+        tensors get new ones)."""
+        values, bias = self._parameters["weight_values"], self._parameters.get("bias")
+        tensors = (*self._levels, values) if bias is None else (*self._levels, values, bias)
+        key = [(t.data_ptr(), t.shape, t.dtype) for t in tensors]
         kept = self.__dict__.get("_kept_operand")
         if kept is None or kept[0] != key:  # the operators' own wrapping (the kernels' C path keys on its format)
-            kept = (key, operator_weight(self._format_key, list(self._shape), list(tensors[:-1]), tensors[-1]))
+            levels = list(tensors[:len(tensors) - 1 - (bias is not None)])
+            weight = operator_weight(self._format_key, list(self._shape), levels, values)
+            kept = (key, weight, None if bias is None else bias.detach().numpy())
             self.__dict__["_kept_operand"] = kept
-        return kept[1]
+        return kept[1], kept[2]
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -326,7 +331,7 @@ class SparseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows, values, bias = self._checked(x)
         if runs_directly(rows, values, bias):
-            out = run_linear(rows, self._operand(), bias, self.activation or "")
+            out = run_linear(rows, *self._operands(), self.activation or "")
         else:
             pattern = [getattr(self, _PATTERN + name) for name in TransposedPattern._fields]
             out = linear(rows, values, bias, self._levels, pattern, self._format_key, self._shape,
@@ -335,27 +340,29 @@ class SparseLinear(nn.Module):
 
     def _checked(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``x`` as rows of ``in_features``, the weight's values and the bias, once all three are checked for this
-        layer's kernels (CPU, dtype, sizes)."""
-        values = self.weight_values
+        layer's kernels (CPU, dtype, sizes).  Parameters and buffers are read from their dictionaries, not through
+        nn.Module's attribute fallback (0.5 us each, on every call)."""
+        values, bias = self._parameters["weight_values"], self._parameters.get("bias")
         if not isinstance(x, torch.Tensor):
             raise OperandError(f"SparseLinear takes a torch.Tensor, got {type(x).__name__}")
-        if x.device.type != "cpu" or values.device.type != "cpu":
-            where = x.device if x.device.type != "cpu" else values.device
+        if not (x.is_cpu and values.is_cpu):
+            where = x.device if not x.is_cpu else values.device
             raise DeviceError(f"SparseLinear runs on the CPU in this build; the input or weight is on {where}")
-        if values.dtype not in _DTYPES:
-            raise DTypeError(f"SparseLinear computes in float32 or float64, its weight is {values.dtype}")
-        if x.dtype != values.dtype:
-            raise OperandError(f"SparseLinear computes in {values.dtype} (its weight's dtype), got {x.dtype}; "
+        dtype = values.dtype
+        if dtype not in _DTYPES:
+            raise DTypeError(f"SparseLinear computes in float32 or float64, its weight is {dtype}")
+        if x.dtype != dtype:
+            raise OperandError(f"SparseLinear computes in {dtype} (its weight's dtype), got {x.dtype}; "
                                f"cast the input, or the layer with .float() / .double()")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise OperandError(f"expected inputs with {self.in_features} features, got shape {tuple(x.shape)}")
-        if values.shape != self._pattern_crd.shape:
+        stored = self._buffers[_PATTERN + "crd"].shape
+        if values.shape != stored:
             raise ShapeError(f"weight_values has shape {tuple(values.shape)}, but the weight's pattern stores "
-                             f"{self._pattern_crd.numel()} entries (replace values in place, or load a state dict)")
-        bias = self.bias
-        if bias is not None and (bias.dtype != values.dtype or bias.shape != (self.out_features,)):
+                             f"{stored.numel()} entries (replace values in place, or load a state dict)")
+        if bias is not None and (bias.dtype != dtype or bias.shape != (self.out_features,)):
             raise OperandError(f"the bias is {bias.dtype} of shape {tuple(bias.shape)}, the layer needs "
-                               f"{values.dtype} of shape ({self.out_features},)")
+                               f"{dtype} of shape ({self.out_features},)")
         return x.reshape(-1, self.in_features), values, bias
 
     def extra_repr(self) -> str:
@@ -404,8 +411,8 @@ class SparseFeedForward(nn.Module):
                              f"cast one of them")
         _, values2, bias2 = self.second._checked(rows.new_empty((0, self.second.in_features)))
         if runs_directly(rows, values1, bias1, values2, bias2):
-            out = run_feed_forward(rows, self.first._operand(), bias1, self.first.activation or "",
-                                   self.second._operand(), bias2)
+            (w1, b1), (w2, b2) = self.first._operands(), self.second._operands()
+            out = run_feed_forward(rows, w1, b1, self.first.activation or "", w2, b2)
             return out.reshape(*x.shape[:-1], self.second.out_features)
         out = feed_forward(rows, (values1, bias1, self.first._levels, self.first._format_key, self.first._shape),
                            self.first.activation or "",

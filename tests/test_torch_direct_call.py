@@ -95,6 +95,21 @@ def test_values_changed_in_place_are_read_by_the_next_call():
         np.testing.assert_allclose((layer(x) - layer.bias).numpy(), before.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_the_bias_kept_with_the_weight_follows_changes_replacement_and_removal():
+    layer = _layer({"pattern": "2:4"})
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        plain = layer(x) - layer.bias
+        layer.bias.add_(1.0)  # in place: the kept array is a view of the same memory
+        assert torch.allclose(layer(x), plain + layer.bias, atol=1e-6)
+        layer.bias = torch.nn.Parameter(torch.full((24,), 3.0))  # a new tensor: a new array
+        assert torch.allclose(layer(x), plain + 3.0, atol=1e-6)
+        layer.bias.data = torch.full((24,), -2.0)  # the same parameter over new memory
+        assert torch.allclose(layer(x), plain - 2.0, atol=1e-6)
+        layer.bias = None
+        assert torch.allclose(layer(x), plain, atol=1e-6)
+
+
 @pytest.mark.parametrize("options", OPTIONS)
 def test_a_recast_or_reloaded_layer_is_not_served_its_old_weight(options):
     layer = _layer(options)
