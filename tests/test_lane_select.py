@@ -1,8 +1,9 @@
 """N:M Linear and MLP kernels with output features across AVX-512 lanes (``dialects/native/lane_select.py``), run:
 every N:M pattern a window holds, dtypes, partial chunks of features, partial windows of inputs, biases,
 epilogues, residuals, blocks of the batch; which targets and formats take them.  Batches under
-``row_select.SMALL_BATCH`` (32) rows read ``W`` as stored (``dialects/native/row_select.py``) when ``m = 2 n``: the
-cases run both sides of that line."""
+``row_select.SMALL_BATCH`` (24) rows read ``W`` as stored (``dialects/native/row_select.py``) when ``m = 2 n``, a batch
+of one block packs ``W`` chunk by chunk in its workers, larger ones pack it whole first: the
+cases run on every side of those lines."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from sparse_mlir.runtime.threads import fixed
 pytestmark = pytest.mark.skipif(not host_has_lane_kernels(), reason="the lane kernels need AVX-512")
 
 # (batch, inputs, outputs); the first five read W as stored (spans of 32 float32 inputs: none whole and 16 left,
-# 20 left, one and 4 left, two whole, one and 20 left; batch rows in groups of 4, 2 and 1), the others repack it
-SHAPES = [(1, 16, 16), (7, 20, 17), (9, 36, 40), (15, 64, 48), (31, 52, 40), (300, 64, 33), (700, 48, 96)]
+# 20 left, one and 4 left, two whole, one and 20 left; batch rows in groups of 4, 2 and 1), the others repack it:
+# one block of rows (each worker packing the chunks it claims: 72 outputs are 5 chunks, items of 2, 2 and 1; 31
+# rows are tiles of 8 and single rows), then several blocks (the whole weight packed first)
+SHAPES = [(1, 16, 16), (7, 20, 17), (9, 36, 40), (15, 64, 48), (23, 52, 40), (31, 52, 40), (100, 52, 72),
+          (300, 64, 33), (700, 48, 96)]
 
 
 def _weight(rng: np.random.Generator, outputs: int, inputs: int, n: int, m: int, dtype: str) -> np.ndarray:
@@ -63,7 +67,7 @@ def test_every_n_m_pattern_whose_groups_fit_a_window(rng, n, m, dtype, batch):
     assert (LANE_PERMUTE in kernel.ir["input"]) == (lanes % m == 0)
 
 
-@pytest.mark.parametrize("batch", [40, 10])
+@pytest.mark.parametrize("batch", [300, 40, 10])
 def test_a_partial_last_window_reads_nothing_past_its_row(rng, batch):
     """36 inputs: two windows of 16 and a masked one of 4 (as stored: a span of 32 and a masked one of 4).  Odd
     rows of X start with infinities; were the last window of an even row read whole, its padding (a zero weight)
@@ -77,7 +81,7 @@ def test_a_partial_last_window_reads_nothing_past_its_row(rng, batch):
     np.testing.assert_array_equal(got[0::2], x[0::2] @ w.T)
 
 
-@pytest.mark.parametrize("batch", [40, 10])
+@pytest.mark.parametrize("batch", [300, 40, 10])
 def test_padding_entries_pick_no_input_of_the_last_window(rng, batch):
     """36 inputs: the last window holds one group, so most of its entries are padding (zero weights).  Column 32,
     the group's first, is infinite and no row of ``W`` uses it: padding that picked it would make NaNs."""
@@ -114,7 +118,8 @@ def test_an_epilogue_over_features_and_batch_and_a_residual(rng, fmt, batch):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("shape", [(1, 36, 40, 20), (11, 52, 200, 17), (130, 64, 96, 48), (600, 48, 200, 17)])
 def test_a_2_4_feed_forward_block_with_a_residual(rng, dtype, shape):
-    """Both layers in one kernel, the hidden rows in a worker's scratch: blocks of the batch (600 rows: several),
+    """Both layers in one kernel: read as stored (1, 11 rows), a batch of one block layer by layer (130 rows, each
+    worker packing the chunks it claims), blocks of the batch in a worker's hidden scratch (600 rows: several),
     a partial last chunk of hidden features (40, 200) and of outputs (17), a partial last window (36 inputs)."""
     batch, inputs, hidden, outputs = shape
     w1, w2 = _weight(rng, hidden, inputs, 2, 4, dtype), _weight(rng, outputs, hidden, 2, 4, dtype)

@@ -22,13 +22,17 @@ cycle.  MiniLM's 384 -> 384 at 2:4, 4096 rows, one thread: 6.2-6.7 ms in
 C, against 8.1-8.4 for torch's dense Linear.
 
 ``W``'s entries are repacked at each call into that layout
-(``PackedWeight``: register-tile transposes, threaded; 0.03 ms for 384 x
-384, 0.2-0.3 ms for 1536 x 384 at one thread) so the kernel keeps the sparse
+(``PackedWeight``: register-tile transposes; 0.03 ms for 384 x 384, 0.2-0.3
+ms for 1536 x 384 at one thread, threaded) so the kernel keeps the sparse
 assembler's signature.  That is about 1% of a 4096-row layer, but it was
 most of a small batch's time (MiniLM 2:4 on one 10-token sentence: 14.5 ms
 against 9 for dense torch), so batches under ``row_select.SMALL_BATCH``
 rows read ``W`` as stored instead (``row_select``, when ``m = 2 n``: 9.4-9.8
-ms).
+ms), and a batch of one block (up to 256 rows of 384 inputs) is multiplied
+chunk by chunk, each worker packing the chunks it claims just before using
+them (``linear_by_chunks``): one parallel region, the packed chunks in L1
+or L2.  1536 x 384 at 2:4, one thread, 32 rows: 0.366 -> 0.259 ms, 64 rows
+0.579 -> 0.441, 128 rows 0.927 -> 0.813 (dense torch: 0.31, 0.53, 0.92).
 AVX-512 only (the 16-lane ``vpermps`` and its 64-bit and integer
 siblings); narrower hosts keep the transposing kernel.  Built with the
 MLIR bindings' op builders.
@@ -62,7 +66,7 @@ from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.formats import Format
 
 __all__ = ["BLOCK_ROWS", "CHUNKS_PER_ITEM", "ROW_TILE", "Finish", "LaneProduct", "PackedWeight", "applies",
-           "kernel_module", "lane_types", "linear_items", "rows_per_block", "widened"]
+           "kernel_module", "lane_types", "linear_by_chunks", "linear_items", "linear_repacked", "rows_per_block", "widened"]
 
 ROW_TILE = 8  # rows of X per register tile: 8 windows of X and 16 accumulators with two chunks
 CHUNKS_PER_TILE = 2  # chunks of output features per register tile: each window of X serves both
@@ -99,40 +103,52 @@ def lane_types(element: ir.Type, lanes: int) -> tuple[ir.VectorType, ir.VectorTy
 
 
 class PackedWeight:
-    """``W`` (``rows x cols``, N:M level buffers) repacked at the insertion point: per chunk of ``lanes`` rows,
-    per window of ``lanes`` columns, per entry ``j < E``, a vector of values and a vector of in-window column
-    indices (``values``, ``indices``: ``chunk, window, j`` major, ``lanes`` minor).
+    """``W`` (``rows x cols``, N:M level buffers) repacked: per chunk of ``lanes`` rows, per window of ``lanes``
+    columns, per entry ``j < E``, a vector of values and a vector of in-window column indices (``values``,
+    ``indices``: ``chunk, window, j`` major, ``lanes`` minor), chunk ``c`` at ``c - base``.
 
-    Rows past ``rows`` get zeros; entries past a row's last (a partial last
-    window) get zeros at index ``lanes - 1``, a lane the masked load of that
-    window leaves zero, so no padding multiplies a value of ``X``.
+    Either the whole weight, packed at the insertion point by every thread
+    (``held=None``, ``base`` 0), or room for ``held`` chunks that ``pack``
+    fills with a range of them: a worker's own scratch, packed where it is
+    used.  Rows past ``rows`` get zeros; entries past a row's last (a partial
+    last window) get zeros at index ``lanes - 1``, a lane the masked load of
+    that window leaves zero, so no padding multiplies a value of ``X``.
     """
 
     def __init__(self, fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value, cols: ir.Value,
-                 element: ir.Type, lanes: int):
+                 element: ir.Type, lanes: int, held: int | None = None):
         nm = fmt.levels[-1]
         self.lanes, self.n, self.m = lanes, nm.n, nm.m
         self.entries = lanes // nm.m * nm.n  # E: entries of a row in one window
         self.vector, self.index_vector, self.permute = lane_types(element, lanes)
-        self.rows, self.cols = rows, cols
+        self.rows, self.cols, self.element = rows, cols, element
         self.full_windows = arith.divui(cols, index(lanes))
         self.windows = arith.ceildivui(cols, index(lanes))
         self.chunks = arith.ceildivui(rows, index(lanes))
         self.chunk_size = arith.muli(self.windows, index(self.entries * lanes))  # elements of one chunk
-        size = arith.muli(self.chunks, self.chunk_size)
+        self.base = index(0)  # the first chunk held
+        size = arith.muli(self.chunks if held is None else index(held), self.chunk_size)
         self.values = memref.alloc(dynamic_vector(element), [size], [], alignment=LINE_BYTES)
         self.indices = memref.alloc(dynamic_vector(self.index_vector.element_type), [size], [], alignment=LINE_BYTES)
-        self._fill(crd, values, element)
+        self._source = (crd, values)
+        self._offsets = memref.alloc(dynamic_vector(ir.MemRefType(crd.type).element_type), [size], [])
+        if held is None:
+            parallel(self.chunks, self._pack_chunk)
 
-    def _fill(self, crd: ir.Value, values: ir.Value, element: ir.Type) -> None:
-        """Chunk by chunk (threaded), the chunk's rows of values and of coordinates, seen as ``rows x per_row``
-        matrices, transposed in register tiles (``loops.RegisterTranspose``) into ``entries x lanes``: entry
-        ``e`` of a row is at ``chunk_start + e * lanes + lane``, as a row's entries in order are its windows'
-        ``j`` in order.  The masked edge tiles write zeros for rows past the last and entries past a row's
-        last; a vector pass then turns coordinates (bytes, in-group) into in-window indices, and padding into
-        ``lanes - 1``.  Element by element, repacking a 1536 x 384 weight took 0.4 ms at one thread.
-        """
+    def pack(self, first: ir.Value, last: ir.Value) -> None:
+        """Chunks ``[first, last)`` (at most ``held``) into the scratch, serially; ``base`` becomes ``first``."""
+        self.base = first
+        for_each(first, last, self._pack_chunk)
+
+    def _pack_chunk(self, c: ir.Value) -> None:
+        """Chunk ``c``'s rows of values and of coordinates, seen as ``rows x per_row`` matrices, transposed in
+        register tiles (``loops.RegisterTranspose``) into ``entries x lanes``: entry ``e`` of a row is at
+        ``chunk_start + e * lanes + lane``, as a row's entries in order are its windows' ``j`` in order.  The
+        masked edge tiles write zeros for rows past the last and entries past a row's last; a vector pass then
+        turns coordinates (bytes, in-group) into in-window indices, and padding into ``lanes - 1``.  Element by
+        element, repacking a 1536 x 384 weight took 0.4 ms at one thread."""
         lanes, idx_type = self.lanes, self.index_vector.element_type
+        crd, values = self._source
         per_row = arith.muli(arith.divui(self.cols, index(self.m)), index(self.n))
         padded = arith.muli(self.windows, index(self.entries))
         crd_type = ir.MemRefType(crd.type).element_type
@@ -146,37 +162,33 @@ class PackedWeight:
             return memref.reinterpret_cast(strided, buffer, [offset if offset is not None else index(0)],
                                            [height, width], [width], [dynamic], [dynamic, dynamic], [dynamic, 1])
 
-        offsets = memref.alloc(dynamic_vector(crd_type), [arith.muli(self.chunks, self.chunk_size)], [])
-        value_tiles, offset_tiles = RegisterTranspose(element, lanes), RegisterTranspose(crd_type, lanes)
-        sources = (matrix(values, self.rows, per_row), matrix(crd, self.rows, per_row))
         wide = ir.VectorType.get([lanes], idx_type)
         narrow = ir.VectorType.get([lanes], crd_type)
+        # the chunk's own rows only: an edge tile past its last entry writes zeros, which must not land on the
+        # next chunk's entries (another thread's)
+        first, start = arith.muli(c, index(lanes)), arith.muli(arith.subi(c, self.base), self.chunk_size)
+        sources = (matrix(values, self.rows, per_row), matrix(crd, self.rows, per_row))
+        targets = (matrix(self.values, padded, index(lanes), start),
+                   matrix(self._offsets, padded, index(lanes), start))
+        for tiles, source, target in zip((RegisterTranspose(self.element, lanes), RegisterTranspose(crd_type, lanes)),
+                                         sources, targets):
+            tiles.transpose(source, target, index(lanes), padded, parallel=False, src_row=first)
 
-        def chunk(c: ir.Value) -> None:
-            # the chunk's own rows only: an edge tile past its last entry writes zeros, which must not land on
-            # the next chunk's entries (another thread's)
-            first, start = arith.muli(c, index(lanes)), arith.muli(c, self.chunk_size)
-            targets = (matrix(self.values, padded, index(lanes), start), matrix(offsets, padded, index(lanes), start))
-            for tiles, source, target in zip((value_tiles, offset_tiles), sources, targets):
-                tiles.transpose(source, target, index(lanes), padded, parallel=False, src_row=first)
+        def entry(e: ir.Value) -> None:
+            group_start = arith.remui(arith.muli(arith.divui(e, index(self.n)), index(self.m)), index(lanes))
+            at = arith.addi(start, arith.muli(e, index(lanes)))
+            column = arith.addi(widened(vector.load(narrow, targets[1], [e, index(0)]), wide),
+                                vector.broadcast(wide, arith.index_cast(idx_type, group_start)))
+            stored = arith.cmpi(arith.CmpIPredicate.ult, e, per_row)
+            padding = constant_like(wide, lanes - 1)
+            vector.store(arith.select(stored, column, padding), self.indices, [at])
 
-            def entry(e: ir.Value) -> None:
-                group_start = arith.remui(arith.muli(arith.divui(e, index(self.n)), index(self.m)), index(lanes))
-                at = arith.addi(start, arith.muli(e, index(lanes)))
-                column = arith.addi(widened(vector.load(narrow, targets[1], [e, index(0)]), wide),
-                                    vector.broadcast(wide, arith.index_cast(idx_type, group_start)))
-                stored = arith.cmpi(arith.CmpIPredicate.ult, e, per_row)
-                padding = constant_like(wide, lanes - 1)
-                vector.store(arith.select(stored, column, padding), self.indices, [at])
-
-            for_each(index(0), padded, entry)
-
-        parallel(self.chunks, chunk)
-        memref.dealloc(offsets)
+        for_each(index(0), padded, entry)
 
     def free(self) -> None:
         memref.dealloc(self.values)
         memref.dealloc(self.indices)
+        memref.dealloc(self._offsets)
 
 
 def widened(offsets: ir.Value, wide: ir.VectorType) -> ir.Value:
@@ -247,7 +259,7 @@ class LaneProduct:
             accs = list(accs)
             for j in range(w.entries):
                 for c in range(chunks):
-                    at = arith.addi(arith.muli(chunk_of[c], w.chunk_size),
+                    at = arith.addi(arith.muli(arith.subi(chunk_of[c], w.base), w.chunk_size),
                                     arith.muli(arith.addi(arith.muli(wi, index(w.entries)), index(j)), index(lanes)))
                     weights = vector.load(w.vector, w.values, [at])
                     picks = vector.load(w.index_vector, w.indices, [at])
@@ -341,6 +353,49 @@ def linear_items(product: LaneProduct, x: ir.Value, y: ir.Value, batch: ir.Value
                                                                   product.w.chunks))
 
     by_workers(arith.muli(blocks, groups), item)
+
+
+def linear_repacked(fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value, element: ir.Type, lanes: int,
+                    finish: Finish, x: ir.Value, y: ir.Value, batch: ir.Value) -> None:
+    """``y = finish(x W^T)`` for the ``rows x cols`` N:M ``W`` (``crd``, ``values``; ``cols``: ``x``'s), repacked:
+    what the Linear kernel runs past a small batch.  A batch of one block (``rows_per_block``) goes by chunks
+    (``linear_by_chunks``); larger ones pack the whole weight first, as ``linear_items`` reads each chunk once
+    per block."""
+    one_block = arith.cmpi(arith.CmpIPredicate.ule, batch, rows_per_block(memref.dim(x, index(1)), element))
+    branch = scf.IfOp(one_block, [], has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+        linear_by_chunks(fmt, crd, values, rows, element, lanes, finish, x, y, batch)
+        scf.YieldOp([])
+    with ir.InsertionPoint(branch.else_block):
+        weight = PackedWeight(fmt, crd, values, rows, memref.dim(x, index(1)), element, lanes)
+        linear_items(LaneProduct(weight, element, finish), x, y, batch)
+        weight.free()
+        scf.YieldOp([])
+
+
+def linear_by_chunks(fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value, element: ir.Type, lanes: int,
+                     finish: Finish, x: ir.Value, y: ir.Value, batch: ir.Value) -> None:
+    """``y = finish(x W^T)`` by items of ``CHUNKS_PER_ITEM`` chunks of features over every row of the batch, each
+    worker packing the chunks it claims into its own scratch just before using them (``PackedWeight.pack``).
+
+    For a batch whose rows of ``X`` stay in L2 while every item reads them
+    (one block): packing and multiplying are one parallel region instead of
+    two (one wake-up of the workers less), and the packed chunks are read
+    from L1 or L2, where the whole packed weight (2.4 MB for 1536 x 384)
+    outgrows L2.
+    """
+    cols = memref.dim(x, index(1))
+    chunks = arith.ceildivui(rows, index(lanes))
+
+    def item(group: ir.Value, weight: PackedWeight) -> None:
+        first = arith.muli(group, index(CHUNKS_PER_ITEM))
+        last = arith.minui(arith.addi(first, index(CHUNKS_PER_ITEM)), chunks)
+        weight.pack(first, last)
+        LaneProduct(weight, element, finish).product(x, index(0), y, index(0), batch, first, last)
+
+    by_workers(arith.ceildivui(chunks, index(CHUNKS_PER_ITEM)), item,
+               lambda: PackedWeight(fmt, crd, values, rows, cols, element, lanes, held=CHUNKS_PER_ITEM),
+               PackedWeight.free)
 
 
 def rows_per_block(cols: ir.Value, element: ir.Type) -> ir.Value:

@@ -138,14 +138,10 @@ def _lane_module(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict
                 operands=[values[name][0] for name in epilogue.operands] if epilogue is not None else (),
                 residual=values[residual][0] if residual is not None else None)
 
-            def repacked() -> None:
-                weight = lane_select.PackedWeight(fmt, crd, val, rows, inputs, element, lanes)
-                lane_select.linear_items(lane_select.LaneProduct(weight, element, finish), x, y, batch)
-                weight.free()
-
             # a small batch reads W as stored: repacking would cost more
             row_select.by_batch_size(batch, [fmt], lambda: row_select.linear_as_stored(
-                fmt, crd, val, rows, element, lanes, finish, x, y, batch), repacked)
+                fmt, crd, val, rows, element, lanes, finish, x, y, batch), lambda: lane_select.linear_repacked(
+                fmt, crd, val, rows, element, lanes, finish, x, y, batch))
             func.ReturnOp([y])
     module.operation.verify()
     return module

@@ -17,8 +17,10 @@ The kernel function is built with the MLIR bindings' op builders.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mlir import ir
-from mlir.dialects import arith, func, memref
+from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.native import lane_select, row_select
@@ -111,17 +113,30 @@ def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str,
                 first_w.free()
                 second_w.free()
 
-            def as_stored() -> None:
-                """A small batch: each layer over chunks of its features, ``W`` read as stored (``row_select``),
-                the whole batch's hidden rows in one scratch between them."""
+            def layer_by_layer(linear: Callable[..., None]) -> None:
+                """A batch of one block: each layer over chunks of its features (``linear``: ``W`` read as stored,
+                or packed chunk by chunk where it is used), the whole batch's hidden rows in one scratch between
+                them."""
                 h = memref.alloc(matrix, [batch, hidden], [], alignment=LINE_BYTES)
                 for w, out_rows, finish, source, dest in ((found.w1, hidden, first_finish, x, h),
                                                           (found.w2, rows, second_finish, h, y)):
-                    row_select.linear_as_stored(formats[w], values[w][1], values[w][2], out_rows, element, lanes,
-                                                finish, source, dest, batch)
+                    linear(formats[w], values[w][1], values[w][2], out_rows, element, lanes, finish, source, dest,
+                           batch)
                 memref.dealloc(h)
 
-            row_select.by_batch_size(batch, [formats[found.w1], formats[found.w2]], as_stored, repacked)
+            def past_small() -> None:
+                block_rows = arith.minui(lane_select.rows_per_block(inputs, element),
+                                         lane_select.rows_per_block(hidden, element))
+                one_block = arith.cmpi(arith.CmpIPredicate.ule, batch, block_rows)
+                branch = scf.IfOp(one_block, [], has_else=True)
+                for block, emit in ((branch.then_block, lambda: layer_by_layer(lane_select.linear_by_chunks)),
+                                    (branch.else_block, repacked)):
+                    with ir.InsertionPoint(block):
+                        emit()
+                        scf.YieldOp([])
+
+            row_select.by_batch_size(batch, [formats[found.w1], formats[found.w2]],
+                                     lambda: layer_by_layer(row_select.linear_as_stored), past_small)
             func.ReturnOp([y])
     module.operation.verify()
     return module

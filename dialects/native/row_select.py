@@ -18,11 +18,15 @@ into one vector of output features per batch row, which the lane kernel's
 stores.
 
 Per useful FMA this does more vector work than the lane kernel (the
-offsets are widened and offset on every use), so it pays only while the
-repacking it saves is larger: below ``SMALL_BATCH`` rows.  One thread, 2:4,
-ms (as stored / repacked): 384 x 384 at 16 rows 0.068 / 0.077, at 32 0.107
-/ 0.101; 1536 x 384 at 16 0.197 / 0.367, at 32 0.333 / 0.467, at 63 0.61 /
-0.71 (the repacked weight outgrows L2).  One batch row at a time (before
+offsets are widened and offset on every use, and its sums are reduced
+across lanes), so it pays only while the repacking it saves is larger:
+below ``SMALL_BATCH`` rows.  Against the lane kernel with each worker
+packing the chunks it claims (``lane_select.linear_by_chunks``), one
+thread, 2:4, us (as stored / packed by chunks), session 19: 384 x 384 at
+8 rows 26 / 34, 16 rows 44 / 42, 24 rows 63 / 53, 31 rows 85 / 71; 1536 x
+384 at 8 rows 102 / 138, 16 rows 161 / 183, 24 rows 237 / 214, 31 rows
+345 / 284; 384 x 1536 at 16 rows 150 / 169, 24 rows 228 / 211 (18-22
+rows: even, within noise).  One batch row at a time (before
 ``BATCH_ROWS``), 1536 x 384 at 8 rows took 0.168 ms, 0.123 with 4.  Built
 with the MLIR bindings' op builders.
 """
@@ -52,7 +56,7 @@ __all__ = ["BATCH_ROWS", "SMALL_BATCH", "RowProduct", "RowWeight", "applies", "b
            "row_items"]
 
 BATCH_ROWS = 4  # batch rows per read of a row of W (with lanes / 4 rows of W a pass: 16 accumulators)
-SMALL_BATCH = 32  # batches of fewer rows read W as stored (measured: see the module's docstring)
+SMALL_BATCH = 24  # batches of fewer rows read W as stored (measured: see the module's docstring)
 _TWO_SOURCE = {("f", 32): "llvm.x86.avx512.vpermi2var.ps.512", ("f", 64): "llvm.x86.avx512.vpermi2var.pd.512",
                ("i", 32): "llvm.x86.avx512.vpermi2var.d.512", ("i", 64): "llvm.x86.avx512.vpermi2var.q.512"}
 

@@ -55,9 +55,10 @@ def test_an_n_m_linear_layer_permutes_and_multiplies_in_register_tiles(dtype, n,
     assert FILLS_OUTPUT in kernel.attributes and "llvm.emit_c_interface" in kernel.attributes
     ops = op_counts(module)
     # per register tile, a window's ``entries`` x chunks x rows permutes, in the loop over whole windows and in
-    # the masked last window; one FMA (floats) or multiply-add (integers) each
+    # the masked last window, in both repacked paths (one block of rows, chunks packed where they are used; several
+    # blocks, the whole weight packed first); one FMA (floats) or multiply-add (integers) each
     found = _intrinsics(module)
-    assert found[permute] == 2 * entries * TILES
+    assert found[permute] == 2 * 2 * entries * TILES
     assert ops["vector.fma" if dtype.startswith("float") else "arith.muli"] >= ops[PERMUTE]
     # a small batch: for groups of 4, 2 and 1 batch rows, one two-source permute per row of a chunk (a vector's
     # lanes of them) and batch row, in the loop over whole spans and in the masked last span
@@ -66,11 +67,13 @@ def test_an_n_m_linear_layer_permutes_and_multiplies_in_register_tiles(dtype, n,
     assert found == ({permute: found[permute]} | ({two_source: 2 * lanes * groups} if two_source else {}))
     assert ops["scf.if"] >= (1 if two_source else 0)
     # X and Y in place: the only transposes repack W (its values and its coordinates, each with one masked
-    # edge tile), into W's repacked values and indices, through a scratch of in-window offsets; the workers' counter
-    assert ops["vector.transpose"] == 2 and ops["vector.transfer_read"] == 2
+    # edge tile), once per repacked path, each into W's repacked values and indices through a scratch of in-window
+    # offsets, with the workers' counter
+    assert ops["vector.transpose"] == 4 and ops["vector.transfer_read"] == 4
     # (and the small batch's workers' counter)
-    assert ops["memref.alloc"] == ops["memref.dealloc"] == (5 if two_source else 4)
-    assert ops["scf.parallel"] == (3 if two_source else 2)  # the repacking (by chunks), the workers of each path
+    assert ops["memref.alloc"] == ops["memref.dealloc"] == (9 if two_source else 8)
+    # the whole weight's repacking (by chunks), the workers of each path
+    assert ops["scf.parallel"] == (4 if two_source else 3)
 
 
 def test_the_signature_is_the_transposing_kernels():
@@ -111,9 +114,11 @@ def test_a_feed_forward_block_takes_the_lanes_when_both_weights_are_n_m(formats,
     ops = op_counts(module)
     assert (PERMUTE in ops) == lanes and ("mlp_first" in functions(module)) != lanes
     if lanes:
-        # both weights repacked, the hidden scratch per worker, the workers' counter; for a small batch (W as
-        # stored) the batch's hidden scratch and the counters of the two layers' workers
-        assert ops["memref.alloc"] == 2 * 3 + 1 + 1 + 3 and ops["vector.transpose"] == 2 * 2
+        # several blocks: both weights repacked, the hidden scratch per worker, the workers' counter; one block
+        # (each layer's chunks packed by its workers) and a small batch (W as stored): the batch's hidden scratch,
+        # the counters of the two layers' workers (and one block: each worker's packed chunks)
+        assert ops["memref.alloc"] == 2 * 3 + 1 + 1 + (3 + 2 * 3) + 3
+        assert ops["vector.transpose"] == 2 * 2 * 2
         groups = sum(BATCH_ROWS >> k for k in range(BATCH_ROWS.bit_length()))
         assert _intrinsics(module)["llvm.x86.avx512.vpermi2var.ps.512"] == 2 * 2 * 16 * groups
         assert "call @" + VECTOR_EPILOGUE in str(functions(module)[KERNEL_NAME])
