@@ -133,6 +133,22 @@ def test_a_2_4_feed_forward_block_with_a_residual(rng, dtype, shape):
     assert LANE_PERMUTE in kernel.ir["input"] and "call @mlp_first" not in kernel.ir["input"]
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("batch", [260, 600, 1500])
+def test_feed_forward_blocks_evened_out_between_threads(rng, threads, batch):
+    """Blocks of the batch are cut to a multiple of the threads with their rows evened out (``balanced_blocks``):
+    whatever the count, every row is computed once."""
+    w1, w2 = _weight(rng, 200, 64, 2, 4, "float32"), _weight(rng, 40, 200, 2, 4, "float32")
+    x, b1 = random_values(rng, (batch, 64), "float32"), random_values(rng, 200, "float32")
+    kernel = sm.compile("Y[b,p] = W2[p,o] * relu(X[b,i] * W1[o,i] + b1[o])", formats={"W1": "2:4", "W2": "2:4"},
+                        dtype="float32")
+    out = np.full((batch, 40), np.nan, np.float32)
+    with fixed(threads):
+        kernel(X=x, W1=sm.SparseTensor.from_dense(w1, "2:4"), W2=sm.SparseTensor.from_dense(w2, "2:4"), b1=b1,
+               out=out)
+    np.testing.assert_array_equal(out, np.maximum(x @ w1.T + b1, 0) @ w2.T)
+
+
 def test_the_operands_are_not_written(rng):
     w = _weight(rng, 24, 32, 2, 4, "float32")
     x, bias = rng.standard_normal((50, 32)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
@@ -144,12 +160,14 @@ def test_the_operands_are_not_written(rng):
 
 
 @pytest.mark.parametrize("inputs", [48, 80])  # 24 and 40 entries a row: register tiles of 16 run past a chunk's end
-def test_threads_repacking_neighbouring_chunks_do_not_overwrite_each_other(rng, inputs):
-    """Two threads repack 100 chunks of features at once; a chunk's last (masked) tile of entries writes zeros
+@pytest.mark.parametrize("batch", [300, 64])  # the whole weight packed at once; each worker packing its chunks
+def test_threads_repacking_neighbouring_chunks_do_not_overwrite_each_other(rng, inputs, batch):
+    """Two threads repack 101 chunks of features at once; a chunk's last (masked) tile of entries writes zeros
     past its last entry, which once landed on the next chunk's first entries when another thread had already
-    repacked them (a race: wrong products for whole chunks, now and then)."""
-    w = _weight(rng, 1600, inputs, 2, 4, "float32")
-    x = random_values(rng, (64, inputs), "float32")
+    repacked them (a race: wrong products for whole chunks, now and then).  Packed by the workers, the last item
+    holds one chunk of two."""
+    w = _weight(rng, 1610, inputs, 2, 4, "float32")
+    x = random_values(rng, (batch, inputs), "float32")
     kernel = sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": "2:4"}, dtype="float32")
     weight, want = sm.SparseTensor.from_dense(w, "2:4"), x @ w.T
     with fixed(2):

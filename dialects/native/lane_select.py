@@ -61,12 +61,14 @@ from sparse_mlir.dialects.native.loops import (
     is_float,
     parallel,
     reduce_loop,
+    thread_count,
 )
 from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.formats import Format
 
 __all__ = ["BLOCK_ROWS", "CHUNKS_PER_ITEM", "ROW_TILE", "Finish", "LaneProduct", "PackedWeight", "applies",
-           "kernel_module", "lane_types", "linear_by_chunks", "linear_items", "linear_repacked", "rows_per_block", "widened"]
+           "balanced_blocks", "kernel_module", "lane_types", "linear_by_chunks", "linear_items", "linear_repacked",
+           "rows_per_block", "widened"]
 
 ROW_TILE = 8  # rows of X per register tile: 8 windows of X and 16 accumulators with two chunks
 CHUNKS_PER_TILE = 2  # chunks of output features per register tile: each window of X serves both
@@ -396,6 +398,21 @@ def linear_by_chunks(fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Valu
     by_workers(arith.ceildivui(chunks, index(CHUNKS_PER_ITEM)), item,
                lambda: PackedWeight(fmt, crd, values, rows, cols, element, lanes, held=CHUNKS_PER_ITEM),
                PackedWeight.free)
+
+
+def balanced_blocks(batch: ir.Value, most: ir.Value) -> ir.Value:
+    """Rows per block for ``batch`` rows in blocks of at most ``most`` (a multiple of ``ROW_TILE``), cut so that
+    every thread gets as many blocks of about as many rows: the fewest blocks of at most ``most``, rounded up to a
+    multiple of the threads, with their rows evened out (to whole register tiles).
+
+    Why: the fused MLP's workers claim whole blocks, and 192 rows of MiniLM
+    (blocks of 168) made one block of 168 rows and one of 24, so at two threads
+    one worker did seven eighths of the work.
+    """
+    threads = arith.maxui(thread_count(), index(1))
+    blocks = arith.muli(arith.ceildivui(arith.ceildivui(batch, most), threads), threads)
+    rows = arith.ceildivui(arith.maxui(batch, index(1)), arith.maxui(blocks, index(1)))
+    return arith.muli(arith.ceildivui(rows, index(ROW_TILE)), index(ROW_TILE))
 
 
 def rows_per_block(cols: ir.Value, element: ir.Type) -> ir.Value:

@@ -95,7 +95,7 @@ def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str,
                                                     rows, hidden, element, lanes)
                 first = lane_select.LaneProduct(first_w, element, first_finish)
                 second = lane_select.LaneProduct(second_w, element, second_finish)
-                block_rows = lane_select.rows_per_block(hidden, element)
+                block_rows = lane_select.balanced_blocks(batch, lane_select.rows_per_block(hidden, element))
                 byte_type = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))
 
                 def allocate() -> ir.Value:
