@@ -175,9 +175,11 @@ def test_threads_repacking_neighbouring_chunks_do_not_overwrite_each_other(rng, 
             np.testing.assert_array_equal(kernel(X=x, W=weight), want)
 
 
-@pytest.mark.parametrize("batch, outputs, inputs", [(0, 16, 16), (3, 16, 0), (2, 0, 8), (5, 1, 4)])
+@pytest.mark.parametrize("batch, outputs, inputs", [(0, 16, 16), (3, 16, 0), (2, 0, 8), (5, 1, 4), (30, 16, 0),
+                                                   (40, 0, 8), (50, 1, 4), (300, 16, 0)])
 def test_empty_and_one_feature_shapes(batch, outputs, inputs):
-    """No rows, no inputs (only the bias), no outputs, a single output feature."""
+    """No rows, no inputs (only the bias), no outputs, a single output feature: W read as stored, packed by the
+    workers chunk by chunk (30-50 rows), packed whole (300 rows)."""
     w = np.zeros((outputs, inputs), np.float32)
     w[:, ::4] = 1
     x, bias = np.ones((batch, inputs), np.float32), np.arange(outputs, dtype=np.float32)
