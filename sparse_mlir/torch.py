@@ -340,22 +340,30 @@ class SparseLinear(nn.Module):
 
     def _checked(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``x`` as rows of ``in_features``, the weight's values and the bias, once all three are checked for this
-        layer's kernels (CPU, dtype, sizes).  Parameters and buffers are read from their dictionaries, not through
-        nn.Module's attribute fallback (0.5 us each, on every call)."""
-        values, bias = self._parameters["weight_values"], self._parameters.get("bias")
+        layer's kernels (CPU, dtype, sizes)."""
+        values, bias = self._checked_weight()
         if not isinstance(x, torch.Tensor):
             raise OperandError(f"SparseLinear takes a torch.Tensor, got {type(x).__name__}")
-        if not (x.is_cpu and values.is_cpu):
-            where = x.device if not x.is_cpu else values.device
-            raise DeviceError(f"SparseLinear runs on the CPU in this build; the input or weight is on {where}")
-        dtype = values.dtype
-        if dtype not in _DTYPES:
-            raise DTypeError(f"SparseLinear computes in float32 or float64, its weight is {dtype}")
-        if x.dtype != dtype:
-            raise OperandError(f"SparseLinear computes in {dtype} (its weight's dtype), got {x.dtype}; "
+        if not x.is_cpu:
+            raise DeviceError(f"SparseLinear runs on the CPU in this build; the input or weight is on {x.device}")
+        if x.dtype != values.dtype:
+            raise OperandError(f"SparseLinear computes in {values.dtype} (its weight's dtype), got {x.dtype}; "
                                f"cast the input, or the layer with .float() / .double()")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise OperandError(f"expected inputs with {self.in_features} features, got shape {tuple(x.shape)}")
+        return x.reshape(-1, self.in_features), values, bias
+
+    def _checked_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight's values and the bias, checked for this layer's kernels (CPU, dtype, sizes).  Parameters and
+        buffers are read from their dictionaries, not through nn.Module's attribute fallback (0.5 us each, on
+        every call)."""
+        values, bias = self._parameters["weight_values"], self._parameters.get("bias")
+        if not values.is_cpu:
+            raise DeviceError(f"SparseLinear runs on the CPU in this build; the input or weight is on "
+                              f"{values.device}")
+        dtype = values.dtype
+        if dtype not in _DTYPES:
+            raise DTypeError(f"SparseLinear computes in float32 or float64, its weight is {dtype}")
         stored = self._buffers[_PATTERN + "crd"].shape
         if values.shape != stored:
             raise ShapeError(f"weight_values has shape {tuple(values.shape)}, but the weight's pattern stores "
@@ -363,7 +371,7 @@ class SparseLinear(nn.Module):
         if bias is not None and (bias.dtype != dtype or bias.shape != (self.out_features,)):
             raise OperandError(f"the bias is {bias.dtype} of shape {tuple(bias.shape)}, the layer needs "
                                f"{dtype} of shape ({self.out_features},)")
-        return x.reshape(-1, self.in_features), values, bias
+        return values, bias
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self._format}, "
@@ -402,22 +410,22 @@ class SparseFeedForward(nn.Module):
                           "Python); use torch.compile, or torch.jit.trace")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = self._modules["first"], self._modules["second"]  # not nn.Module's attribute fallback
         if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
                                         or any(p.requires_grad for p in self.parameters())):
-            return self.second(self.first(x))
-        rows, values1, bias1 = self.first._checked(x)
-        if self.second.weight_values.dtype != values1.dtype:
-            raise DTypeError(f"the layers compute in {values1.dtype} and {self.second.weight_values.dtype}; "
-                             f"cast one of them")
-        _, values2, bias2 = self.second._checked(rows.new_empty((0, self.second.in_features)))
+            return second(first(x))
+        rows, values1, bias1 = first._checked(x)
+        values2, bias2 = second._checked_weight()
+        if values2.dtype != values1.dtype:
+            raise DTypeError(f"the layers compute in {values1.dtype} and {values2.dtype}; cast one of them")
         if runs_directly(rows, values1, bias1, values2, bias2):
-            (w1, b1), (w2, b2) = self.first._operands(), self.second._operands()
-            out = run_feed_forward(rows, w1, b1, self.first.activation or "", w2, b2)
-            return out.reshape(*x.shape[:-1], self.second.out_features)
-        out = feed_forward(rows, (values1, bias1, self.first._levels, self.first._format_key, self.first._shape),
-                           self.first.activation or "",
-                           (values2, bias2, self.second._levels, self.second._format_key, self.second._shape))
-        return out.reshape(*x.shape[:-1], self.second.out_features)
+            (w1, b1), (w2, b2) = first._operands(), second._operands()
+            out = run_feed_forward(rows, w1, b1, first.activation or "", w2, b2)
+        else:
+            out = feed_forward(rows, (values1, bias1, first._levels, first._format_key, first._shape),
+                               first.activation or "",
+                               (values2, bias2, second._levels, second._format_key, second._shape))
+        return out.reshape(*x.shape[:-1], second.out_features)
 
 
 @dataclass(frozen=True)
