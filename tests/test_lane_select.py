@@ -133,7 +133,7 @@ def test_a_2_4_feed_forward_block_with_a_residual(rng, dtype, shape):
     assert LANE_PERMUTE in kernel.ir["input"] and "call @mlp_first" not in kernel.ir["input"]
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3, 16])
 @pytest.mark.parametrize("batch", [260, 600, 1500])
 def test_feed_forward_blocks_evened_out_between_threads(rng, threads, batch):
     """Blocks of the batch are cut to a multiple of the threads with their rows evened out (``balanced_blocks``):

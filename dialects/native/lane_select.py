@@ -76,6 +76,7 @@ BLOCK_ROWS = 256  # rows of X a worker takes at a time, at most: their rows stay
 # ... and at most this much of X (MiniLM's 384 -> 1536 in float64, 4096 rows, took 73 ms in blocks of 256 rows)
 BLOCK_BYTES = 1 << 20
 CHUNKS_PER_ITEM = 2  # chunks of a block a Linear layer's worker claims at once (128 features of float32)
+MIN_BLOCK_ROWS = 4 * ROW_TILE  # rows a fused MLP block keeps, however many threads (``balanced_blocks``)
 _PERMUTES = {("f", 32): "llvm.x86.avx512.permvar.sf.512", ("f", 64): "llvm.x86.avx512.permvar.df.512",
              ("i", 32): "llvm.x86.avx512.permvar.si.512", ("i", 64): "llvm.x86.avx512.permvar.di.512"}
 
@@ -407,11 +408,16 @@ def balanced_blocks(batch: ir.Value, most: ir.Value) -> ir.Value:
 
     Why: the fused MLP's workers claim whole blocks, and 192 rows of MiniLM
     (blocks of 168) made one block of 168 rows and one of 24, so at two threads
-    one worker did seven eighths of the work.
+    one worker did seven eighths of the work.  Blocks keep at least
+    ``MIN_BLOCK_ROWS`` rows (or ``most``): each block streams both packed
+    weights, so on a host with many threads blocks of one register tile would
+    read them far more often than they compute (a model, not measured here:
+    this host has two cores).
     """
     threads = arith.maxui(thread_count(), index(1))
     blocks = arith.muli(arith.ceildivui(arith.ceildivui(batch, most), threads), threads)
     rows = arith.ceildivui(arith.maxui(batch, index(1)), arith.maxui(blocks, index(1)))
+    rows = arith.maxui(rows, arith.minui(most, index(MIN_BLOCK_ROWS)))
     return arith.muli(arith.ceildivui(rows, index(ROW_TILE)), index(ROW_TILE))
 
 
