@@ -148,7 +148,12 @@ class _ScalarEmitter:
             return arith.ConstantOp(self.elt, float(node.value) if self.float else int(node.value)).result
         if isinstance(node, Unary):
             x = self.emit(node.operand)
-            return arith.NegFOp(x).result if self.float else arith.SubIOp(_zero(self.elt), x).result
+            if self.float:
+                return arith.NegFOp(x).result
+            # ``x * -1``, not ``0 - x``: the sparsifier takes ``0 - x`` for its integer negation and crashed on it
+            # co-iterating a sparse output (``C[i,j] = -(A[i,j] * x[j])``, CSR, int32/int64: a SIGSEGV in
+            # ``TrivialIterator::derefImpl``, LLVM 22.1.8); the product is the same two's-complement negation
+            return arith.MulIOp(x, arith.ConstantOp(self.elt, -1).result).result
         if isinstance(node, Binary):
             a, b = self.emit(node.lhs), self.emit(node.rhs)
             ops = {"+": (arith.AddFOp, arith.AddIOp), "-": (arith.SubFOp, arith.SubIOp),

@@ -92,6 +92,29 @@ def test_random_expressions_match_numpy(data, case):
     check(data, *case)
 
 
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+@pytest.mark.parametrize("expression, formats", [
+    ("C[i,j] = -(A[i,j] * x[j])", {"A": "csr", "C": "csr"}),
+    ("C[i,j] = -A[i,j] + B[i,j]", {"A": "csr", "B": "csr", "C": "csr"}),
+    ("y[i] = -(A[i,j] * x[j])", {"A": "csr"}),
+])
+@pytest.mark.parametrize("shape", [(0, 1), (3, 4)])
+def test_integer_negation_into_a_sparse_output(dtype, expression, formats, shape):
+    """Found by the fuzz test: ``0 - x``, the integer negation, crashed the sparsifier (the compiler process died
+    of a SIGSEGV) co-iterating a sparse output; it is now ``x * -1``."""
+    rng = np.random.default_rng(0)
+    dense = {name: (rng.integers(-3, 4, shape) * (rng.random(shape) < 0.5)).astype(dtype) for name in "AB"}
+    x = rng.integers(-3, 4, shape[1]).astype(dtype)
+    args = {name: sm.SparseTensor.from_dense(dense[name], "csr") for name in "AB" if f"{name}[" in expression}
+    if "x[" in expression:
+        args["x"] = x
+    got = sm.compile(expression, formats=formats, dtype=dtype)(**args)
+    got = got.to_dense() if isinstance(got, sm.SparseTensor) else got
+    want = {"C[i,j] = -(A[i,j] * x[j])": -(dense["A"] * x), "C[i,j] = -A[i,j] + B[i,j]": -dense["A"] + dense["B"],
+            "y[i] = -(A[i,j] * x[j])": -(dense["A"] @ x)}[expression]
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.fuzz
 @pytest.mark.slow
 @settings(max_examples=LONG, deadline=None, suppress_health_check=list(HealthCheck))
