@@ -234,11 +234,10 @@ class SparseLinear(nn.Module):
         and bias are the same memory (they are read in place, so changed values need no rebuild; replaced or moved
         tensors get new ones)."""
         values, bias = self._parameters["weight_values"], self._parameters.get("bias")
-        tensors = (*self._levels, values) if bias is None else (*self._levels, values, bias)
-        key = [(t.data_ptr(), t.shape, t.dtype) for t in tensors]
+        levels = self._levels
+        key = [(t.data_ptr(), t.shape, t.dtype) for t in (*levels, values, *(() if bias is None else (bias,)))]
         kept = self.__dict__.get("_kept_operand")
         if kept is None or kept[0] != key:  # the operators' own wrapping (the kernels' C path keys on its format)
-            levels = list(tensors[:len(tensors) - 1 - (bias is not None)])
             weight = operator_weight(self._format_key, list(self._shape), levels, values)
             kept = (key, weight, None if bias is None else bias.detach().numpy())
             self.__dict__["_kept_operand"] = kept

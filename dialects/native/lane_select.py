@@ -52,6 +52,7 @@ from sparse_mlir.dialects.native.loops import (
     RegisterTranspose,
     add,
     as_index,
+    branch,
     by_workers,
     constant_like,
     declare_thread_count,
@@ -364,16 +365,15 @@ def linear_repacked(fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value
     what the Linear kernel runs past a small batch.  A batch of one block (``rows_per_block``) goes by chunks
     (``linear_by_chunks``); larger ones pack the whole weight first, as ``linear_items`` reads each chunk once
     per block."""
-    one_block = arith.cmpi(arith.CmpIPredicate.ule, batch, rows_per_block(memref.dim(x, index(1)), element))
-    branch = scf.IfOp(one_block, [], has_else=True)
-    with ir.InsertionPoint(branch.then_block):
-        linear_by_chunks(fmt, crd, values, rows, element, lanes, finish, x, y, batch)
-        scf.YieldOp([])
-    with ir.InsertionPoint(branch.else_block):
-        weight = PackedWeight(fmt, crd, values, rows, memref.dim(x, index(1)), element, lanes)
+    cols = memref.dim(x, index(1))
+
+    def whole() -> None:
+        weight = PackedWeight(fmt, crd, values, rows, cols, element, lanes)
         linear_items(LaneProduct(weight, element, finish), x, y, batch)
         weight.free()
-        scf.YieldOp([])
+
+    branch(arith.cmpi(arith.CmpIPredicate.ule, batch, rows_per_block(cols, element)),
+           lambda: linear_by_chunks(fmt, crd, values, rows, element, lanes, finish, x, y, batch), whole)
 
 
 def linear_by_chunks(fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value, element: ir.Type, lanes: int,

@@ -32,6 +32,7 @@ __all__ = [
     "add",
     "as_index",
     "bisect",
+    "branch",
     "by_workers",
     "constant_like",
     "csr_levels",
@@ -227,6 +228,11 @@ def if_else(condition: ir.Value, then: Callable[[], Sequence[ir.Value]],
     with ir.InsertionPoint(op.else_block):
         scf.YieldOp(list(otherwise()))
     return list(op.results)
+
+
+def branch(condition: ir.Value, then: Callable[[], None], otherwise: Callable[[], None]) -> None:
+    """``scf.if`` with an else branch and no results: ``then()`` or ``otherwise()`` emits each side's ops."""
+    if_else(condition, lambda: then() or [], lambda: otherwise() or [], [])
 
 
 def level_types(fmt: Format, element: ir.Type) -> list[ir.Type]:

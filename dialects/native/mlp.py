@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, func, memref, scf
+from mlir.dialects import arith, func, memref
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.native import lane_select, row_select
 from sparse_mlir.dialects.native.linear import batch_blocks, kernel_function
-from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, by_workers
+from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, branch, by_workers
 from sparse_mlir.dialects.native.spmm import ACCUMULATORS, SpmmProblem, spmm_module
 from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.dsl.patterns import Mlp, mlp_operands
@@ -127,13 +127,8 @@ def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str,
             def past_small() -> None:
                 block_rows = arith.minui(lane_select.rows_per_block(inputs, element),
                                          lane_select.rows_per_block(hidden, element))
-                one_block = arith.cmpi(arith.CmpIPredicate.ule, batch, block_rows)
-                branch = scf.IfOp(one_block, [], has_else=True)
-                for block, emit in ((branch.then_block, lambda: layer_by_layer(lane_select.linear_by_chunks)),
-                                    (branch.else_block, repacked)):
-                    with ir.InsertionPoint(block):
-                        emit()
-                        scf.YieldOp([])
+                branch(arith.cmpi(arith.CmpIPredicate.ule, batch, block_rows),
+                       lambda: layer_by_layer(lane_select.linear_by_chunks), repacked)
 
             row_select.by_batch_size(batch, [formats[found.w1], formats[found.w2]],
                                      lambda: layer_by_layer(row_select.linear_as_stored), past_small)

@@ -37,10 +37,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, llvm, memref, scf, vector
+from mlir.dialects import arith, llvm, memref, vector
 from sparse_mlir.dialects.native.lane_select import Finish, LaneProduct, lane_types, widened
 from sparse_mlir.dialects.native.loops import (
     add,
+    branch,
     by_workers,
     constant_like,
     for_each,
@@ -207,8 +208,4 @@ def by_batch_size(batch: ir.Value, formats: Sequence[Format], small: Callable[[]
     if not all(applies(fmt) for fmt in formats):
         large()
         return
-    branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, batch, index(SMALL_BATCH)), [], has_else=True)
-    for block, emit in ((branch.then_block, small), (branch.else_block, large)):
-        with ir.InsertionPoint(block):
-            emit()
-            scf.YieldOp([])
+    branch(arith.cmpi(arith.CmpIPredicate.ult, batch, index(SMALL_BATCH)), small, large)
