@@ -103,9 +103,23 @@ class _Knobs:
 
     @staticmethod
     def share_pool() -> bool:
-        """``SPARSE_MLIR_SHARE_POOL=0`` keeps our kernels on their own OpenMP pool (libiomp5) even where libgomp
-        (torch's) is loaded; by default kernels compiled then run on its pool (``runtime.gomp_bridge``)."""
+        """``SPARSE_MLIR_SHARE_POOL=0`` keeps our kernels on their own pool even where libgomp (torch's) is
+        loaded with spinning workers; by default kernels compiled then run on its pool (``runtime.gomp_bridge``)."""
         return os.environ.get("SPARSE_MLIR_SHARE_POOL", "1") not in ("0", "false", "no")
+
+    @staticmethod
+    def own_pool() -> bool:
+        """``SPARSE_MLIR_OWN_POOL=0`` links threaded kernels against libiomp5 instead of our own pool
+        (``runtime.kmp_pool``)."""
+        return os.environ.get("SPARSE_MLIR_OWN_POOL", "1") not in ("0", "false", "no")
+
+    @staticmethod
+    def gomp_workers_spin() -> bool:
+        """Whether libgomp's idle workers spin after a region (its default) rather than sleep at once
+        (``OMP_WAIT_POLICY=passive`` or ``GOMP_SPINCOUNT=0``, which the efficiency-gap benchmark sets)."""
+        if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+            return False
+        return os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M", "0G", "0T")
 
     @staticmethod
     def fast_call() -> bool:

@@ -32,8 +32,9 @@ def run(cache: Path) -> dict:
 
 
 def _kernel_libraries(cache: Path) -> list[Path]:
-    """The kernels' libraries in a cache (which also holds the C call path's module, ``ext-*``)."""
-    return [p for p in cache.rglob("*.so") if not p.name.startswith("ext-")]
+    """The kernels' libraries in a cache (which also holds the C call path's module, ``ext-*``, and the OpenMP pool,
+    ``lib-*``)."""
+    return [p for p in cache.rglob("*.so") if not p.name.startswith(("ext-", "lib-"))]
 
 
 def test_second_process_reuses_the_first_ones_kernel(tmp_path):
@@ -54,7 +55,7 @@ def test_corrupted_entries_are_rebuilt(tmp_path):
     assert len(libs) == 1
     libs[0].write_bytes(b"garbage")  # a truncated or corrupted library fails its checksum
     assert run(tmp_path / "c")["compiled"] == 1
-    meta = next(p for p in (tmp_path / "c").rglob("*[0-9a-f].json") if not p.name.startswith("ext-"))
+    meta = next(p for p in (tmp_path / "c").rglob("*[0-9a-f].json") if not p.name.startswith(("ext-", "lib-")))
     meta.write_text("{ truncated")
     assert run(tmp_path / "c")["compiled"] == 1
     assert run(tmp_path / "c")["compiled"] == 0

@@ -16,7 +16,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-_CHILD_ENV = {**os.environ, "SPARSE_MLIR_NUM_THREADS": "2"}
+# libgomp's workers spin after torch's operators unless told otherwise: the bridge serves only that case
+_CHILD_ENV = {**{k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")},
+              "SPARSE_MLIR_NUM_THREADS": "2"}
 
 
 def _run(code: str, **env: str) -> dict:
@@ -52,8 +54,9 @@ _KERNELS = """
             got = kernel(**operands)
         got = got.toarray() if hasattr(got, "toarray") else np.asarray(got)
         errors[name] = float(np.abs(got - want).max())
+    from sparse_mlir.runtime import kmp_pool
     print(json.dumps({"errors": errors, "runtime": str(threads.kernel_runtime()),
-                      "loaded": [str(p) for p in threads._loaded]}))
+                      "loaded": [str(p) for p in threads._loaded], "pool": str(kmp_pool.library()[0])}))
 """
 
 
@@ -66,7 +69,15 @@ def test_with_torch_loaded_threaded_kernels_run_on_its_pool_and_agree_with_scipy
 def test_the_pool_can_be_kept_apart():
     found = _run(_KERNELS, SPARSE_MLIR_SHARE_POOL="0")
     assert all(error < 1e-9 for error in found["errors"].values()), found["errors"]
-    assert found["runtime"].endswith(("libiomp5.so", "libomp.so", "libomp.so.5"))
+    assert found["runtime"] == found["pool"]
+
+
+@pytest.mark.parametrize("setting", [{"GOMP_SPINCOUNT": "0"}, {"OMP_WAIT_POLICY": "passive"}])
+def test_when_torchs_workers_sleep_at_once_kernels_keep_our_pool(setting):
+    """Then sharing gains no awake workers, and our pool's forks cost less than libgomp's regions."""
+    found = _run(_KERNELS, **setting)
+    assert all(error < 1e-9 for error in found["errors"].values()), found["errors"]
+    assert found["runtime"] == found["pool"]
 
 
 def test_every_openmp_entry_point_the_kernels_import_is_the_bridges(tmp_path):
@@ -109,7 +120,7 @@ def test_without_libgomp_the_bridge_does_not_bind_and_runs_regions_serially():
 
 def test_a_forked_child_runs_its_kernels_without_waiting_for_the_parents_pool():
     """libgomp's workers do not exist in a forked child: a region there would wait for them for ever.  The child
-    runs the parent's bridge-linked kernel on one thread and compiles new kernels against libiomp5."""
+    runs the parent's bridge-linked kernel on one thread and compiles new kernels against our own pool."""
     found = _run("""
     import json, os, numpy as np, scipy.sparse as sp, torch
     import sparse_mlir as sm
@@ -131,7 +142,9 @@ def test_a_forked_child_runs_its_kernels_without_waiting_for_the_parents_pool():
     os.close(write)
     _, status = os.waitpid(pid, 0)
     ok, runtime = json.loads(os.read(read, 4096))
-    print(json.dumps({"status": os.waitstatus_to_exitcode(status), "ok": ok, "child_runtime": runtime}))
+    from sparse_mlir.runtime import kmp_pool
+    print(json.dumps({"status": os.waitstatus_to_exitcode(status), "ok": ok, "child_runtime": runtime,
+                      "pool": str(kmp_pool.library()[0])}))
     """)
     assert found["status"] == 0 and found["ok"], found
-    assert found["child_runtime"].endswith(("libiomp5.so", "libomp.so", "libomp.so.5"))
+    assert found["child_runtime"] == found["pool"]

@@ -286,7 +286,7 @@ def test_idle_pool_threads_spin_briefly_unless_told(env, expected):
         else:
             a = sp.random(3000, 3000, density=0.01, format="csr", random_state=0)
             sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})(A=a, x=np.ones(3000))
-            get = threads.load_runtime().kmp_get_blocktime
+            get = threads.load_runtime(threads.kernel_runtime()).kmp_get_blocktime  # the kernels' runtime
             get.restype = ctypes.c_int
             print(get())
     """)

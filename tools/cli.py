@@ -24,7 +24,7 @@ from sparse_mlir.io.matrix_files import file_kind, load_any, save_any
 from sparse_mlir.io.smt import save_tensor
 from sparse_mlir.knobs import knobs
 from sparse_mlir.runtime import fast_call
-from sparse_mlir.runtime.threads import openmp_library
+from sparse_mlir.runtime.threads import kernel_runtime, openmp_library
 from sparse_mlir.tensor.host import SparseTensor
 
 STAGES = ("input", "sparsified", "mapped", "llvm")  # what every kernel's .ir holds, on every target
@@ -119,11 +119,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"targets: {', '.join(TARGETS)}")
     gpu = shutil.which("nvidia-smi") is not None
     print(f"GPU: {'nvidia-smi found' if gpu else 'none found'}")
-    runtime = openmp_library()
+    runtime = kernel_runtime()
     print(f"OpenMP runtime: {runtime or 'none (kernels are serial)'}")
     if runtime is not None:
-        shared = ("kernels compiled then run on torch's libgomp pool (SPARSE_MLIR_SHARE_POOL=0 keeps them on this "
-                  "runtime)")
+        print(f"  exported kernels link: {openmp_library() or 'none found'}")
+        shared = ("kernels compiled then run on torch's libgomp pool while its workers spin "
+                  "(SPARSE_MLIR_SHARE_POOL=0 keeps them on this runtime)")
         print("  with torch imported: " + (shared if knobs.share_pool() else
                                            "kernels keep this runtime (SPARSE_MLIR_SHARE_POOL=0)"))
     why_not = fast_call.unavailable()  # builds the module into the cache if it is not there yet

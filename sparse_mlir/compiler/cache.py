@@ -51,10 +51,12 @@ __all__ = ["cache_dir", "entry_paths", "ir_path", "load_ir", "entry_lock", "load
 
 MARKER = ".sparse_mlir-cache"
 _MARKER_TEXT = "This folder is a sparse_mlir kernel cache; `sparse-mlir cache clear` deletes its entries.\n"
-_ENTRY_FOLDER = re.compile(r"[0-9a-f]{2}")
+# entry folders: a key's first two characters (kernels' keys are hex; the C libraries ``compiler.extension``
+# builds, the call path's module and the OpenMP pool, have keys ``ext-<hex>`` and ``lib-<hex>``)
+_ENTRY_FOLDER = re.compile(r"[0-9a-f]{2}|ex|li")
 # <key><suffix> (.so, .json, .ir.json, .lock, .gpu.json, .sm_90.ptx, ...) and the temporary names
 # write_atomically (".<name>.<uuid>.tmp") and the linker (".<name>.<pid>.<thread>.tmp") use while writing
-_ENTRY_FILE = re.compile(r"\.?(?P<key>[0-9a-f]{64})(\.[A-Za-z0-9_]+)*")
+_ENTRY_FILE = re.compile(r"\.?(?P<key>(?:ext-|lib-)?[0-9a-f]{64})(\.[A-Za-z0-9_]+)*")
 
 _lock = threading.Lock()
 _fallback: Path | None = None

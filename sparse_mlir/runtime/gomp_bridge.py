@@ -1,7 +1,7 @@
 """Kernels on torch's thread pool: the LLVM OpenMP entry points they call, run by the process's libgomp.
 
 torch's CPU wheel runs its operators on GCC's libgomp; our kernels are
-lowered to LLVM's OpenMP interface (``__kmpc_*``) and link Intel's libiomp5.
+lowered to LLVM's OpenMP interface (``__kmpc_*``) and link our own pool (``kmp_pool``).
 With both in one process, two pools share the cores: libgomp's workers spin
 for milliseconds after each torch operator on the cores our workers need, and
 ours sleep between calls and must be woken (MiniLM 90%, 2 threads: 230 ms
@@ -9,7 +9,8 @@ against 187 with one pool, session 16).  ``kmp_on_gomp.c`` implements the
 entry points the kernels import on the libgomp already loaded, so a kernel's
 parallel loop is a region of torch's pool, whose workers are still awake
 from the operator before.  Kernels compiled while libgomp is in the process
-link this library instead of libiomp5 (``threads.kernel_runtime``); it is
+with spinning workers link this library instead of our pool (``kmp_pool``;
+``threads.kernel_runtime``); it is
 loaded locally, as their dependency, so no other library's lookups see it.
 ``SPARSE_MLIR_SHARE_POOL=0`` keeps our own pool.
 
@@ -81,7 +82,7 @@ def _built_and_bound() -> tuple[Path, ctypes.CDLL] | None:
 
 def bridge() -> tuple[Path, ctypes.CDLL] | None:
     """The bridge library's path and handle, bound to this process's libgomp; ``None`` when libgomp is not
-    loaded, the library cannot be built or bound here, or this process is a fork (kernels then keep libiomp5).
+    loaded, the library cannot be built or bound here, or this process is a fork (kernels then link our pool).
 
     Why not in a fork: libgomp's pool threads do not exist in the child, and
     a region there waits for them for ever (torch too runs its operators on

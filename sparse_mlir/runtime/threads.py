@@ -1,9 +1,10 @@
 """The OpenMP runtime that threaded kernels use, and their thread count.
 
 Kernels are lowered through MLIR's OpenMP dialect, which emits calls to the
-``__kmpc_*`` ABI of LLVM's and Intel's OpenMP runtimes.  We use
+``__kmpc_*`` ABI of LLVM's and Intel's OpenMP runtimes.  In this process they
+link our own pool (``kmp_pool``), or torch's (``gomp_bridge``), or
 ``libiomp5.so`` from PyPI's ``intel-openmp`` (or an LLVM ``libomp.so``
-found on the usual paths).  The thread count is read at call time
+found on the usual paths): ``kernel_runtime``.  The thread count is read at call time
 (``SPARSE_MLIR_NUM_THREADS``, ``OMP_NUM_THREADS``, the usable cores) and set
 with ``omp_set_num_threads`` only when it changes for the calling thread;
 idle pool threads spin ``BLOCKTIME_MS`` before sleeping unless
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 from sparse_mlir.knobs import knobs
-from sparse_mlir.runtime import gomp_bridge
+from sparse_mlir.runtime import gomp_bridge, kmp_pool
 
 __all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "kernel_runtime", "load_runtime", "openmp_library",
            "set_threads", "work_threads"]
@@ -85,25 +86,35 @@ _generation = 0  # runtimes loaded so far: a thread's applied count is stale whe
 
 
 def kernel_runtime() -> Path | None:
-    """The OpenMP runtime kernels compiled now link: the libgomp bridge (``gomp_bridge``: torch's pool) when
-    libgomp is in this process and ``SPARSE_MLIR_SHARE_POOL`` allows, else ``openmp_library``; ``None``:
-    serial kernels."""
-    own = openmp_library()
-    if own is None or not knobs.share_pool():
-        return own
-    found = gomp_bridge.bridge()
-    if found is None:
-        return own
-    path, library = found
-    _remember(path, library)
-    return path
+    """The OpenMP runtime kernels compiled now link; ``None``: serial kernels (``SPARSE_MLIR_PARALLEL=0``).
+
+    In order: the libgomp bridge (``gomp_bridge``: torch's pool) when libgomp
+    is in this process with workers that spin after torch's operators, and
+    ``SPARSE_MLIR_SHARE_POOL`` allows (our workers would fight them for the
+    cores); else our own pool (``kmp_pool``) unless ``SPARSE_MLIR_OWN_POOL=0``;
+    else the installed runtime (``openmp_library``).  With libgomp's workers
+    asleep at once, our pool's forks cost less than its regions.
+    """
+    if not knobs.parallel():
+        return None
+    if knobs.share_pool() and knobs.gomp_workers_spin():
+        found = gomp_bridge.bridge()
+        if found is not None:
+            return _remember(*found)
+    if knobs.own_pool():
+        found = kmp_pool.library()
+        if found is not None:
+            return _remember(*found)
+    return openmp_library()
 
 
-def _remember(path: Path, library: ctypes.CDLL) -> ctypes.CDLL:
+def _remember(path: Path, library: ctypes.CDLL) -> Path:
+    """Count ``library`` (at ``path``) among the loaded runtimes (``set_threads`` sets each one's thread count);
+    returns ``path``."""
     global _generation
-    library = _loaded.setdefault(path, library)
+    _loaded.setdefault(path, library)
     _generation = len(_loaded)
-    return library
+    return path
 
 
 def load_runtime(path: Path | None = None) -> ctypes.CDLL:
@@ -123,8 +134,8 @@ def load_runtime(path: Path | None = None) -> ctypes.CDLL:
     if lib is None:
         lib = ctypes.CDLL(str(path))
         lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-        lib = _remember(path, lib)
-    return lib
+        _remember(path, lib)
+    return _loaded[path]
 
 
 # how long pool threads spin for more work after a call before they sleep, unless KMP_BLOCKTIME says otherwise:
@@ -138,11 +149,11 @@ def set_threads(count: int) -> None:
     wanted = getattr(_local, "blocktime", BLOCKTIME_MS)
     if not _loaded:
         load_runtime()
-    # every runtime loaded: the next kernel links one of them (libiomp5, or the bridge to torch's libgomp)
+    # every runtime loaded: the next kernel links one of them (our pool, libiomp5, or the bridge to libgomp)
     if getattr(_local, "applied_blocktime", None) != (wanted, _generation):  # first call here, a ``blocktime`` block
         if knobs.kmp_blocktime() is None:
             for runtime in list(_loaded.values()):
-                if hasattr(runtime, "kmp_set_blocktime"):  # libiomp5's; libgomp's workers spin as torch set
+                if hasattr(runtime, "kmp_set_blocktime"):  # ours, libiomp5's; libgomp's spin as torch set
                     runtime.kmp_set_blocktime(wanted)  # per calling thread, like the thread count
         _local.applied_blocktime = (wanted, _generation)
     if getattr(_local, "count", None) != (count, _generation):
