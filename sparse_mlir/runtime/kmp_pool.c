@@ -155,18 +155,17 @@ static __thread int alone_started;
 static uint64_t region_of(uint64_t state) { return state >> 32; }
 
 /* -- workers ------------------------------------------------------------------------------------------- */
-static void run_task(int32_t gtid) {
+static void call_microtask(microtask_t task, int count, void **a, int32_t gtid) {
     int32_t btid = gtid;
-    void **a = region.shared;
-    switch (region.count) { /* the microtask takes its shared variables as separate arguments */
-    case 0: region.task(&gtid, &btid); break;
-    case 1: region.task(&gtid, &btid, a[0]); break;
-    case 2: region.task(&gtid, &btid, a[0], a[1]); break;
-    case 3: region.task(&gtid, &btid, a[0], a[1], a[2]); break;
-    case 4: region.task(&gtid, &btid, a[0], a[1], a[2], a[3]); break;
+    switch (count) { /* the microtask takes its shared variables as separate arguments */
+    case 0: task(&gtid, &btid); break;
+    case 1: task(&gtid, &btid, a[0]); break;
+    case 2: task(&gtid, &btid, a[0], a[1]); break;
+    case 3: task(&gtid, &btid, a[0], a[1], a[2]); break;
+    case 4: task(&gtid, &btid, a[0], a[1], a[2], a[3]); break;
     default: /* extra arguments past the callee's count are ignored by the calling convention */
-        region.task(&gtid, &btid, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
-                    a[12], a[13], a[14], a[15]);
+        task(&gtid, &btid, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
+             a[14], a[15]);
         break;
     }
 }
@@ -204,7 +203,7 @@ static void *worker_main(void *arg) {
         team_region = region.id;
         in_team = 1;
         loop_seq = 0;
-        run_task(thread_num);
+        call_microtask(region.task, region.count, region.shared, thread_num);
         in_team = 0;
         atomic_fetch_add(&finished.word, 1);
         signal_wake(&finished);
@@ -276,19 +275,7 @@ static void run_alone(microtask_t task, int count, void **shared) {
     alone = 1;
     in_team = 0;
     thread_num = 0;
-    int32_t gtid = 0, btid = 0;
-    void **a = shared;
-    switch (count) {
-    case 0: task(&gtid, &btid); break;
-    case 1: task(&gtid, &btid, a[0]); break;
-    case 2: task(&gtid, &btid, a[0], a[1]); break;
-    case 3: task(&gtid, &btid, a[0], a[1], a[2]); break;
-    case 4: task(&gtid, &btid, a[0], a[1], a[2], a[3]); break;
-    default:
-        task(&gtid, &btid, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
-             a[14], a[15]);
-        break;
-    }
+    call_microtask(task, count, shared, 0);
     alone = saved_alone;
     in_team = saved_in_team;
     thread_num = saved_num;
@@ -337,7 +324,7 @@ EXPORT void __kmpc_fork_call(void *loc, int32_t count, microtask_t task, ...) {
     team_region = region.id;
     in_team = 1;
     loop_seq = 0;
-    run_task(0);
+    call_microtask(task, count, shared, 0);
     in_team = 0;
     uint64_t state = atomic_fetch_or(&team_state, CLOSED);
     struct finished_arg members = {(uint32_t)(state & MEMBERS) - 1};
@@ -351,11 +338,6 @@ EXPORT int32_t __kmpc_global_thread_num(void *loc) {
 }
 
 /* -- barriers among the region's members ---------------------------------------------------------------- */
-static int released(const void *p) {
-    const struct changed_arg *c = p;
-    return atomic_load(c->word) != c->seen;
-}
-
 EXPORT void __kmpc_barrier(void *loc, int32_t gtid) {
     (void)loc;
     (void)gtid;
@@ -371,7 +353,7 @@ EXPORT void __kmpc_barrier(void *loc, int32_t gtid) {
         return;
     }
     struct changed_arg arg = {&barrier_release.word, seen};
-    wait_until(&barrier_release, released, &arg, JOIN_SPIN_NS);
+    wait_until(&barrier_release, word_changed, &arg, JOIN_SPIN_NS);
 }
 
 EXPORT int32_t __kmpc_masked(void *loc, int32_t gtid, int32_t filter) {

@@ -146,12 +146,16 @@ class AutoKernel(CpuKernel):
             fmt = next(f for f in self._blocked if f"sparse, {f}" == choice)
             return self._blocked[fmt](out=out, **{**args, name: _block_copy(args[name], fmt)})
         if choice == "sparse, 1 thread":
-            with threads.fixed(1):
-                return super().__call__(out=out, **args)
+            return self._on_threads(1, args, out)
         if choice == "sparsifier":
             assert self._sparsified is not None
             return self._sparsified(out=out, **args)
         return super().__call__(out=out, **args)
+
+    def _on_threads(self, count: int, args: dict[str, Any], out: np.ndarray | None) -> Any:
+        """The kernel on ``count`` threads, whatever its ``ThreadChoice`` would pick."""
+        with threads.fixed(count):
+            return super().__call__(out=out, **args)
 
     def _dense(self, args: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
         assert self._einsum is not None
@@ -194,7 +198,11 @@ class AutoKernel(CpuKernel):
                 conversion = time.perf_counter() - start
                 candidates["dense"] = lambda: self._dense(args, None)
         candidates["sparse"] = lambda: super(AutoKernel, self).__call__(**args)
-        if self.options.openmp is not None and knobs.num_threads() > 1:
+        if self.options.openmp is not None and (count := knobs.num_threads()) > 1:
+            # timed on all threads: left to its ``ThreadChoice``, the five timed calls would mix its trials of
+            # one thread and of all (random 768^2 at 90%, N=128: "sparse" timed slower than "1 thread" and lost,
+            # 1.89x dense where the kernel on its own choice ran 2.58x)
+            candidates["sparse"] = lambda: self._on_threads(count, args, None)
             candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
         start = time.perf_counter()
         if (blocked := self._block_candidate(args)) is not None:
