@@ -71,14 +71,13 @@ def _find_openmp(library_path: tuple[Path, ...]) -> Path | None:
 # shared at load average 5, never gained from a second thread: that host could not place it.)
 SERIAL_BELOW = 16384
 # below this many entries a call runs on the calling thread when the pool's workers sleep (``_pool_awake``): a fork
-# then waits for them to wake, longer than the work.  Placed on a quiet 2-core AMD EPYC VM (session 10,
-# ``benchmarks/short_rows.py --part cold``, results/2026-12-02-session10-threads.md), ratio 1 thread / 2 threads:
-# back to back with a blocktime of 0 (the efficiency-gap benchmark's regime) SpMM N=128 0.65-0.86 at 64-92k
-# entries, 1.01 at 123k, 0.89-1.40 at 157k, 1.28-1.45 at 236k, SpMV 0.90-1.02 at 144k, 1.8-1.9 at 216k.  After a
-# 7 ms sleep (the idle vCPU halts too) threads paid only from about 236k, but a threshold from the time since the
-# last call misjudged calls between other libraries' (the cores busy, not halted): DLMC 2048x512 at 170k ran
-# 0.55 -> 0.75 ms.
-COLD_SERIAL_BELOW = 131072
+# then waits for them to wake, longer than the work.  Placed on a 2-core Xeon VM with our own pool (``kmp_pool``,
+# session 20, ``benchmarks/short_rows.py --part cold``), ratio 1 thread / 2 threads: back to back with a blocktime
+# of 0 (the efficiency-gap benchmark's regime) SpMM N=128 0.84 at 64k entries, 1.08 at 92k, 1.50 at 157k, SpMV 8 a
+# row 0.98 at 72k, 1.46 at 144k; after a 7 ms pause (the idle vCPU halts too) SpMM 1.17 at 64k, 1.00 at 92k,
+# 1.14 at 157k, SpMV 1.08 at 72k, 0.94 at 144k.  (With libiomp5, whose forks cost two wake-ups, the line was at
+# 131072: SpMM 0.65-0.86 at 64-92k back to back, session 10.)
+COLD_SERIAL_BELOW = 65536
 
 
 _loaded: dict[Path, ctypes.CDLL] = {}
