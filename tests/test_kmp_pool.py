@@ -9,11 +9,7 @@ threads), as the lowered kernels do: ``__kmpc_dispatch_init_8u`` / ``__kmpc_disp
 from __future__ import annotations
 
 import ctypes
-import json
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
@@ -23,64 +19,27 @@ import scipy.sparse as sp
 
 import sparse_mlir as sm
 from sparse_mlir.runtime import kmp_pool, threads
+from support.concurrency import run_at_once
+from support.processes import ENTRY_POINTS, run_python, threaded_kernels
 
 _CHILD_ENV = {k: v for k, v in os.environ.items() if k not in ("KMP_BLOCKTIME", "OMP_NUM_THREADS")}
 
 
 def _run(code: str, **env: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**_CHILD_ENV, **env}, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-_KERNELS = """
-    import json, numpy as np, scipy.sparse as sp
-    import sparse_mlir as sm
-    from sparse_mlir.runtime import kmp_pool, threads
-    rng = np.random.default_rng(0)
-    A = sp.random(3000, 2000, density=0.02, format="csr", random_state=1, dtype=np.float64)
-    S = sp.random(600, 500, density=0.05, format="csr", random_state=2, dtype=np.float64)
-    x, B = rng.standard_normal(2000), rng.standard_normal((2000, 64))
-    P, Q = rng.standard_normal((600, 16)), rng.standard_normal((16, 500))
-    W = sp.random(300, 200, density=0.1, format="csr", random_state=3, dtype=np.float64)
-    X = rng.standard_normal((700, 200))
-    cases = {
-        "spmv": (sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"}), dict(A=A, x=x), A @ x),
-        "spmm": (sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}), dict(A=A, B=B), A @ B),
-        "linear": (sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": "csr"}), dict(X=X, W=W), X @ W.T),
-        "sddmm": (sm.compile("C[i,j] = S[i,j] * P[i,k] * Q[k,j]", formats={"S": "csr", "C": "csr"}),
-                  dict(S=S, P=P, Q=Q), S.multiply(P @ Q).toarray()),
-        "spgemm": (sm.compile("C[i,j] = A[i,k] * D[k,j]", formats={"A": "csr", "D": "csr", "C": "csr"}),
-                   dict(A=A, D=A.T.tocsr()), (A @ A.T).toarray()),
-        "add": (sm.compile("C[i,j] = A[i,j] + D[i,j]", formats={"A": "csr", "D": "csr", "C": "csr"}),
-                dict(A=A, D=sp.random(3000, 2000, density=0.02, format="csr", random_state=4)),
-                (A + sp.random(3000, 2000, density=0.02, format="csr", random_state=4)).toarray()),
-    }
-    errors = {}
-    for count in (2, 3, 8):
-        for name, (kernel, operands, want) in cases.items():
-            for _ in range(3):
-                with threads.fixed(count):
-                    got = kernel(**operands)
-                got = got.toarray() if hasattr(got, "toarray") else np.asarray(got)
-                errors[f"{name}@{count}"] = max(errors.get(f"{name}@{count}", 0.0), float(np.abs(got - want).max()))
-    print(json.dumps({"errors": errors, "runtime": str(threads.kernel_runtime()),
-                      "pool": str(kmp_pool.library()[0]), "loaded": [str(p) for p in threads._loaded]}))
-"""
+    return run_python(code, {**_CHILD_ENV, **env})
 
 
 @pytest.mark.parametrize("blocktime", ["0", "5"])
 def test_threaded_kernels_on_the_pool_agree_with_scipy_at_any_thread_count(blocktime):
     """Two, three and eight threads on this machine's cores (eight oversubscribe a 2-core host: workers then
     join late or not at all), with workers sleeping at once or spinning between calls."""
-    found = _run(_KERNELS, KMP_BLOCKTIME=blocktime)
+    found = _run(threaded_kernels((2, 3, 8)), KMP_BLOCKTIME=blocktime)
     assert all(error < 1e-9 for error in found["errors"].values()), found["errors"]
     assert found["runtime"] == found["pool"] and found["loaded"] == [found["pool"]]
 
 
 def test_libiomp5_instead_when_asked():
-    found = _run(_KERNELS.replace("(2, 3, 8)", "(2,)"), SPARSE_MLIR_OWN_POOL="0")
+    found = _run(threaded_kernels((2,)), SPARSE_MLIR_OWN_POOL="0")
     assert all(error < 1e-9 for error in found["errors"].values()), found["errors"]
     assert found["runtime"].endswith(("libiomp5.so", "libomp.so", "libomp.so.5"))
 
@@ -88,19 +47,7 @@ def test_libiomp5_instead_when_asked():
 def test_every_openmp_entry_point_the_kernels_import_is_the_pools(tmp_path):
     """The pool stands in for libiomp5 only as far as the entry points it defines (a kernel importing another one
     would fail to load).  Checked on every library the kernels above built into a fresh cache."""
-    found = _run(_KERNELS.replace("(2, 3, 8)", "(2,)") + """
-    import subprocess
-    from sparse_mlir.compiler import cache
-    exported = subprocess.run(["nm", "-D", "--defined-only", threads.kernel_runtime()], capture_output=True,
-                              text=True, check=True).stdout
-    names = {line.split()[-1].split("@")[0] for line in exported.splitlines()}
-    imported = set()
-    for path in cache.cache_dir().rglob("*.so"):
-        out = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True).stdout
-        imported |= {line.split()[-1].split("@")[0] for line in out.splitlines()
-                     if "__kmpc_" in line or " omp_" in line}
-    print(json.dumps({"missing": sorted(imported - names), "imported": sorted(imported)}))
-    """, SPARSE_MLIR_CACHE_DIR=str(tmp_path / "cache"))
+    found = _run(threaded_kernels((2,)) + ENTRY_POINTS, SPARSE_MLIR_CACHE_DIR=str(tmp_path / "cache"))
     assert found["imported"] and not found["missing"], found
 
 
@@ -139,18 +86,14 @@ def test_kernels_called_from_several_python_threads_at_once_agree():
     want = A @ B
     bad: list[float] = []
 
-    def calls() -> None:
+    def calls(_: int) -> None:
         with threads.fixed(2):
             for _ in range(30):
                 error = float(np.abs(spmm(A=A, B=B) - want).max())
                 if error > 1e-9:
                     bad.append(error)
 
-    workers = [threading.Thread(target=calls) for _ in range(3)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    run_at_once(calls, 3)
     assert not bad
 
 

@@ -6,13 +6,10 @@ Each case runs in a fresh interpreter: which runtime kernels link is decided per
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from support.processes import ENTRY_POINTS, run_python, threaded_kernels
 
 pytest.importorskip("torch")
 
@@ -22,42 +19,10 @@ _CHILD_ENV = {**{k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUN
 
 
 def _run(code: str, **env: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**_CHILD_ENV, **env}, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_python(code, {**_CHILD_ENV, **env})
 
 
-_KERNELS = """
-    import json, numpy as np, scipy.sparse as sp, torch
-    import sparse_mlir as sm
-    from sparse_mlir.runtime import threads
-    rng = np.random.default_rng(0)
-    A = sp.random(3000, 2000, density=0.02, format="csr", random_state=1, dtype=np.float64)
-    S = sp.random(600, 500, density=0.05, format="csr", random_state=2, dtype=np.float64)
-    x, B = rng.standard_normal(2000), rng.standard_normal((2000, 64))
-    P, Q = rng.standard_normal((600, 16)), rng.standard_normal((16, 500))
-    W = sp.random(300, 200, density=0.1, format="csr", random_state=3, dtype=np.float64)
-    X = rng.standard_normal((700, 200))
-    cases = {
-        "spmv": (sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"}), dict(A=A, x=x), A @ x),
-        "spmm": (sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}), dict(A=A, B=B), A @ B),
-        "linear": (sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": "csr"}), dict(X=X, W=W), X @ W.T),
-        "sddmm": (sm.compile("C[i,j] = S[i,j] * P[i,k] * Q[k,j]", formats={"S": "csr", "C": "csr"}),
-                  dict(S=S, P=P, Q=Q), S.multiply(P @ Q).toarray()),
-        "spgemm": (sm.compile("C[i,j] = A[i,k] * D[k,j]", formats={"A": "csr", "D": "csr", "C": "csr"}),
-                   dict(A=A, D=A.T.tocsr()), (A @ A.T).toarray()),
-    }
-    errors, libraries = {}, set()
-    for name, (kernel, operands, want) in cases.items():
-        with threads.fixed(2):
-            got = kernel(**operands)
-        got = got.toarray() if hasattr(got, "toarray") else np.asarray(got)
-        errors[name] = float(np.abs(got - want).max())
-    from sparse_mlir.runtime import kmp_pool
-    print(json.dumps({"errors": errors, "runtime": str(threads.kernel_runtime()),
-                      "loaded": [str(p) for p in threads._loaded], "pool": str(kmp_pool.library()[0])}))
-"""
+_KERNELS = threaded_kernels((2,), with_torch=True)
 
 
 def test_with_torch_loaded_threaded_kernels_run_on_its_pool_and_agree_with_scipy():
@@ -84,19 +49,7 @@ def test_every_openmp_entry_point_the_kernels_import_is_the_bridges(tmp_path):
     """The bridge stands in for libiomp5 only as far as the entry points it defines: a kernel importing another
     one would call libiomp5's inside a libgomp region.  Checked on every library the kernels above built into a
     fresh cache (SpMV, SpMM, Linear, SDDMM, SpGEMM: hand-scheduled and sparsified parallel loops)."""
-    found = _run(_KERNELS + """
-    import subprocess
-    from sparse_mlir.compiler import cache
-    exported = subprocess.run(["nm", "-D", "--defined-only", threads.kernel_runtime()], capture_output=True,
-                              text=True, check=True).stdout
-    names = {line.split()[-1].split("@")[0] for line in exported.splitlines()}
-    imported = set()
-    for path in cache.cache_dir().rglob("*.so"):
-        out = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True).stdout
-        imported |= {line.split()[-1].split("@")[0] for line in out.splitlines()
-                     if "__kmpc_" in line or " omp_" in line}
-    print(json.dumps({"missing": sorted(imported - names), "imported": sorted(imported)}))
-    """, SPARSE_MLIR_CACHE_DIR=str(tmp_path / "cache"))
+    found = _run(_KERNELS + ENTRY_POINTS, SPARSE_MLIR_CACHE_DIR=str(tmp_path / "cache"))
     assert found["imported"] and not found["missing"], found
 
 

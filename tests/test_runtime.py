@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from support.concurrency import run_at_once
 from support.data import random_sparse, random_values
 
 import sparse_mlir as sm
@@ -211,8 +212,6 @@ def test_sparse_results_own_their_buffers(rng):
 
 
 def test_threads_share_one_compile(rng):
-    import threading
-
     from sparse_mlir.runtime import cpu as runtime_kernel
 
     k = sm.compile("y[i] = A[i,j] * x[j] + 1", formats={"A": "csr"})
@@ -220,18 +219,14 @@ def test_threads_share_one_compile(rng):
     A, x = sm.SparseTensor.from_dense(a, "csr"), random_values(rng, 9, "float64")
     errors: list[BaseException] = []
 
-    def work() -> None:
+    def work(_: int) -> None:
         try:
             for _ in range(20):
                 np.testing.assert_array_equal(k(A=A, x=x), a @ x + 1)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_at_once(work, 8)
     assert not errors
     assert len(k.specializations) == 1
     assert sum(1 for s in runtime_kernel._loaded.values() if s is k.specializations[0]) == 1

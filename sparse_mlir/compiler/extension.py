@@ -58,10 +58,13 @@ def c_library(source: Path, name: str, libraries: tuple[str, ...] = (), version_
 
 def _shared_library(source: Path, what: str, prefix: str, identity: tuple, flags: list[str], meta: dict[str, str],
                     version_node: str | None = None) -> Path:
-    """``source`` compiled and linked with ``flags`` into a shared library in the cache, keyed by the source,
-    ``identity``, the machine and the compiler."""
+    """``source`` compiled and linked with ``flags`` into a shared library in the cache, keyed by the source and
+    the headers beside it, ``identity``, the machine and the compiler."""
     compiler = c_compiler()
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    content = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):  # the local headers it may include (``kmp_abi.h``)
+        content.update(header.name.encode() + b"\0" + header.read_bytes())
+    digest = content.hexdigest()
     key = prefix + hashlib.sha256(repr((*identity, digest, platform.machine(), compiler)).encode()).hexdigest()
 
     def build(path: Path) -> dict[str, str]:

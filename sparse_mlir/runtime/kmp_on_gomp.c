@@ -29,10 +29,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#define EXPORT __attribute__((visibility("default")))
+#include "kmp_abi.h"
+
 #define LOOP_KINDS 4 /* static, dynamic, guided, runtime: libgomp's loop entry points */
 
-typedef void (*microtask_t)(int32_t *, int32_t *, ...);
 typedef bool (*loop_start_t)(bool, unsigned long long, unsigned long long, unsigned long long, unsigned long long,
                              unsigned long long *, unsigned long long *);
 typedef bool (*loop_next_t)(unsigned long long *, unsigned long long *);
@@ -91,8 +91,6 @@ EXPORT int sparse_mlir_bind_libgomp(void) {
 }
 
 /* -- parallel regions --------------------------------------------------------------------------------- */
-#define MAX_SHARED 16 /* shared-variable arguments of a region: the lowering passes one (a struct pointer) */
-
 struct region {
     microtask_t task;
     int count;
@@ -101,19 +99,7 @@ struct region {
 
 static void run_region(void *data) {
     struct region *r = data;
-    int32_t gtid = serial ? 0 : gomp_thread_num(), btid = gtid;
-    void **a = r->shared;
-    switch (r->count) { /* the microtask takes its shared variables as separate arguments */
-    case 0: r->task(&gtid, &btid); break;
-    case 1: r->task(&gtid, &btid, a[0]); break;
-    case 2: r->task(&gtid, &btid, a[0], a[1]); break;
-    case 3: r->task(&gtid, &btid, a[0], a[1], a[2]); break;
-    case 4: r->task(&gtid, &btid, a[0], a[1], a[2], a[3]); break;
-    default: /* extra arguments past the callee's count are ignored by the calling convention */
-        r->task(&gtid, &btid, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
-                a[13], a[14], a[15]);
-        break;
-    }
+    call_microtask(r->task, r->count, r->shared, serial ? 0 : gomp_thread_num());
 }
 
 static int serial_thread_num(void) { return 0; }
@@ -158,15 +144,7 @@ EXPORT int32_t __kmpc_masked(void *loc, int32_t gtid, int32_t filter) {
     return (serial ? 0 : gomp_thread_num()) == filter;
 }
 
-EXPORT void __kmpc_end_masked(void *loc, int32_t gtid) {
-    (void)loc;
-    (void)gtid;
-}
-
 /* -- worksharing loops: LLVM's dispatch protocol on libgomp's ----------------------------------------- */
-enum { KMP_STATIC_CHUNKED = 33, KMP_STATIC = 34, KMP_DYNAMIC = 35, KMP_GUIDED = 36, KMP_RUNTIME = 37 };
-#define KMP_MODIFIERS ((1u << 29) | (1u << 30) | (1u << 31)) /* monotonic, nonmonotonic, ordered-ness bits */
-
 EXPORT void __kmpc_dispatch_init_8u(void *loc, int32_t gtid, int32_t schedule, uint64_t lower, uint64_t upper,
                                     int64_t step, int64_t chunk) {
     (void)loc;

@@ -44,15 +44,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EXPORT __attribute__((visibility("default")))
-#define MAX_SHARED 16       /* shared-variable arguments of a region: the lowering passes one (a struct pointer) */
+#include "kmp_abi.h"
+
 #define MAX_WORKERS 255     /* threads besides the forking one */
 #define LOOP_SLOTS 8        /* worksharing loops of one region with shared state; later ones run on the master */
 #define JOIN_SPIN_NS 2000000 /* how long a thread waiting on running team mates spins before it sleeps */
 #define CLOSED (1ull << 31) /* in team_state: no more workers join this region */
 #define MEMBERS 0xffffull   /* in team_state: threads in the region, the master included */
-
-typedef void (*microtask_t)(int32_t *, int32_t *, ...);
 
 /* -- waiting: spin, then sleep on a futex ------------------------------------------------------------ */
 static inline void cpu_relax(void) {
@@ -155,21 +153,6 @@ static __thread int alone_started;
 static uint64_t region_of(uint64_t state) { return state >> 32; }
 
 /* -- workers ------------------------------------------------------------------------------------------- */
-static void call_microtask(microtask_t task, int count, void **a, int32_t gtid) {
-    int32_t btid = gtid;
-    switch (count) { /* the microtask takes its shared variables as separate arguments */
-    case 0: task(&gtid, &btid); break;
-    case 1: task(&gtid, &btid, a[0]); break;
-    case 2: task(&gtid, &btid, a[0], a[1]); break;
-    case 3: task(&gtid, &btid, a[0], a[1], a[2]); break;
-    case 4: task(&gtid, &btid, a[0], a[1], a[2], a[3]); break;
-    default: /* extra arguments past the callee's count are ignored by the calling convention */
-        task(&gtid, &btid, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13],
-             a[14], a[15]);
-        break;
-    }
-}
-
 struct changed_arg {
     _Atomic uint32_t *word;
     uint32_t seen;
@@ -362,15 +345,7 @@ EXPORT int32_t __kmpc_masked(void *loc, int32_t gtid, int32_t filter) {
     return (in_team ? thread_num : 0) == filter;
 }
 
-EXPORT void __kmpc_end_masked(void *loc, int32_t gtid) {
-    (void)loc;
-    (void)gtid;
-}
-
 /* -- worksharing loops: iterations claimed from a counter the region's members share -------------------- */
-enum { KMP_STATIC_CHUNKED = 33, KMP_STATIC = 34, KMP_DYNAMIC = 35, KMP_GUIDED = 36, KMP_RUNTIME = 37 };
-#define KMP_MODIFIERS ((1u << 29) | (1u << 30) | (1u << 31)) /* monotonic, nonmonotonic, ordered-ness bits */
-
 EXPORT void __kmpc_dispatch_init_8u(void *loc, int32_t gtid, int32_t schedule, uint64_t lower, uint64_t upper,
                                     int64_t step, int64_t chunk) {
     (void)loc;
