@@ -20,7 +20,7 @@
  * sleeping.  Idle workers spin for the forking thread's blocktime
  * (KMP_BLOCKTIME, or kmp_set_blocktime) and then sleep.
  *
- * What this supports is exactly what the kernels import (tests/test_openmp_pool.py
+ * What this supports is exactly what the kernels import (tests/test_kmp_pool.py
  * checks it): regions, worksharing loops through the dispatch interface (any
  * schedule: iterations are claimed at run time, never assigned in advance),
  * barriers among the threads that joined (the team closes at the first
@@ -29,7 +29,6 @@
  * thread alone.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
