@@ -44,6 +44,17 @@ def test_libiomp5_instead_when_asked():
     assert found["runtime"].endswith(("libiomp5.so", "libomp.so", "libomp.so.5"))
 
 
+def test_a_pool_library_that_does_not_load_leaves_kernels_on_libiomp5(tmp_path):
+    """A cache where a built library cannot be mapped (a ``noexec`` mount, a damaged file) is no reason to fail a
+    compile: kernels then link the installed runtime."""
+    broken = tmp_path / "not-a-library.so"
+    broken.write_text("not ELF")
+    stand_in = f"import sparse_mlir.compiler.driver as driver\ndriver.c_library = lambda *a, **k: {str(broken)!r}\n"
+    found = _run(stand_in + threaded_kernels((2,)))
+    assert all(error < 1e-9 for error in found["errors"].values()), found["errors"]
+    assert found["pool"] == "None" and found["runtime"].endswith(("libiomp5.so", "libomp.so", "libomp.so.5"))
+
+
 def test_every_openmp_entry_point_the_kernels_import_is_the_pools(tmp_path):
     """The pool stands in for libiomp5 only as far as the entry points it defines (a kernel importing another one
     would fail to load).  Checked on every library the kernels above built into a fresh cache."""

@@ -71,9 +71,9 @@ def libgomp_loaded() -> bool:
 def _built_and_bound() -> tuple[Path, ctypes.CDLL] | None:
     try:
         path = driver.c_library(SOURCE, "kmp_on_gomp", ("dl",), KMP_VERSION)
-    except SparseMLIRError:
+        library = ctypes.CDLL(str(path))
+    except (SparseMLIRError, OSError):  # no C compiler; a cache on a file system that may not map code
         return None
-    library = ctypes.CDLL(str(path))
     if library.sparse_mlir_bind_libgomp() != 1:
         return None
     library.omp_set_num_threads.argtypes = [ctypes.c_int]

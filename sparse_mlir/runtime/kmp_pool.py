@@ -37,12 +37,12 @@ SOURCE = Path(__file__).with_name("kmp_pool.c")
 @functools.cache
 def library() -> tuple[Path, ctypes.CDLL] | None:
     """The pool library's path and handle (built into the cache on first use), or ``None`` when it cannot be
-    built here."""
+    built or loaded here (kernels then link libiomp5)."""
     try:
         path = driver.c_library(SOURCE, "kmp_pool", ("pthread",), KMP_VERSION)
-    except SparseMLIRError:
+        handle = ctypes.CDLL(str(path))
+    except (SparseMLIRError, OSError):  # no C compiler; a cache on a file system that may not map code
         return None
-    handle = ctypes.CDLL(str(path))
     handle.omp_set_num_threads.argtypes = [ctypes.c_int]
     handle.kmp_set_blocktime.argtypes = [ctypes.c_int]
     return path, handle
