@@ -140,14 +140,19 @@ static int64_t default_blocktime_ns = 200000000; /* libiomp5's default, when KMP
  * place in the region it runs */
 static __thread int wanted_threads = -1;
 static __thread int64_t blocktime_ns = -2;   /* -2: not set on this thread */
-static __thread int thread_num;
-static __thread int in_team;               /* a member of the pool's running region */
-static __thread uint64_t team_region;       /* that region's ``region.id`` */
-static __thread int alone;                 /* running a region by itself (nested, or the pool busy) */
-static __thread unsigned loop_seq;          /* worksharing loops this thread has started in its region */
-static __thread struct loop_slot *loop;     /* its current loop's shared state; NULL: the loop runs here alone */
-static __thread uint64_t alone_first, alone_count, alone_step; /* a loop run alone: its whole range, once */
-static __thread int alone_started;
+/* where this thread stands in the region it runs: one struct, so a region run alone inside another saves and
+ * restores it in one copy */
+struct place {
+    int thread_num;
+    int in_team;                /* a member of the pool's running region */
+    uint64_t team_region;       /* that region's ``region.id`` */
+    int alone;                  /* running a region by itself (nested, or the pool busy) */
+    unsigned loop_seq;          /* worksharing loops this thread has started in its region */
+    struct loop_slot *loop;     /* its current loop's shared state; NULL: the loop runs here alone */
+    uint64_t alone_first, alone_count, alone_step; /* a loop run alone: its whole range, once */
+    int alone_started;
+};
+static __thread struct place here;
 
 static uint64_t region_of(uint64_t state) { return state >> 32; }
 
@@ -181,12 +186,12 @@ static void *worker_main(void *arg) {
         }
         spin_ns = region.spin_ns; /* read before finishing: the master may start the next region after */
         if (!joined) continue;
-        thread_num = (int)(state & MEMBERS);
-        team_region = region.id;
-        in_team = 1;
-        loop_seq = 0;
-        call_microtask(region.task, region.count, region.shared, thread_num);
-        in_team = 0;
+        here.thread_num = (int)(state & MEMBERS);
+        here.team_region = region.id;
+        here.in_team = 1;
+        here.loop_seq = 0;
+        call_microtask(region.task, region.count, region.shared, here.thread_num);
+        here.in_team = 0;
         atomic_fetch_add(&finished.word, 1);
         signal_wake(&finished);
     }
@@ -249,24 +254,12 @@ __attribute__((constructor)) static void pool_init(void) {
 static void run_alone(microtask_t task, int count, void **shared) {
     /* a region on this thread alone, inside another one or beside another thread's: its loops take their
      * whole range at once and its barriers return at once */
-    int saved_alone = alone, saved_in_team = in_team, saved_num = thread_num;
-    unsigned saved_seq = loop_seq;
-    struct loop_slot *saved_loop = loop;
-    uint64_t saved_first = alone_first, saved_count = alone_count, saved_step = alone_step;
-    int saved_started = alone_started;
-    alone = 1;
-    in_team = 0;
-    thread_num = 0;
+    struct place saved = here;
+    here.alone = 1;
+    here.in_team = 0;
+    here.thread_num = 0;
     call_microtask(task, count, shared, 0);
-    alone = saved_alone;
-    in_team = saved_in_team;
-    thread_num = saved_num;
-    loop_seq = saved_seq;
-    loop = saved_loop;
-    alone_first = saved_first;
-    alone_count = saved_count;
-    alone_step = saved_step;
-    alone_started = saved_started;
+    here = saved;
 }
 
 struct finished_arg {
@@ -285,7 +278,7 @@ EXPORT void __kmpc_fork_call(void *loc, int32_t count, microtask_t task, ...) {
     for (int i = 0; i < count && i < MAX_SHARED; i++) shared[i] = va_arg(args, void *);
     va_end(args);
     int wanted = wanted_threads > 0 ? wanted_threads : default_threads;
-    if (wanted <= 1 || in_team || alone || atomic_exchange(&busy, 1)) {
+    if (wanted <= 1 || here.in_team || here.alone || atomic_exchange(&busy, 1)) {
         run_alone(task, count, shared);
         return;
     }
@@ -302,12 +295,12 @@ EXPORT void __kmpc_fork_call(void *loc, int32_t count, microtask_t task, ...) {
     atomic_store(&team_state, (uint64_t)number << 32 | 1); /* the master is member 0 */
     atomic_store(&generation.word, number);                  /* publishes the region to the workers */
     signal_wake(&generation);
-    thread_num = 0;
-    team_region = region.id;
-    in_team = 1;
-    loop_seq = 0;
+    here.thread_num = 0;
+    here.team_region = region.id;
+    here.in_team = 1;
+    here.loop_seq = 0;
     call_microtask(task, count, shared, 0);
-    in_team = 0;
+    here.in_team = 0;
     uint64_t state = atomic_fetch_or(&team_state, CLOSED);
     struct finished_arg members = {(uint32_t)(state & MEMBERS) - 1};
     wait_until(&finished, all_finished, &members, JOIN_SPIN_NS);
@@ -316,14 +309,14 @@ EXPORT void __kmpc_fork_call(void *loc, int32_t count, microtask_t task, ...) {
 
 EXPORT int32_t __kmpc_global_thread_num(void *loc) {
     (void)loc;
-    return in_team ? thread_num : 0;
+    return here.in_team ? here.thread_num : 0;
 }
 
 /* -- barriers among the region's members ---------------------------------------------------------------- */
 EXPORT void __kmpc_barrier(void *loc, int32_t gtid) {
     (void)loc;
     (void)gtid;
-    if (!in_team) return; /* alone, or outside a region */
+    if (!here.in_team) return; /* alone, or outside a region */
     uint64_t state = atomic_fetch_or(&team_state, CLOSED);
     uint32_t members = (uint32_t)(state & MEMBERS);
     if (members <= 1) return;
@@ -341,7 +334,7 @@ EXPORT void __kmpc_barrier(void *loc, int32_t gtid) {
 EXPORT int32_t __kmpc_masked(void *loc, int32_t gtid, int32_t filter) {
     (void)loc;
     (void)gtid;
-    return (in_team ? thread_num : 0) == filter;
+    return (here.in_team ? here.thread_num : 0) == filter;
 }
 
 /* -- worksharing loops: iterations claimed from a counter the region's members share -------------------- */
@@ -353,20 +346,20 @@ EXPORT void __kmpc_dispatch_init_8u(void *loc, int32_t gtid, int32_t schedule, u
     uint64_t stride = step > 0 ? (uint64_t)step : 1;
     uint64_t end = upper + 1; /* wraps to ``lower`` for an empty loop that starts at 1, as LLVM's do */
     uint64_t count = end > lower ? (end - lower - 1) / stride + 1 : 0;
-    unsigned seq = loop_seq++;
-    if (!in_team || seq >= LOOP_SLOTS) {
+    unsigned seq = here.loop_seq++;
+    if (!here.in_team || seq >= LOOP_SLOTS) {
         /* alone, or past the loops with shared state: this thread takes the whole loop when it is the
          * master, none of it otherwise (the iterations of a dynamic loop go to whoever claims them) */
-        loop = NULL;
-        alone_first = lower;
-        alone_step = stride;
-        alone_count = !in_team || thread_num == 0 ? count : 0;
-        alone_started = 0;
+        here.loop = NULL;
+        here.alone_first = lower;
+        here.alone_step = stride;
+        here.alone_count = !here.in_team || here.thread_num == 0 ? count : 0;
+        here.alone_started = 0;
         return;
     }
     struct loop_slot *s = &slots[seq];
-    uint64_t mine = team_region;
-    loop = s;
+    uint64_t mine = here.team_region;
+    here.loop = s;
     uint64_t ready = atomic_load(&s->ready);
     while (ready / 2 != mine) {
         if (atomic_compare_exchange_weak(&s->ready, &ready, 2 * mine)) { /* this thread sets it up */
@@ -390,42 +383,31 @@ EXPORT int32_t __kmpc_dispatch_next_8u(void *loc, int32_t gtid, int32_t *last, u
     (void)loc;
     (void)gtid;
     uint64_t first, taken, count, stride, base;
-    if (loop == NULL) { /* the whole range at once, to the thread that runs it */
-        if (alone_started || alone_count == 0) return 0;
-        alone_started = 1;
+    if (here.loop == NULL) { /* the whole range at once, to the thread that runs it */
+        if (here.alone_started || here.alone_count == 0) return 0;
+        here.alone_started = 1;
         first = 0;
-        taken = alone_count;
-        count = alone_count;
-        stride = alone_step;
-        base = alone_first;
+        taken = here.alone_count;
+        count = here.alone_count;
+        stride = here.alone_step;
+        base = here.alone_first;
     } else {
-        struct loop_slot *s = loop;
+        struct loop_slot *s = here.loop;
         count = s->count;
         stride = s->step;
         base = s->first;
-        uint64_t next = atomic_load(&s->next);
-        for (;;) {
-            if (next >= count) return 0;
-            uint64_t left = count - next, want = s->chunk;
-            if (s->guided) { /* a share of what is left, as LLVM's guided schedule: about half a thread's */
-                uint64_t share = left / (2 * (uint64_t)region.wanted);
-                if (share > want) want = share;
-            }
-            if (want > left) want = left;
-            if (!s->guided) { /* dynamic: one add, no retries */
-                next = atomic_fetch_add(&s->next, want);
-                if (next >= count) return 0;
-                left = count - next;
-                if (want > left) want = left;
-                first = next;
-                taken = want;
-                break;
-            }
-            if (atomic_compare_exchange_weak(&s->next, &next, next + want)) {
-                first = next;
-                taken = want;
-                break;
-            }
+        if (!s->guided) { /* dynamic: one add, no retries */
+            first = atomic_fetch_add(&s->next, s->chunk);
+            if (first >= count) return 0;
+            taken = count - first < s->chunk ? count - first : s->chunk;
+        } else { /* a share of what is left, as LLVM's guided schedule: about half a thread's, at least a chunk */
+            first = atomic_load(&s->next);
+            do {
+                if (first >= count) return 0;
+                uint64_t left = count - first, share = left / (2 * (uint64_t)region.wanted);
+                taken = share > s->chunk ? share : s->chunk;
+                if (taken > left) taken = left;
+            } while (!atomic_compare_exchange_weak(&s->next, &first, first + taken));
         }
     }
     *lower = base + first * stride;
@@ -447,6 +429,6 @@ EXPORT int kmp_get_blocktime(void) {
     return ns < 0 ? INT_MAX : (int)(ns / 1000000);
 }
 
-EXPORT int omp_get_thread_num(void) { return in_team ? thread_num : 0; }
+EXPORT int omp_get_thread_num(void) { return here.in_team ? here.thread_num : 0; }
 
-EXPORT int omp_in_parallel(void) { return in_team; }
+EXPORT int omp_in_parallel(void) { return here.in_team; }

@@ -197,13 +197,14 @@ class AutoKernel(CpuKernel):
                     _dense_copy(value)
                 conversion = time.perf_counter() - start
                 candidates["dense"] = lambda: self._dense(args, None)
-        candidates["sparse"] = lambda: super(AutoKernel, self).__call__(**args)
         if self.options.openmp is not None and (count := knobs.num_threads()) > 1:
             # timed on all threads: left to its ``ThreadChoice``, the five timed calls would mix its trials of
             # one thread and of all (random 768^2 at 90%, N=128: "sparse" timed slower than "1 thread" and lost,
             # 1.89x dense where the kernel on its own choice ran 2.58x)
             candidates["sparse"] = lambda: self._on_threads(count, args, None)
-            candidates["sparse, 1 thread"] = lambda: self._run("sparse, 1 thread", args, None)
+            candidates["sparse, 1 thread"] = lambda: self._on_threads(1, args, None)
+        else:
+            candidates["sparse"] = lambda: super(AutoKernel, self).__call__(**args)
         start = time.perf_counter()
         if (blocked := self._block_candidate(args)) is not None:
             candidates[f"sparse, {blocked}"] = lambda: self._run(f"sparse, {blocked}", args, None)
