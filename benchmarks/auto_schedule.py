@@ -1,9 +1,12 @@
 """``schedule="auto"`` against the variants it chooses from, each run in a fresh process (issue 17's target).
 
-``python benchmarks/auto_schedule.py [--runs 3 --rounds 9]``: per run, a new Python process builds a random
-768^2 CSR at 90% (seed = the run), ``B`` 768 x 128 float32, and times round-robin (medians of ``--rounds``
-rounds of 5 calls) the kernel with the configured threads, the same kernel on one thread, dense numpy on a
-dense copy (``A_dense @ B``) and the ``schedule="auto"`` kernel after its first call (which decides).  Printed:
+``python benchmarks/auto_schedule.py [--runs 3 --rounds 45]``: per run, a new Python process builds a random
+768^2 CSR at 90% (seed = the run), ``B`` 768 x 128 float32, and times (median of ``--rounds`` rounds) the
+kernel with the configured threads, the same kernel on one thread, dense numpy on a dense copy
+(``A_dense @ B``) and the ``schedule="auto"`` kernel after its first call (which decides), one call each per
+round in a new random order (``efficiency_gap.interleaved``).  An earlier fixed order put "auto" right after
+dense numpy in every other round, and OpenBLAS's threads, spinning for about 0.1 s after each call, slowed the
+next two-thread calls to one thread's speed (the variant placed there ran 0.25 ms instead of 0.13).  Printed:
 each variant's time, auto's choice, and best variant / auto (above 1: auto is faster than every variant;
 target: every run >= 0.8).  Fresh processes, because the decision is made once per process and operand
 structure and is what a user gets.
@@ -15,9 +18,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
+
+from efficiency_gap import interleaved  # this folder: every system once per round, in a new random order
 
 EXPRESSION = "C[i,j] = A[i,k] * B[k,j]"
 
@@ -46,18 +50,7 @@ def one_run(seed: int, rounds: int) -> dict[str, object]:
 
     variants = {"threads": lambda: plain(A=tensor, B=b, out=out), "one thread": serial,
                 "dense numpy": lambda: dense @ b, "auto": lambda: auto(A=tensor, B=b, out=auto_out)}
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for name, call in variants.items():
-        call()
-    for r in range(rounds):
-        for name in list(variants)[::1 if r % 2 else -1]:
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                variants[name]()
-                times.append(time.perf_counter() - start)
-            samples[name].append(float(np.median(times)))
-    medians = {name: float(np.median(s)) for name, s in samples.items()}
+    medians = interleaved(variants, rounds)
     best = min(v for name, v in medians.items() if name != "auto")
     return {"seed": seed, "ms": {k: round(v * 1e3, 4) for k, v in medians.items()},
             "choice": auto.schedule["choice"], "best_over_auto": round(best / medians["auto"], 3)}
@@ -66,7 +59,7 @@ def one_run(seed: int, rounds: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh processes")
-    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds per process (median)")
+    parser.add_argument("--rounds", type=int, default=45, help="rounds per process (median)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:

@@ -339,7 +339,8 @@ def test_a_malformed_plan_is_refused_without_a_crash():
 
 def test_auto_schedule_is_never_bypassed(rng, monkeypatch):
     """``schedule="auto"`` decides per operand structure what runs (dense BLAS, one thread, a BSR copy...): the
-    C-level call of the variant it timed last must not take over its later calls."""
+    C-level call of the variant it timed last must not take over its later calls (only the very ``SparseTensor``
+    objects a sparse variant was chosen for go straight to it: ``test_schedule``)."""
     kernel = sm.compile(SPMM, formats={"A": "csr"}, dtype="float64", schedule="auto")
     dense = random_sparse(rng, (32, 32), 0.5, "float64")
     b = random_values(rng, (32, 8), "float64")

@@ -140,3 +140,95 @@ def test_a_sparsifier_kernel_has_no_sparsifier_candidate():
     a = sp.random(50, 40, density=0.1, format="csc", random_state=np.random.default_rng(0))
     np.testing.assert_allclose(kernel(A=a, x=np.ones(40)), a @ np.ones(40), rtol=1e-12)
     assert "sparsifier" not in kernel.schedule["seconds"] and "sparsifier" not in kernel.schedule["skipped"]
+
+
+def _decided(kernel, monkeypatch, choice: str) -> None:
+    """Make ``kernel``'s next decisions ``choice`` without timing anything (``compile`` may hand back a kernel
+    an earlier test used: its decisions are forgotten)."""
+    kernel._decisions.clear()
+    monkeypatch.setattr(type(kernel), "_decide", lambda self, args: {"choice": choice, "seconds": {choice: 1.0},
+                                                                     "conversion_seconds": 0.0, "skipped": {}})
+
+
+@pytest.mark.parametrize("choice", ["sparse", "sparse, 1 thread"])
+def test_a_sparse_decision_sends_the_same_tensor_straight_to_the_kernel(monkeypatch, choice):
+    """Decided for a ``SparseTensor`` object, later calls with that very object skip the Python path (operand
+    checks, structure key, decision look-up) and run the specialization's C-level call, on one thread where that
+    was the choice; another object, even of the same structure, goes through the Python path; the tensors are
+    held weakly."""
+    import gc
+    import weakref
+
+    from sparse_mlir.runtime import schedule
+
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype="float32", schedule="auto")
+    _decided(kernel, monkeypatch, choice)
+    a, A, B = operands(0.99)
+    np.testing.assert_allclose(kernel(A=A, B=B), a @ B, rtol=1e-4, atol=1e-3)
+    assert kernel._native_fast is not None
+    python_path, counts = [], []
+    real_run, real_fixed = type(kernel)._run, schedule.threads.fixed
+    monkeypatch.setattr(type(kernel), "_run", lambda self, *args: python_path.append(1) or real_run(self, *args))
+    monkeypatch.setattr(schedule.threads, "fixed", lambda count: counts.append(count) or real_fixed(count))
+    out = np.full((512, 256), np.nan, np.float32)
+    assert kernel(A=A, B=B, out=out) is out
+    np.testing.assert_allclose(out, a @ B, rtol=1e-4, atol=1e-3)
+    assert python_path == [] and counts == ([1] if choice == "sparse, 1 thread" else [])
+    twin = sm.SparseTensor.from_dense(a, "csr")  # the same structure, another object
+    np.testing.assert_allclose(kernel(A=twin, B=B), a @ B, rtol=1e-4, atol=1e-3)
+    assert python_path == [1]
+    held = weakref.ref(twin)
+    del twin
+    gc.collect()
+    assert held() is None  # the route kept no strong reference
+    np.testing.assert_allclose(kernel(A=A, B=B), a @ B, rtol=1e-4, atol=1e-3)  # decided again: the Python path
+    assert python_path == [1, 1]
+
+
+def test_dense_and_scipy_operands_keep_the_python_path(monkeypatch):
+    import scipy.sparse as sp
+
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype="float32", schedule="auto")
+    a, A, B = operands(0.99)
+    _decided(kernel, monkeypatch, "dense")
+    np.testing.assert_allclose(kernel(A=A, B=B), a @ B, rtol=1e-4, atol=1e-3)
+    assert kernel._native_fast is None
+    _decided(kernel, monkeypatch, "sparse")
+    kernel(A=A, B=B)
+    assert kernel._native_fast is not None
+    np.testing.assert_allclose(kernel(A=sp.csr_array(a), B=B), a @ B, rtol=1e-4, atol=1e-3)
+    assert kernel._native_fast is None  # a scipy matrix becomes a new tensor on every call
+
+
+def test_dense_blas_is_timed_last_once_our_workers_rest(monkeypatch):
+    """Each pool's idle threads slow the other's calls on a small machine (OpenBLAS's spin for about 0.1 s):
+    the sparse candidates are timed first, dense BLAS after ``threads.wait_until_idle``."""
+    from sparse_mlir.runtime import schedule
+
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype="float32", schedule="auto")
+    events = []
+    real_on_threads, real_dense = type(kernel)._on_threads, type(kernel)._dense
+    monkeypatch.setattr(type(kernel), "_on_threads",
+                        lambda self, count, *args: events.append("sparse") or real_on_threads(self, count, *args))
+    monkeypatch.setattr(type(kernel), "_dense", lambda self, *args: events.append("dense") or real_dense(self, *args))
+    monkeypatch.setattr(schedule.threads, "wait_until_idle", lambda: events.append("rest"))
+    monkeypatch.setattr(schedule.knobs, "num_threads", lambda: 2)
+    kernel._decisions.clear()  # ``compile`` may hand back the kernel an earlier test decided for these operands
+    a, A, B = operands(0.99)
+    kernel(A=A, B=B)
+    first_dense = events.index("dense")
+    assert events[first_dense - 1] == "rest" and "sparse" not in events[first_dense:first_dense + 6], events
+    assert events.count("rest") == 1 and events.index("rest") > events.index("sparse")
+
+
+def test_wait_until_idle_sleeps_for_a_short_blocktime_only(monkeypatch):
+    import math
+    import time
+
+    from sparse_mlir.runtime import threads
+
+    for spin, least, most in ((0.02, 0.02, 1.0), (0.0, 0.0, 0.01), (math.inf, 0.0, 0.01), (5.0, 0.0, 0.01)):
+        monkeypatch.setattr(threads, "blocktime_seconds", lambda spin=spin: spin)
+        start = time.perf_counter()
+        threads.wait_until_idle()
+        assert least <= time.perf_counter() - start < most, spin

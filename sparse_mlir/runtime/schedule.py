@@ -136,7 +136,46 @@ class AutoKernel(CpuKernel):
         else:
             self._decisions.move_to_end(key)
         self.schedule = decision
-        return self._run(decision["choice"], args, out)
+        result = self._run(decision["choice"], args, out)
+        self._native_fast = self._route(decision["choice"], operands)
+        return result
+
+    def _route(self, choice: str, operands: dict[str, Any]) -> Callable[[dict[str, Any], Any], Any] | None:
+        """For a sparse choice: the call that sends the next calls with these very ``SparseTensor`` objects
+        straight to the C-level call of the specialization that just ran (``kernel_call`` tries it first); else
+        ``None``.
+
+        A decision is made per tensor object (``structure`` is computed once
+        per object), so the same objects mean the same decision.  Looking it
+        up again through ``prepare``, the structure key and the kernel's own
+        Python path cost 15 us a call on one thread, and 46 us on two (random
+        768^2 at 90%, N=128: 0.13 ms a call), where the plain kernel's
+        C-level call costs 2.  The tensors are held weakly: a route must not
+        keep a user's matrix alive.  The C-level call checks every operand
+        itself and returns ``NotImplemented`` for anything else, and so does
+        the route for other sparse objects: the Python path then decides.
+        """
+        if choice not in ("sparse", "sparse, 1 thread") or self._fast is None:
+            return None
+        tensors = [operands.get(name) for name in self._sparse_inputs]
+        if not all(type(t) is SparseTensor for t in tensors):  # scipy operands become new tensors every call
+            return None
+        call = self._fast[2].fast_call()
+        if call is None:
+            return None
+        held = tuple(zip(self._sparse_inputs, [weakref.ref(t) for t in tensors]))
+        serial = choice == "sparse, 1 thread"
+
+        def route(given: dict[str, Any], out: Any) -> Any:
+            for name, ref in held:
+                if given.get(name) is not ref():
+                    return NotImplemented
+            if not serial:
+                return call(given, out)
+            with threads.fixed(1):  # a new one each time: a ``fixed`` block's saved state is per object
+                return call(given, out)
+
+        return route
 
     def _run(self, choice: str, args: dict[str, Any], out: np.ndarray | None) -> Any:
         if choice == "dense":
@@ -179,24 +218,16 @@ class AutoKernel(CpuKernel):
         return out
 
     def _decide(self, args: dict[str, Any]) -> dict[str, Any]:
-        # dense BLAS is timed first: our OpenMP workers keep spinning on their cores for a while after a
-        # threaded call (KMP_BLOCKTIME, 200 ms by default), and BLAS threads timed inside that window ran up to
-        # 10x slower here, which made sparsity look worth it where it was not
+        # The sparse candidates are timed first and dense BLAS last, after our pool's workers have stopped
+        # spinning: each pool's idle threads slow the other's calls on a small machine.  Ours spin for the
+        # blocktime (5 ms) after a call; BLAS threads timed inside it ran up to 10x slower here.  OpenBLAS's
+        # spin for about 0.1 s after a call (``OPENBLAS_THREAD_TIMEOUT``), so sparse candidates timed after
+        # dense BLAS measured two threads as slow as one (random 768^2 at 90%, N=128: 0.23 ms for both, where
+        # two threads take 0.13) and "sparse, 1 thread" won two decisions in three.
         candidates: dict[str, Callable[[], object]] = {}
         skipped: dict[str, str] = {}
         conversion = 0.0
         sparse = [v for v in args.values() if isinstance(v, SparseTensor)]
-        if self._einsum is not None:
-            need, budget = sum(math.prod(t.shape) for t in sparse) * self.spec.dtype.itemsize, knobs.dense_budget()
-            if need > budget:
-                skipped["dense"] = (f"dense copies of the sparse operands need {need:,} bytes, over the dense "
-                                    f"budget of {budget:,} (SPARSE_MLIR_DENSE_BUDGET)")
-            else:
-                start = time.perf_counter()
-                for value in sparse:
-                    _dense_copy(value)
-                conversion = time.perf_counter() - start
-                candidates["dense"] = lambda: self._dense(args, None)
         if self.options.openmp is not None and (count := knobs.num_threads()) > 1:
             # timed on all threads: left to its ``ThreadChoice``, the five timed calls would mix its trials of
             # one thread and of all (random 768^2 at 90%, N=128: "sparse" timed slower than "1 thread" and lost,
@@ -214,6 +245,18 @@ class AutoKernel(CpuKernel):
             times["sparsifier"] = median_seconds(lambda: self._run("sparsifier", args, None), 5)
         elif reason:
             skipped["sparsifier"] = reason
+        if self._einsum is not None:
+            need, budget = sum(math.prod(t.shape) for t in sparse) * self.spec.dtype.itemsize, knobs.dense_budget()
+            if need > budget:
+                skipped["dense"] = (f"dense copies of the sparse operands need {need:,} bytes, over the dense "
+                                    f"budget of {budget:,} (SPARSE_MLIR_DENSE_BUDGET)")
+            else:
+                start = time.perf_counter()
+                for value in sparse:
+                    _dense_copy(value)
+                conversion += time.perf_counter() - start
+                threads.wait_until_idle()
+                times["dense"] = median_seconds(lambda: self._dense(args, None), 5)
         choice = min(times, key=times.__getitem__)
         if choice != "dense":  # the copies made to time the dense candidate would only hold memory
             for value in sparse:

@@ -31,7 +31,7 @@ from sparse_mlir.knobs import knobs
 from sparse_mlir.runtime import gomp_bridge, kmp_pool
 
 __all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "kernel_runtime", "load_runtime", "openmp_library",
-           "set_threads", "work_threads"]
+           "set_threads", "wait_until_idle", "work_threads"]
 
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 _local = threading.local()
@@ -210,6 +210,15 @@ def _pool_awake(now: float) -> bool:
     """
     last = getattr(_local, "last_call", None)
     return last is not None and now - last < blocktime_seconds()
+
+
+def wait_until_idle(limit: float = 0.05) -> None:
+    """Sleep while the pool's idle workers may still spin after this Python thread's last kernel call (its
+    blocktime), when that is at most ``limit`` seconds: before timing another library's threads, which
+    spinning workers slow on a small machine (``schedule="auto"`` times dense BLAS after our kernels)."""
+    spin = blocktime_seconds()
+    if 0 < spin <= limit:
+        time.sleep(spin)
 
 
 def blocktime_seconds() -> float:
