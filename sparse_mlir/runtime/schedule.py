@@ -59,6 +59,11 @@ MAX_FILL = 1.25  # ... when storing whole blocks adds at most this many entries 
 MAX_BLOCK_DENSITY = 0.5  # ... and the blocks cover at most half the matrix (denser is dense BLAS's ground)
 MAX_DECISIONS = 256  # operand structures remembered per kernel (least recently used dropped)
 SPARSIFIER_WORTH = 0.02  # seconds per call of the hand-scheduled kernel from which the sparsifier's is tried too
+# a sparse variant replaces dense BLAS only when it takes at most this share of its time: timed back to back,
+# the sparse kernels look better than they run between other work (random 768^2 at 50%, N=128: 0.64 ms against
+# dense 0.68 in the decision, 0.75 against 0.64 in the interleaved benchmark; at 60%, 0.51 against 0.66, then
+# 0.56 against 0.64), and dense BLAS is the choice that never pays for sparsity that does not pay off
+SPARSE_MARGIN = 0.9
 FINGERPRINT_SAMPLES = 256  # index entries hashed per buffer: O(1) per call, whatever the tensor's size
 _structures: weakref.WeakKeyDictionary[SparseTensor, tuple] = weakref.WeakKeyDictionary()
 
@@ -258,6 +263,8 @@ class AutoKernel(CpuKernel):
                 threads.wait_until_idle()
                 times["dense"] = median_seconds(lambda: self._dense(args, None), 5)
         choice = min(times, key=times.__getitem__)
+        if "dense" in times and times[choice] > SPARSE_MARGIN * times["dense"]:
+            choice = "dense"
         if choice != "dense":  # the copies made to time the dense candidate would only hold memory
             for value in sparse:
                 _dense_copies.pop(value, None)
