@@ -16,6 +16,28 @@ from sparse_mlir.files import checkout_root
 
 __all__ = ["knobs"]
 
+# ``os.environ`` keeps the environment in a dict of encoded keys; ``os.environ.get`` encodes the name and, for an
+# unset variable (the usual case), raises and catches a KeyError: 0.4-0.8 us a read.  Every threaded kernel call
+# reads three settings (the thread count twice over, the blocktime), 2.4 of its 4.7 us of Python before the
+# kernel, so names are encoded once and looked up in that dict, which ``os.environ`` (and pytest's ``setenv``)
+# updates on every change.  Where an interpreter keeps no such dict, ``os.environ.get``.
+_RAW = getattr(os.environ, "_data", None)
+_ENCODE = getattr(os.environ, "encodekey", None)
+_DECODE = getattr(os.environ, "decodevalue", None)
+_FAST = isinstance(_RAW, dict) and callable(_ENCODE) and callable(_DECODE)
+_KEYS: dict[str, object] = {}
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    """``os.environ.get(name, default)``, at a dict look-up's cost."""
+    if not _FAST:
+        return os.environ.get(name, default)
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = _ENCODE(name)
+    raw = _RAW.get(key)
+    return default if raw is None else _DECODE(raw)
+
 
 class _Knobs:
     """Typed accessors for the environment variables the package reads."""
@@ -23,23 +45,23 @@ class _Knobs:
     @staticmethod
     def cache_dir() -> Path:
         """``SPARSE_MLIR_CACHE_DIR``, else ``$XDG_CACHE_HOME/sparse_mlir``, else ``~/.cache/sparse_mlir``."""
-        explicit = os.environ.get("SPARSE_MLIR_CACHE_DIR")
+        explicit = _env("SPARSE_MLIR_CACHE_DIR")
         if explicit:
             return Path(explicit)
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        base = _env("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         return Path(base) / "sparse_mlir"
 
     @staticmethod
     def cpu() -> str:
         """``SPARSE_MLIR_CPU``: the ``-mcpu`` of JIT-compiled kernels (default ``native``)."""
-        return os.environ.get("SPARSE_MLIR_CPU", "native")
+        return _env("SPARSE_MLIR_CPU", "native")
 
 
     @staticmethod
     def num_threads() -> int:
         """``SPARSE_MLIR_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the cores this process may use."""
         for name in ("SPARSE_MLIR_NUM_THREADS", "OMP_NUM_THREADS"):
-            value = os.environ.get(name, "").split(",")[0].strip()
+            value = _env(name, "").split(",")[0].strip()
             if value.isdigit() and int(value) > 0:
                 return int(value)
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -47,13 +69,13 @@ class _Knobs:
     @staticmethod
     def parallel() -> bool:
         """``SPARSE_MLIR_PARALLEL=0`` compiles serial kernels (no OpenMP runtime needed)."""
-        return os.environ.get("SPARSE_MLIR_PARALLEL", "1") not in ("0", "false", "no")
+        return _env("SPARSE_MLIR_PARALLEL", "1") not in ("0", "false", "no")
 
 
     @staticmethod
     def max_loaded_kernels() -> int:
         """``SPARSE_MLIR_MAX_LOADED_KERNELS``: compiled libraries kept loaded per process (LRU), default 256."""
-        value = os.environ.get("SPARSE_MLIR_MAX_LOADED_KERNELS", "")
+        value = _env("SPARSE_MLIR_MAX_LOADED_KERNELS", "")
         return max(1, int(value)) if value.isdigit() else 256
 
     @staticmethod
@@ -62,7 +84,7 @@ class _Knobs:
         ``DENSE_BUDGET_FRACTION`` of the memory available now (``MemAvailable``, lowered to what the cgroup's
         limit leaves).  Dense copies that do not fit are never planned: ``schedule="auto"`` leaves out its dense
         candidate and a refused compile is not retried densified."""
-        text = os.environ.get("SPARSE_MLIR_DENSE_BUDGET", "").strip()
+        text = _env("SPARSE_MLIR_DENSE_BUDGET", "").strip()
         if text:
             if text.isdigit():
                 return int(text)
@@ -73,7 +95,7 @@ class _Knobs:
     @staticmethod
     def compile_timeout() -> float | None:
         """``SPARSE_MLIR_COMPILE_TIMEOUT``: seconds one compile may take before its process is stopped (unset: none)."""
-        text = os.environ.get("SPARSE_MLIR_COMPILE_TIMEOUT", "").strip()
+        text = _env("SPARSE_MLIR_COMPILE_TIMEOUT", "").strip()
         if not text:
             return None
         try:
@@ -89,7 +111,7 @@ class _Knobs:
     @staticmethod
     def compile_in_process() -> bool:
         """``SPARSE_MLIR_COMPILE_IN_PROCESS=1`` compiles in this process (debugging; no crash isolation, no timeout)."""
-        return os.environ.get("SPARSE_MLIR_COMPILE_IN_PROCESS") == "1"
+        return _env("SPARSE_MLIR_COMPILE_IN_PROCESS") == "1"
 
     @staticmethod
     def hopper() -> bool:
@@ -99,34 +121,34 @@ class _Knobs:
         (``benchmarks/gpu/tensor_core_check.py`` does that and sets it); until
         a device run confirms them, every chip runs the portable kernels.
         """
-        return os.environ.get("SPARSE_MLIR_HOPPER", "0") == "1"
+        return _env("SPARSE_MLIR_HOPPER", "0") == "1"
 
     @staticmethod
     def share_pool() -> bool:
         """``SPARSE_MLIR_SHARE_POOL=0`` keeps our kernels on their own pool even where libgomp (torch's) is
         loaded with spinning workers; by default kernels compiled then run on its pool (``runtime.gomp_bridge``)."""
-        return os.environ.get("SPARSE_MLIR_SHARE_POOL", "1") not in ("0", "false", "no")
+        return _env("SPARSE_MLIR_SHARE_POOL", "1") not in ("0", "false", "no")
 
     @staticmethod
     def own_pool() -> bool:
         """``SPARSE_MLIR_OWN_POOL=0`` links threaded kernels against libiomp5 instead of our own pool
         (``runtime.kmp_pool``)."""
-        return os.environ.get("SPARSE_MLIR_OWN_POOL", "1") not in ("0", "false", "no")
+        return _env("SPARSE_MLIR_OWN_POOL", "1") not in ("0", "false", "no")
 
     @staticmethod
     def gomp_workers_spin() -> bool:
         """Whether libgomp's idle workers spin after a region (its default) rather than sleep at once
         (``OMP_WAIT_POLICY=passive`` or ``GOMP_SPINCOUNT=0``, which the efficiency-gap benchmark sets)."""
-        if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+        if _env("OMP_WAIT_POLICY", "").strip().lower() == "passive":
             return False
-        return os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M", "0G", "0T")
+        return _env("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M", "0G", "0T")
 
     @staticmethod
     def fast_call() -> bool:
         """``SPARSE_MLIR_FAST_CALL=0`` turns off the C-level call path of shape-generic CPU kernels
         (``runtime.fast_call``): every call then goes through the Python checks and ctypes, as before it existed.
         """
-        return os.environ.get("SPARSE_MLIR_FAST_CALL", "1") != "0"
+        return _env("SPARSE_MLIR_FAST_CALL", "1") != "0"
 
     @staticmethod
     def merge_spmv() -> bool:
@@ -137,7 +159,7 @@ class _Knobs:
         until then skewed rows run the lanes-per-row kernel, as balanced ones.
         Read at each call, by the runtime: the compiled program holds both.
         """
-        return os.environ.get("SPARSE_MLIR_MERGE_SPMV", "0") == "1"
+        return _env("SPARSE_MLIR_MERGE_SPMV", "0") == "1"
 
     @staticmethod
     def data_dir() -> Path:
@@ -147,13 +169,13 @@ class _Knobs:
         from, else ``$XDG_DATA_HOME/sparse_mlir`` (``~/.local/share/sparse_mlir``).
         A missing folder is no error: the workloads that need it are skipped.
         """
-        explicit = os.environ.get("SPARSE_MLIR_DATA")
+        explicit = _env("SPARSE_MLIR_DATA")
         if explicit:
             return Path(explicit)
         root = checkout_root()
         if root is not None:
             return root.parent / "shared" / "data"
-        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        base = _env("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
         return Path(base) / "sparse_mlir"
 
     # -- settings of other tools, read here like ours ----------------------------------------------
@@ -161,22 +183,22 @@ class _Knobs:
     @staticmethod
     def c_compiler() -> str | None:
         """``CC``: the C compiler that links kernels and exported libraries (unset: ``cc``, ``gcc``, ``clang``)."""
-        return os.environ.get("CC") or None
+        return _env("CC") or None
 
     @staticmethod
     def cuda_roots() -> tuple[Path, ...]:
         """``CUDA_HOME`` then ``CUDA_PATH``: CUDA toolkit folders searched first for ``ptxas`` and ``libdevice``."""
-        return tuple(Path(value) for value in map(os.environ.get, ("CUDA_HOME", "CUDA_PATH")) if value)
+        return tuple(Path(value) for value in map(_env, ("CUDA_HOME", "CUDA_PATH")) if value)
 
     @staticmethod
     def library_path() -> tuple[Path, ...]:
         """``LD_LIBRARY_PATH``: folders searched for the OpenMP runtime, after the Python installation's own."""
-        return tuple(Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p)
+        return tuple(Path(p) for p in _env("LD_LIBRARY_PATH", "").split(os.pathsep) if p)
 
     @staticmethod
     def kmp_blocktime() -> str | None:
         """``KMP_BLOCKTIME``: when set, the OpenMP runtime's own idle spin time is left alone (else 5 ms)."""
-        return os.environ.get("KMP_BLOCKTIME")
+        return _env("KMP_BLOCKTIME")
 
 
 DENSE_BUDGET_FRACTION = 0.25  # of the memory available now: a dense copy must leave room for everything else

@@ -322,3 +322,24 @@ def test_the_efficiency_gap_benchmark_changes_nothing_when_imported(monkeypatch)
     fresh = module.fresh_environment({"KMP_BLOCKTIME": "7", "OPENBLAS_CORETYPE": "Haswell", "PATH": "/bin"})
     assert fresh == {**pools, "KMP_BLOCKTIME": "7", "PATH": "/bin"}  # what the user set stays
     assert module.fresh_environment(fresh) is None  # so the restart happens once
+
+
+def test_the_environment_is_read_as_os_environ_reads_it(monkeypatch):
+    """``knobs`` reads the environment through ``os.environ``'s own dict (no KeyError for unset names): every
+    change made through ``os.environ`` shows at once, and values decode as ``os.environ`` decodes them."""
+    from sparse_mlir import knobs as module
+
+    name = "SPARSE_MLIR_TEST_SETTING"
+    monkeypatch.delenv(name, raising=False)
+    assert module._env(name) is None and module._env(name, "d") == "d"
+    for value in ("1", "", " 4, 2", "é\udcff"):
+        monkeypatch.setenv(name, value)
+        assert module._env(name) == os.environ.get(name) == value
+    monkeypatch.delenv(name)
+    assert module._env(name, "gone") == "gone"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("SPARSE_MLIR_NUM_THREADS", raising=False)
+    assert knobs.num_threads() == 3
+    monkeypatch.setattr(module, "_FAST", False)  # an interpreter without that dict: os.environ.get
+    monkeypatch.setenv(name, "slow")
+    assert module._env(name) == "slow" and module._env(name + "_UNSET", "x") == "x"
