@@ -119,8 +119,10 @@ static struct {
     int count;
     void *shared[MAX_SHARED];
     uint64_t id;      /* regions forked before this one: tells the loop slots' regions apart */
-    int wanted;       /* threads the forking thread asked for, itself included */
-    int64_t spin_ns;  /* how long idle workers spin after this region */
+    /* these two are read by workers that have not joined (yet), while the master may already be writing the
+     * next region's: atomics (relaxed: the region is published by the stores to team_state and generation) */
+    _Atomic int wanted;       /* threads the forking thread asked for, itself included */
+    _Atomic int64_t spin_ns;  /* how long idle workers spin after this region */
 } region;
 
 static struct signal generation;          /* bumped by each fork: the workers wait on it */
@@ -178,13 +180,15 @@ static void *worker_main(void *arg) {
         uint64_t state = atomic_load(&team_state);
         /* join the region whose fork woke us, if it is still open and wants us */
         int joined = 0;
-        while ((uint32_t)region_of(state) == seen && !(state & CLOSED) && index + 1 < region.wanted) {
+        while ((uint32_t)region_of(state) == seen && !(state & CLOSED) &&
+               index + 1 < atomic_load_explicit(&region.wanted, memory_order_relaxed)) {
             if (atomic_compare_exchange_weak(&team_state, &state, state + 1)) {
                 joined = 1;
                 break;
             }
         }
-        spin_ns = region.spin_ns; /* read before finishing: the master may start the next region after */
+        /* read before finishing: the master may start the next region after */
+        spin_ns = atomic_load_explicit(&region.spin_ns, memory_order_relaxed);
         if (!joined) continue;
         here.thread_num = (int)(state & MEMBERS);
         here.team_region = region.id;
@@ -286,8 +290,9 @@ EXPORT void __kmpc_fork_call(void *loc, int32_t count, microtask_t task, ...) {
     region.task = task;
     region.count = count;
     memcpy(region.shared, shared, sizeof shared);
-    region.wanted = wanted;
-    region.spin_ns = blocktime_ns != -2 ? blocktime_ns : default_blocktime_ns;
+    atomic_store_explicit(&region.wanted, wanted, memory_order_relaxed);
+    atomic_store_explicit(&region.spin_ns, blocktime_ns != -2 ? blocktime_ns : default_blocktime_ns,
+                          memory_order_relaxed);
     region.id = ++regions; /* from 1: a slot never set up reads as region 0 */
     uint32_t number = (uint32_t)(atomic_load(&generation.word) + 1);
     atomic_store(&finished.word, 0);
@@ -404,7 +409,7 @@ EXPORT int32_t __kmpc_dispatch_next_8u(void *loc, int32_t gtid, int32_t *last, u
             first = atomic_load(&s->next);
             do {
                 if (first >= count) return 0;
-                uint64_t left = count - first, share = left / (2 * (uint64_t)region.wanted);
+                uint64_t left = count - first, share = left / (2 * (uint64_t)atomic_load_explicit(&region.wanted, memory_order_relaxed));
                 taken = share > s->chunk ? share : s->chunk;
                 if (taken > left) taken = left;
             } while (!atomic_compare_exchange_weak(&s->next, &first, first + taken));
