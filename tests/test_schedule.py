@@ -232,7 +232,7 @@ def test_wait_until_idle_sleeps_for_a_short_blocktime_only(monkeypatch):
 
     from sparse_mlir.runtime import threads
 
-    for spin, least, most in ((0.02, 0.02, 1.0), (0.0, 0.0, 0.01), (math.inf, 0.0, 0.01), (0.3, 0.0, 0.01)):
+    for spin, least, most in ((0.02, 0.02, 1.0), (0.0, 0.0, 0.2), (math.inf, 0.0, 0.2), (0.3, 0.0, 0.25)):
         monkeypatch.setattr(threads, "blocktime_seconds", lambda spin=spin: spin)
         start = time.perf_counter()
         threads.wait_until_idle()
