@@ -262,3 +262,35 @@ def test_a_sparse_variant_must_beat_dense_blas_by_the_margin(monkeypatch):
         seconds = kernel.schedule["seconds"]
         assert seconds["dense"] == 1.0 and seconds["sparse"] == share, seconds
         assert kernel.schedule["choice"] == expected, kernel.schedule
+
+
+def test_a_bsr_decision_sends_the_same_tensor_to_the_blocked_kernel(monkeypatch):
+    """Decided for a BSR copy, later calls with the same ``SparseTensor`` go to the blocked kernel (its cached
+    copy, its own C-level call) without the auto kernel's Python path."""
+    rng = np.random.default_rng(3)
+    blocks = np.kron(rng.random((32, 32)) < 0.1, np.ones((4, 4)))
+    a = (blocks * rng.standard_normal((128, 128))).astype(np.float32)
+    B = rng.standard_normal((128, 24)).astype(np.float32)
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j] + bias[j]", formats={"A": "csr"}, dtype="float32",
+                        schedule="auto")
+    kernel._decisions.clear()
+
+    def decide(self, args):
+        assert self._block_candidate(args) is not None
+        return {"choice": "sparse, bsr4x4", "seconds": {}, "conversion_seconds": 0.0, "skipped": {}}
+
+    monkeypatch.setattr(type(kernel), "_decide", decide)
+    A, bias = sm.SparseTensor.from_dense(a, "csr"), rng.standard_normal(24).astype(np.float32)
+    want = a @ B + bias
+    np.testing.assert_allclose(kernel(A=A, B=B, bias=bias), want, rtol=1e-4, atol=1e-4)
+    assert kernel._native_fast is not None
+    python_path = []
+    real_run = type(kernel)._run
+    monkeypatch.setattr(type(kernel), "_run", lambda self, *args: python_path.append(1) or real_run(self, *args))
+    out = np.full((128, 24), np.nan, np.float32)
+    for _ in range(3):
+        assert kernel(A=A, B=B, bias=bias, out=out) is out
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    assert python_path == []
+    with pytest.raises(sm.errors.ShapeError):  # bad operands still get the library's error
+        kernel(A=A, B=B[:100], bias=bias)

@@ -147,8 +147,7 @@ class AutoKernel(CpuKernel):
 
     def _route(self, choice: str, operands: dict[str, Any]) -> Callable[[dict[str, Any], Any], Any] | None:
         """For a sparse choice: the call that sends the next calls with these very ``SparseTensor`` objects
-        straight to the C-level call of the specialization that just ran (``kernel_call`` tries it first); else
-        ``None``.
+        straight to the chosen variant's C-level call (``kernel_call`` tries it first); else ``None``.
 
         A decision is made per tensor object (``structure`` is computed once
         per object), so the same objects mean the same decision.  Looking it
@@ -160,34 +159,57 @@ class AutoKernel(CpuKernel):
         itself and returns ``NotImplemented`` for anything else, and so does
         the route for other sparse objects: the Python path then decides.
         """
-        if choice not in ("sparse", "sparse, 1 thread") or self._fast is None:
-            return None
         tensors = [operands.get(name) for name in self._sparse_inputs]
         if not all(type(t) is SparseTensor for t in tensors):  # scipy operands become new tensors every call
             return None
-        call = self._fast[2].fast_call()
+        call = self._variant_call(choice)
         if call is None:
             return None
         held = tuple(zip(self._sparse_inputs, [weakref.ref(t) for t in tensors]))
-        serial = choice == "sparse, 1 thread"
 
         def route(given: dict[str, Any], out: Any) -> Any:
             for name, ref in held:
                 if given.get(name) is not ref():
                     return NotImplemented
-            if not serial:
-                return call(given, out)
-            with threads.fixed(1):  # a new one each time: a ``fixed`` block's saved state is per object
-                return call(given, out)
+            return call(given, out)
 
         return route
+
+    def _variant_call(self, choice: str) -> Callable[[dict[str, Any], Any], Any] | None:
+        """``call(operands, out)`` running the sparse variant ``choice`` on the caller's operands (its C-level call,
+        or for a BSR copy that kernel's own call, which tries its C-level call first); ``None`` for dense BLAS and
+        the sparsifier's kernel, whose calls keep the Python path."""
+        if choice in ("sparse", "sparse, 1 thread"):
+            call = None if self._fast is None else self._fast[2].fast_call()
+            if call is None or choice == "sparse":
+                return call
+
+            def serial(given: dict[str, Any], out: Any) -> Any:
+                with threads.fixed(1):  # a new one each time: a ``fixed`` block's saved state is per object
+                    return call(given, out)
+
+            return serial
+        if choice.startswith("sparse, bsr"):
+            (name,) = self._sparse_inputs
+            fmt = self._blocked_format(choice)
+            blocked = self._blocked[fmt]
+
+            def on_blocks(given: dict[str, Any], out: Any) -> Any:
+                return blocked(out=out, **{**given, name: _block_copy(given[name], fmt)})
+
+            return on_blocks
+        return None
+
+    def _blocked_format(self, choice: str) -> Format:
+        """The block format of the choice ``"sparse, bsr..."``."""
+        return next(f for f in self._blocked if f"sparse, {f}" == choice)
 
     def _run(self, choice: str, args: dict[str, Any], out: np.ndarray | None) -> Any:
         if choice == "dense":
             return self._dense(args, out)
         if choice.startswith("sparse, bsr"):
             (name,) = self._sparse_inputs
-            fmt = next(f for f in self._blocked if f"sparse, {f}" == choice)
+            fmt = self._blocked_format(choice)
             return self._blocked[fmt](out=out, **{**args, name: _block_copy(args[name], fmt)})
         if choice == "sparse, 1 thread":
             return self._on_threads(1, args, out)
