@@ -96,14 +96,21 @@ def test_dense_fallback_computes_each_product_form(expr, reference):
         kernel._dense(args, np.empty((3, 3) if want.ndim == 2 else 3, np.float32))
 
 
-def test_blocky_csr_gets_a_bsr_candidate_and_scattered_csr_does_not():
-    """Auto may convert a CSR SpMM operand to BSR (dense register blocks) when its nonzeros fill whole blocks."""
-    rng = np.random.default_rng(2)
-    blocks = np.kron(rng.random((64, 64)) < 0.1, np.ones((4, 4)))
-    a = (blocks * rng.standard_normal((256, 256))).astype(np.float32)
-    B = rng.standard_normal((256, 40)).astype(np.float32)
+def _blocky_problem(seed: int, grid: int, cols: int):
+    """``(rng, a, B, kernel)``: a CSR matrix whose nonzeros fill 4x4 blocks (a ``grid`` x ``grid`` of them, 10%),
+    a dense ``B`` of ``cols`` columns and the auto kernel of ``A @ B + bias``."""
+    rng = np.random.default_rng(seed)
+    blocks = np.kron(rng.random((grid, grid)) < 0.1, np.ones((4, 4)))
+    a = (blocks * rng.standard_normal((4 * grid, 4 * grid))).astype(np.float32)
+    B = rng.standard_normal((4 * grid, cols)).astype(np.float32)
     kernel = sm.compile("C[i,j] = A[i,k] * B[k,j] + bias[j]", formats={"A": "csr"}, dtype="float32",
                         schedule="auto")
+    return rng, a, B, kernel
+
+
+def test_blocky_csr_gets_a_bsr_candidate_and_scattered_csr_does_not():
+    """Auto may convert a CSR SpMM operand to BSR (dense register blocks) when its nonzeros fill whole blocks."""
+    rng, a, B, kernel = _blocky_problem(2, 64, 40)
     bias = rng.standard_normal(40).astype(np.float32)
     A = sm.SparseTensor.from_dense(a, "csr")
     np.testing.assert_allclose(kernel(A=A, B=B, bias=bias), a @ B + bias, rtol=1e-4, atol=1e-4)
@@ -267,12 +274,7 @@ def test_a_sparse_variant_must_beat_dense_blas_by_the_margin(monkeypatch):
 def test_a_bsr_decision_sends_the_same_tensor_to_the_blocked_kernel(monkeypatch):
     """Decided for a BSR copy, later calls with the same ``SparseTensor`` go to the blocked kernel (its cached
     copy, its own C-level call) without the auto kernel's Python path."""
-    rng = np.random.default_rng(3)
-    blocks = np.kron(rng.random((32, 32)) < 0.1, np.ones((4, 4)))
-    a = (blocks * rng.standard_normal((128, 128))).astype(np.float32)
-    B = rng.standard_normal((128, 24)).astype(np.float32)
-    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j] + bias[j]", formats={"A": "csr"}, dtype="float32",
-                        schedule="auto")
+    rng, a, B, kernel = _blocky_problem(3, 32, 24)
     kernel._decisions.clear()
 
     def decide(self, args):
