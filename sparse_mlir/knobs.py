@@ -18,7 +18,7 @@ __all__ = ["knobs"]
 
 # ``os.environ`` keeps the environment in a dict of encoded keys; ``os.environ.get`` encodes the name and, for an
 # unset variable (the usual case), raises and catches a KeyError: 0.4-0.8 us a read.  Every threaded kernel call
-# reads three settings (the thread count twice over, the blocktime), 2.4 of its 4.7 us of Python before the
+# reads three variables (the thread count's two names, the blocktime), 2.4 of its 4.7 us of Python before the
 # kernel, so names are encoded once and looked up in that dict, which ``os.environ`` (and pytest's ``setenv``)
 # updates on every change.  Where an interpreter keeps no such dict, ``os.environ.get``.
 _RAW = getattr(os.environ, "_data", None)

@@ -177,8 +177,8 @@ class AutoKernel(CpuKernel):
 
     def _variant_call(self, choice: str) -> Callable[[dict[str, Any], Any], Any] | None:
         """``call(operands, out)`` running the sparse variant ``choice`` on the caller's operands (its C-level call,
-        or for a BSR copy that kernel's own call, which tries its C-level call first); ``None`` for dense BLAS and
-        the sparsifier's kernel, whose calls keep the Python path."""
+        or for a BSR copy that kernel's own call, which tries its C-level call first: ``_run`` calls it too);
+        ``None`` for dense BLAS and the sparsifier's kernel, whose calls keep the Python path."""
         if choice in ("sparse", "sparse, 1 thread"):
             call = None if self._fast is None else self._fast[2].fast_call()
             if call is None or choice == "sparse":
@@ -191,7 +191,7 @@ class AutoKernel(CpuKernel):
             return serial
         if choice.startswith("sparse, bsr"):
             (name,) = self._sparse_inputs
-            fmt = self._blocked_format(choice)
+            fmt = next(f for f in self._blocked if f"sparse, {f}" == choice)
             blocked = self._blocked[fmt]
 
             def on_blocks(given: dict[str, Any], out: Any) -> Any:
@@ -200,17 +200,11 @@ class AutoKernel(CpuKernel):
             return on_blocks
         return None
 
-    def _blocked_format(self, choice: str) -> Format:
-        """The block format of the choice ``"sparse, bsr..."``."""
-        return next(f for f in self._blocked if f"sparse, {f}" == choice)
-
     def _run(self, choice: str, args: dict[str, Any], out: np.ndarray | None) -> Any:
         if choice == "dense":
             return self._dense(args, out)
         if choice.startswith("sparse, bsr"):
-            (name,) = self._sparse_inputs
-            fmt = self._blocked_format(choice)
-            return self._blocked[fmt](out=out, **{**args, name: _block_copy(args[name], fmt)})
+            return self._variant_call(choice)(args, out)
         if choice == "sparse, 1 thread":
             return self._on_threads(1, args, out)
         if choice == "sparsifier":

@@ -213,10 +213,10 @@ def _pool_awake(now: float) -> bool:
 
 
 def wait_until_idle(limit: float = 0.25) -> None:
-    """Sleep while the pool's idle workers may still spin after this Python thread's last kernel call (its
-    blocktime), when that is at most ``limit`` seconds: before timing another library's threads, which
-    spinning workers slow on a small machine (``schedule="auto"`` times dense BLAS after our kernels, once per
-    operand structure).  The limit covers ``KMP_BLOCKTIME=200``, the OpenMP runtimes' own default."""
+    """Sleep for this Python thread's blocktime, as long as the pool's idle workers spin after a kernel call,
+    when that is at most ``limit`` seconds: called right after kernel calls, before timing another library's
+    threads, which spinning workers slow on a small machine (``schedule="auto"`` times dense BLAS after our
+    kernels, once per operand structure).  The limit covers ``KMP_BLOCKTIME=200``, the runtimes' own default."""
     spin = blocktime_seconds()
     if 0 < spin <= limit:
         time.sleep(spin)
