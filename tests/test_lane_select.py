@@ -187,3 +187,18 @@ def test_empty_and_one_feature_shapes(batch, outputs, inputs):
     got = kernel(X=x, W=sm.SparseTensor.from_dense(w, "2:4"), bias=bias)
     np.testing.assert_array_equal(got, x @ w.T + bias)
     assert got.shape == (batch, outputs)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 16])
+@pytest.mark.parametrize("outputs", [1610, 40])  # 101 chunks of features (runs of 12 at 2 threads), 3 chunks
+def test_a_small_batch_computes_every_chunk_once_whatever_the_threads(rng, threads, outputs):
+    """Below ``SMALL_BATCH`` rows, workers claim contiguous runs of chunks (each chunk prefetches the next one's
+    rows of ``W``): the runs must cover every chunk once, however the chunks divide among the threads, including
+    fewer chunks than threads."""
+    w = _weight(rng, outputs, 96, 2, 4, "float32")
+    x = random_values(rng, (10, 96), "float32")
+    kernel = sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": "2:4"}, dtype="float32")
+    out = np.full((10, outputs), np.nan, np.float32)
+    with fixed(threads):
+        kernel(X=x, W=sm.SparseTensor.from_dense(w, "2:4"), out=out)
+    np.testing.assert_array_equal(out, x @ w.T)

@@ -27,8 +27,23 @@ thread, 2:4, us (as stored / packed by chunks), session 19: 384 x 384 at
 384 at 8 rows 102 / 138, 16 rows 161 / 183, 24 rows 237 / 214, 31 rows
 345 / 284; 384 x 1536 at 16 rows 150 / 169, 24 rows 228 / 211 (18-22
 rows: even, within noise).  One batch row at a time (before
-``BATCH_ROWS``), 1536 x 384 at 8 rows took 0.168 ms, 0.123 with 4.  Built
-with the MLIR bindings' op builders.
+``BATCH_ROWS``), 1536 x 384 at 8 rows took 0.168 ms, 0.123 with 4.
+
+In a model, a layer's weight comes from L3 or memory, not L2: a pass
+reads 16 rows of ``W`` at once, each only a few lines long, too short for
+the hardware prefetcher to follow.  So the first group of ``BATCH_ROWS``
+batch rows of a chunk also prefetches, span by span, the next chunk's rows
+(into L2), and workers claim contiguous runs of chunks so that the next
+chunk is usually their own.  Batches under ``BATCH_ROWS`` rows stream ``W``
+at memory speed without it (there the prefetches only cost: 1 row of 384 x
+384, warm, 9.4-10.4 us a call against 12.6-13.1 with them).  One thread,
+10 rows, 24 different 2:4 layers called in turn (as a forward walks its
+layers), us a layer, three runs (before / after): 1536 x 384 301-333 /
+212-225, 384 x 1536 247-283 / 199-203, 384 x 384 55-59 / 61-64 (dense
+torch: 364-441, 302-352, 50).  MiniLM on one sentence (10 tokens), 2:4,
+dense/sparse: 1.06-1.09x / 1.20-1.23x at one thread, 0.95-0.98x /
+1.00-1.01x at two (where waking the second worker dominates).  Built with
+the MLIR bindings' op builders.
 """
 
 from __future__ import annotations
@@ -40,6 +55,7 @@ from mlir import ir
 from mlir.dialects import arith, llvm, memref, vector
 from sparse_mlir.dialects.native.lane_select import Finish, LaneProduct, lane_types, widened
 from sparse_mlir.dialects.native.loops import (
+    LINE_BYTES,
     add,
     branch,
     by_workers,
@@ -50,6 +66,7 @@ from sparse_mlir.dialects.native.loops import (
     is_float,
     lane_sums,
     reduce_loop,
+    thread_count,
 )
 from sparse_mlir.formats import Format
 
@@ -57,6 +74,8 @@ __all__ = ["BATCH_ROWS", "SMALL_BATCH", "RowProduct", "RowWeight", "applies", "b
            "row_items"]
 
 BATCH_ROWS = 4  # batch rows per read of a row of W (with lanes / 4 rows of W a pass: 16 accumulators)
+PREFETCH_LOCALITY = 2  # into L2 (prefetcht1): a chunk ahead is up to 60 KB, more than L1
+CLAIMS_PER_THREAD = 4  # runs of chunks a worker claims, about: few enough that prefetches stay its own
 SMALL_BATCH = 24  # batches of fewer rows read W as stored (measured: see the module's docstring)
 _TWO_SOURCE = {("f", 32): "llvm.x86.avx512.vpermi2var.ps.512", ("f", 64): "llvm.x86.avx512.vpermi2var.pd.512",
                ("i", 32): "llvm.x86.avx512.vpermi2var.d.512", ("i", 64): "llvm.x86.avx512.vpermi2var.q.512"}
@@ -103,8 +122,10 @@ class RowProduct(LaneProduct):
         """Per chunk, ``BATCH_ROWS`` batch rows at a time (each read of a row of ``W`` serves them all), the rest
         in halving groups (2, then 1 with ``BATCH_ROWS`` 4)."""
         def rows(chunk: ir.Value, first: ir.Value, together: int) -> None:
+            # the first full group of the chunk prefetches the next chunk's rows of W (see the module's docstring)
+            ahead = arith.cmpi(arith.CmpIPredicate.eq, first, index(0)) if together == BATCH_ROWS else None
             self._rows(x, [arith.addi(x_row, arith.addi(first, index(r))) for r in range(together)],
-                       y, [arith.addi(y_row, arith.addi(first, index(r))) for r in range(together)], chunk)
+                       y, [arith.addi(y_row, arith.addi(first, index(r))) for r in range(together)], chunk, ahead)
 
         def chunk(c: ir.Value) -> None:
             done, together = index(0), BATCH_ROWS
@@ -115,15 +136,16 @@ class RowProduct(LaneProduct):
 
         for_each(chunk_lo, chunk_hi, chunk)
 
-    def _rows(self, x: ir.Value, x_rows: list[ir.Value], y: ir.Value, y_rows: list[ir.Value], chunk: ir.Value
-              ) -> None:
+    def _rows(self, x: ir.Value, x_rows: list[ir.Value], y: ir.Value, y_rows: list[ir.Value], chunk: ir.Value,
+              ahead: ir.Value | None) -> None:
         """A chunk's outputs for ``x_rows``: with ``k`` batch rows, ``k`` passes over ``lanes / k`` rows of ``W``
         each (``lanes`` accumulators in all), each pass's sums in the low lanes of one vector per batch row,
         then the passes' parts put side by side, pairwise."""
         lanes, together = self.lanes, len(x_rows)
         feature = arith.muli(chunk, index(lanes))
         width = lanes // together
-        passes = [self._pass(x, x_rows, arith.addi(feature, index(p * width)), width) for p in range(together)]
+        passes = [self._pass(x, x_rows, arith.addi(feature, index(p * width)), width, ahead)
+                  for p in range(together)]
         for r, y_row in enumerate(y_rows):
             parts, valid = [found[r] for found in passes], width
             while len(parts) > 1:  # two vectors with ``valid`` low lanes each -> one with twice as many
@@ -135,9 +157,11 @@ class RowProduct(LaneProduct):
                 sums = add(sums, self._start(feature, y_row))
             self._store(sums, y, y_row, feature)
 
-    def _pass(self, x: ir.Value, x_rows: list[ir.Value], first: ir.Value, group: int) -> list[ir.Value]:
+    def _pass(self, x: ir.Value, x_rows: list[ir.Value], first: ir.Value, group: int, ahead: ir.Value | None
+              ) -> list[ir.Value]:
         """Rows ``first .. first + group`` of ``W`` times ``x_rows``: per batch row, a vector whose lane ``e``
-        is row ``first + e``'s dot product."""
+        is row ``first + e``'s dot product; where ``ahead`` holds, each span also prefetches the same span of
+        the rows a chunk on (``_prefetch_next_chunk``)."""
         w, lanes = self.w, self.lanes
         last = arith.subi(w.rows, index(1))
         # rows of W past the last (a partial last chunk) read the last row again: their lanes are not stored
@@ -159,6 +183,8 @@ class RowProduct(LaneProduct):
                 xs = [(vector.load(w.vector, x, [row, column]),
                        vector.load(w.vector, x, [row, arith.addi(column, index(lanes))])) for row in x_rows]
             out = list(accs)
+            if ahead is not None and not masked:
+                branch(ahead, lambda: self._prefetch_next_chunk(first, group, entry), lambda: None)
             for e in range(group):
                 at = arith.addi(starts[e], entry)
                 if masked:
@@ -184,12 +210,39 @@ class RowProduct(LaneProduct):
         accs = if_else(has_tail, lambda: span(self.full_spans, accs, True), lambda: accs, [a.type for a in accs])
         return [lane_sums([accs[e * len(x_rows) + r] for e in range(group)]) for r in range(len(x_rows))]
 
+    def _prefetch_next_chunk(self, first: ir.Value, group: int, entry: ir.Value) -> None:
+        """Prefetch into L2 the values and offsets at ``entry`` of the rows ``first + lanes ..`` (``group`` of
+        them, the last row of ``W`` standing in past it): one line of values a row per span; a span's offsets
+        fill ``1 / stride`` of a line, so the line ``stride`` spans on is asked for (past the row's end: the next
+        rows', needed soon too), and a row's offset lines are all requested early."""
+        w = self.w
+        last = arith.subi(w.rows, index(1))
+        stride = max(1, LINE_BYTES // (w.lanes * ir.MemRefType(w.crd.type).element_type.width // 8))
+        crd_last = arith.subi(memref.dim(w.crd, index(0)), index(1))
+        for e in range(group):
+            start = arith.muli(arith.minui(arith.addi(first, index(w.lanes + e)), last), w.per_row)
+            memref.prefetch(w.values, [arith.addi(start, entry)], False, PREFETCH_LOCALITY, True)
+            memref.prefetch(w.crd, [arith.minui(arith.addi(start, arith.muli(entry, index(stride))), crd_last)],
+                            False, PREFETCH_LOCALITY, True)
+
 
 def row_items(product: RowProduct, x: ir.Value, y: ir.Value, batch: ir.Value) -> None:
-    """``y = product(x)`` for a small batch: items of one chunk of features (every row of the batch), claimed
-    by one worker per thread (``loops.by_workers``)."""
-    by_workers(product.w.chunks, lambda c, _state: product.product(x, index(0), y, index(0), batch, c,
-                                                                      arith.addi(c, index(1))))
+    """``y = product(x)`` for a small batch: items of ``CLAIMS_PER_THREAD``-th of a thread's share of the chunks
+    of features (every row of the batch), contiguous, claimed by one worker per thread (``loops.by_workers``).
+
+    Contiguous runs because each chunk prefetches the next one's rows of
+    ``W`` (``RowProduct._pass``): claimed one by one, the next chunk was
+    as often the other worker's, prefetched into the wrong core's L2.
+    """
+    chunks = product.w.chunks
+    threads = arith.maxui(thread_count(), index(1))
+    run = arith.maxui(arith.divui(chunks, arith.muli(threads, index(CLAIMS_PER_THREAD))), index(1))
+
+    def item(claim: ir.Value, _state: object) -> None:
+        first = arith.muli(claim, run)
+        product.product(x, index(0), y, index(0), batch, first, arith.minui(arith.addi(first, run), chunks))
+
+    by_workers(arith.ceildivui(chunks, run), item)
 
 
 def linear_as_stored(fmt: Format, crd: ir.Value, values: ir.Value, rows: ir.Value, element: ir.Type, lanes: int,
