@@ -158,6 +158,7 @@ def _decided(kernel, monkeypatch, choice: str) -> None:
     """Make ``kernel``'s next decisions ``choice`` without timing anything (``compile`` may hand back a kernel
     an earlier test used: its decisions are forgotten)."""
     kernel._decisions.clear()
+    kernel._native_fast = None
     monkeypatch.setattr(type(kernel), "_decide", lambda self, args: {"choice": choice, "seconds": {choice: 1.0},
                                                                      "conversion_seconds": 0.0, "skipped": {}})
 
@@ -197,14 +198,58 @@ def test_a_sparse_decision_sends_the_same_tensor_straight_to_the_kernel(monkeypa
     assert python_path == [1, 1]
 
 
-def test_dense_and_scipy_operands_keep_the_python_path(monkeypatch):
+@pytest.mark.parametrize("expression, name, columns, reference", [
+    ("C[i,j] = A[i,k] * B[k,j]", "B", 64, lambda a, b: a @ b),
+    ("C[i,j] = 2 * A[i,k] * B[k,j]", "B", 64, lambda a, b: 2 * (a @ b)),
+    ("C[i,j] = A[k,i] * B[k,j]", "B", 64, lambda a, b: a.T @ b),
+    ("y[i] = A[i,j] * x[j]", "x", None, lambda a, b: a @ b),
+])
+def test_a_dense_decision_sends_the_same_tensor_straight_to_blas(monkeypatch, expression, name, columns, reference):
+    """Decided dense for a ``SparseTensor`` object, later calls with that object and arrays of the decided dtype
+    and shapes multiply the cached dense copy at once (no operand checks, structure key or look-up); anything
+    else (``out=``, another dtype, a missing operand) takes the Python path, which checks it; the route keeps
+    neither the tensor nor its dense copy alive."""
+    import gc
+    import weakref
+
+    from sparse_mlir.errors import DTypeError, OperandError, ShapeError
+    from sparse_mlir.runtime import schedule
+
+    kernel = sm.compile(expression, formats={"A": "csr"}, dtype="float32", schedule="auto")
+    _decided(kernel, monkeypatch, "dense")
+    a, A, _ = operands(0.5)
+    b = np.random.default_rng(1).standard_normal((512, columns) if columns else 512).astype(np.float32)
+    np.testing.assert_allclose(kernel(A=A, **{name: b}), reference(a, b), rtol=1e-4, atol=1e-3)
+    assert kernel._native_fast is not None
+    python_path = []
+    real_run = type(kernel)._run
+    monkeypatch.setattr(type(kernel), "_run", lambda self, *args: python_path.append(1) or real_run(self, *args))
+    got = kernel(A=A, **{name: b})
+    assert got.dtype == np.float32 and python_path == []
+    np.testing.assert_allclose(got, reference(a, b), rtol=1e-4, atol=1e-3)
+    out = np.full(got.shape, np.nan, np.float32)
+    assert kernel(A=A, out=out, **{name: b}) is out and python_path == [1]
+    np.testing.assert_allclose(out, reference(a, b), rtol=1e-4, atol=1e-3)
+    with pytest.raises(DTypeError):
+        kernel(A=A, **{name: b.astype(np.float64)})
+    with pytest.raises(OperandError):
+        kernel(A=A)
+    with pytest.raises(ShapeError):
+        kernel(A=A, **{name: b[:100]})
+    assert python_path == [1]  # all three refused before ``_run``
+    kernel(A=A, **{name: b})  # still routed: the refused calls left the route in place
+    assert python_path == [1]
+    tensor, copy = weakref.ref(A), weakref.ref(schedule._dense_copies[A])
+    del A
+    gc.collect()
+    assert tensor() is None and copy() is None
+
+
+def test_scipy_operands_keep_the_python_path(monkeypatch):
     import scipy.sparse as sp
 
     kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype="float32", schedule="auto")
     a, A, B = operands(0.99)
-    _decided(kernel, monkeypatch, "dense")
-    np.testing.assert_allclose(kernel(A=A, B=B), a @ B, rtol=1e-4, atol=1e-3)
-    assert kernel._native_fast is None
     _decided(kernel, monkeypatch, "sparse")
     kernel(A=A, B=B)
     assert kernel._native_fast is not None
@@ -226,6 +271,7 @@ def test_dense_blas_is_timed_last_once_our_workers_rest(monkeypatch):
     monkeypatch.setattr(schedule.threads, "wait_until_idle", lambda: events.append("rest"))
     monkeypatch.setattr(schedule.knobs, "num_threads", lambda: 2)
     kernel._decisions.clear()  # ``compile`` may hand back the kernel an earlier test decided for these operands
+    kernel._native_fast = None  # and the route that decision left
     a, A, B = operands(0.99)
     kernel(A=A, B=B)
     first_dense = events.index("dense")
@@ -265,6 +311,7 @@ def test_a_sparse_variant_must_beat_dense_blas_by_the_margin(monkeypatch):
 
         monkeypatch.setattr(schedule, "median_seconds", timed)
         kernel._decisions.clear()
+        kernel._native_fast = None  # nor the route the last decision left
         np.testing.assert_allclose(kernel(A=A, B=B), a @ B, rtol=1e-4, atol=1e-3)
         seconds = kernel.schedule["seconds"]
         assert seconds["dense"] == 1.0 and seconds["sparse"] == share, seconds
