@@ -224,10 +224,7 @@ class AutoKernel(CpuKernel):
         assert self._einsum is not None
         subscripts, names, scale = self._einsum
         operands = [_dense_copy(args[n]) if isinstance(args[n], SparseTensor) else args[n] for n in names]
-        inputs, output = subscripts.split("->")
-        sizes = {c: s for term, op in zip(inputs.split(","), operands) for c, s in zip(term, op.shape)}
-        shape = tuple(sizes[c] for c in output)
-        out = dense_output(self.spec.output, out, shape, self.spec.dtype, args)
+        out = dense_output(self.spec.output, out, self._product_shape(operands), self.spec.dtype, args)
         if self._matmul is not None:
             self._matmul_into(*operands, out)
         else:
@@ -235,6 +232,12 @@ class AutoKernel(CpuKernel):
         if scale != 1.0:
             out *= self.spec.dtype.type(scale)
         return out
+
+    def _product_shape(self, operands: list[Any]) -> tuple[int, ...]:
+        """The shape of the product of ``operands`` (anything with ``.shape``, in ``einsum_plan``'s order)."""
+        inputs, output = self._einsum[0].split("->")
+        sizes = {c: s for term, op in zip(inputs.split(","), operands) for c, s in zip(term, op.shape)}
+        return tuple(sizes[c] for c in output)
 
     def _matmul_into(self, x: np.ndarray, y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """``x @ y`` in the layout ``matmul_form`` found (transposes are views), into ``out`` (or a new array)."""
@@ -244,9 +247,10 @@ class AutoKernel(CpuKernel):
 
     def _dense_route(self, operands: dict[str, Any]) -> Callable[[dict[str, Any], Any], Any] | None:
         """For a dense choice of a matrix product: ``call(operands, out)`` that multiplies the cached dense copies
-        straight away when every dense operand is an array of the decided dtype and shape and there is no
-        ``out=`` (else ``NotImplemented``: the Python path checks and raises); ``None`` for other products.
-        ``_route`` has checked that the sparse operands are the decided objects.
+        straight away when every dense operand is an array of the decided dtype and shape and ``out=`` is absent
+        or an array ``dense_output`` takes without question (else ``NotImplemented``: the Python path checks and
+        raises); ``None`` for other products.  ``_route`` has checked that the sparse operands are the decided
+        objects.
 
         Why: a decided dense call went through ``prepare``, the structure key
         and the decision look-up, 9.4 us a call where the product itself takes
@@ -269,23 +273,29 @@ class AutoKernel(CpuKernel):
                 factors.append((name, value.shape))
             else:
                 return None
-        factor = dtype.type(scale)
+        factor, shape = dtype.type(scale), self._product_shape([operands[name] for name in names])
 
         def dense(given: dict[str, Any], out: Any) -> Any:
-            if out is not None or given.keys() != expected:
+            if given.keys() != expected:
+                return NotImplemented
+            if out is not None and not (type(out) is np.ndarray and out.dtype == dtype and out.shape == shape
+                                        and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
                 return NotImplemented
             arrays = []
             for name, held in factors:
+                value = given[name]
                 if type(held) is tuple:
-                    value = given[name]
                     if type(value) is not np.ndarray or value.dtype != dtype or value.shape != held:
                         return NotImplemented
+                    buffers: tuple[np.ndarray, ...] = (value,)
                 else:
-                    value = held()
+                    buffers, value = value.buffers, held()
                     if value is None:
                         return NotImplemented
+                if out is not None and any(np.may_share_memory(out, b) for b in buffers):
+                    return NotImplemented  # refused by the Python path, which names the operand
                 arrays.append(value)
-            result = self._matmul_into(*arrays, None)
+            result = self._matmul_into(*arrays, out)
             if scale != 1.0:
                 result *= factor
             return result
