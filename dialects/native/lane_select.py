@@ -76,6 +76,7 @@ CHUNKS_PER_TILE = 2  # chunks of output features per register tile: each window 
 BLOCK_ROWS = 256  # rows of X a worker takes at a time, at most: their rows stay in L2 for every chunk of W
 # ... and at most this much of X (MiniLM's 384 -> 1536 in float64, 4096 rows, took 73 ms in blocks of 256 rows)
 BLOCK_BYTES = 1 << 20
+WORD_BYTES = 4  # byte offsets transposed four to a 32-bit word (``PackedWeight._pack_chunk``)
 CHUNKS_PER_ITEM = 2  # chunks of a block a Linear layer's worker claims at once (128 features of float32)
 MIN_BLOCK_ROWS = 4 * ROW_TILE  # rows a fused MLP block keeps, however many threads (``balanced_blocks``)
 _PERMUTES = {("f", 32): "llvm.x86.avx512.permvar.sf.512", ("f", 64): "llvm.x86.avx512.permvar.df.512",
@@ -136,6 +137,11 @@ class PackedWeight:
         self.indices = memref.alloc(dynamic_vector(self.index_vector.element_type), [size], [], alignment=LINE_BYTES)
         self._source = (crd, values)
         self._offsets = memref.alloc(dynamic_vector(ir.MemRefType(crd.type).element_type), [size], [])
+        # byte offsets four at a time (``_pack_offsets``): a chunk's words hold as many bytes as ``_offsets``
+        self._by_words = ir.MemRefType(crd.type).element_type.width == 8 and self.entries % WORD_BYTES == 0
+        self._words = (memref.alloc(dynamic_vector(ir.IntegerType.get_signless(32)),
+                                    [arith.divui(size, index(WORD_BYTES))], [], alignment=LINE_BYTES)
+                       if self._by_words else None)
         if held is None:
             parallel(self.chunks, self._pack_chunk)
 
@@ -150,7 +156,11 @@ class PackedWeight:
         ``chunk_start + e * lanes + lane``, as a row's entries in order are its windows' ``j`` in order.  The
         masked edge tiles write zeros for rows past the last and entries past a row's last; a vector pass then
         turns coordinates (bytes, in-group) into in-window indices, and padding into ``lanes - 1``.  Element by
-        element, repacking a 1536 x 384 weight took 0.4 ms at one thread."""
+        element, repacking a 1536 x 384 weight took 0.4 ms at one thread.
+
+        Byte offsets are transposed four to a 32-bit word where a row's entries fill whole words: a tile of
+        bytes takes as many shuffles as a tile of words, and the byte transpose was 40 of the 92 us a 1536 x
+        384 2:4 weight took to pack (one thread, warm)."""
         lanes, idx_type = self.lanes, self.index_vector.element_type
         crd, values = self._source
         per_row = arith.muli(arith.divui(self.cols, index(self.m)), index(self.n))
@@ -166,33 +176,66 @@ class PackedWeight:
             return memref.reinterpret_cast(strided, buffer, [offset if offset is not None else index(0)],
                                            [height, width], [width], [dynamic], [dynamic, dynamic], [dynamic, 1])
 
-        wide = ir.VectorType.get([lanes], idx_type)
-        narrow = ir.VectorType.get([lanes], crd_type)
         # the chunk's own rows only: an edge tile past its last entry writes zeros, which must not land on the
         # next chunk's entries (another thread's)
         first, start = arith.muli(c, index(lanes)), arith.muli(arith.subi(c, self.base), self.chunk_size)
-        sources = (matrix(values, self.rows, per_row), matrix(crd, self.rows, per_row))
-        targets = (matrix(self.values, padded, index(lanes), start),
-                   matrix(self._offsets, padded, index(lanes), start))
-        for tiles, source, target in zip((RegisterTranspose(self.element, lanes), RegisterTranspose(crd_type, lanes)),
-                                         sources, targets):
-            tiles.transpose(source, target, index(lanes), padded, parallel=False, src_row=first)
+        RegisterTranspose(self.element, lanes).transpose(
+            matrix(values, self.rows, per_row), matrix(self.values, padded, index(lanes), start), index(lanes), padded,
+            parallel=False, src_row=first)
 
-        def entry(e: ir.Value) -> None:
+        def finish(e: ir.Value, offsets: ir.Value) -> None:
+            """Entry ``e``'s in-group ``offsets`` (a vector of lanes) as in-window indices, padding as
+            ``lanes - 1``, stored."""
+            wide = ir.VectorType.get([lanes], idx_type)
             group_start = arith.remui(arith.muli(arith.divui(e, index(self.n)), index(self.m)), index(lanes))
-            at = arith.addi(start, arith.muli(e, index(lanes)))
-            column = arith.addi(widened(vector.load(narrow, targets[1], [e, index(0)]), wide),
-                                vector.broadcast(wide, arith.index_cast(idx_type, group_start)))
+            column = arith.addi(widened(offsets, wide), vector.broadcast(wide, arith.index_cast(idx_type,
+                                                                                                group_start)))
             stored = arith.cmpi(arith.CmpIPredicate.ult, e, per_row)
-            padding = constant_like(wide, lanes - 1)
-            vector.store(arith.select(stored, column, padding), self.indices, [at])
+            vector.store(arith.select(stored, column, constant_like(wide, lanes - 1)), self.indices,
+                         [arith.addi(start, arith.muli(e, index(lanes)))])
 
-        for_each(index(0), padded, entry)
+        def by_bytes() -> None:
+            target = matrix(self._offsets, padded, index(lanes), start)
+            RegisterTranspose(crd_type, lanes).transpose(matrix(crd, self.rows, per_row), target, index(lanes),
+                                                         padded, parallel=False, src_row=first)
+            narrow = ir.VectorType.get([lanes], crd_type)
+            for_each(index(0), padded, lambda e: finish(e, vector.load(narrow, target, [e, index(0)])))
+
+        if not self._by_words:
+            by_bytes()
+            return
+
+        def by_words() -> None:
+            """Byte offsets four to a 32-bit word: a quarter of the tiles to transpose (a byte tile takes as many
+            shuffles as a word tile), the bytes taken apart again in the index pass."""
+            word = ir.IntegerType.get_signless(32)
+            words = memref.view(dynamic_vector(word), crd, index(0),
+                                [arith.divui(memref.dim(crd, index(0)), index(WORD_BYTES))])
+            word_start = arith.divui(start, index(WORD_BYTES))
+            per_word_row, padded_words = (arith.divui(v, index(WORD_BYTES)) for v in (per_row, padded))
+            target = matrix(self._words, padded_words, index(lanes), word_start)
+            RegisterTranspose(word, lanes).transpose(matrix(words, self.rows, per_word_row), target, index(lanes),
+                                                     padded_words, parallel=False, src_row=first)
+            vector_type = ir.VectorType.get([lanes], word)
+            low_byte = constant_like(vector_type, 0xFF)
+
+            def split(w: ir.Value) -> None:
+                packed = vector.load(vector_type, target, [w, index(0)])
+                for q in range(WORD_BYTES):  # little-endian: entry 4w + q is byte q of the word
+                    byte = packed if q == 0 else arith.shrui(packed, constant_like(vector_type, 8 * q))
+                    finish(arith.addi(arith.muli(w, index(WORD_BYTES)), index(q)), arith.andi(byte, low_byte))
+
+            for_each(index(0), padded_words, split)
+
+        whole_words = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(per_row, index(WORD_BYTES)), index(0))
+        branch(whole_words, by_words, by_bytes)
 
     def free(self) -> None:
         memref.dealloc(self.values)
         memref.dealloc(self.indices)
         memref.dealloc(self._offsets)
+        if self._words is not None:
+            memref.dealloc(self._words)
 
 
 def widened(offsets: ir.Value, wide: ir.VectorType) -> ir.Value:
