@@ -137,7 +137,7 @@ class PackedWeight:
         self.indices = memref.alloc(dynamic_vector(self.index_vector.element_type), [size], [], alignment=LINE_BYTES)
         self._source = (crd, values)
         self._offsets = memref.alloc(dynamic_vector(ir.MemRefType(crd.type).element_type), [size], [])
-        # byte offsets four at a time (``_pack_offsets``): a chunk's words hold as many bytes as ``_offsets``
+        # byte offsets four at a time (``_pack_chunk``): a chunk's words hold as many bytes as ``_offsets``
         self._by_words = ir.MemRefType(crd.type).element_type.width == 8 and self.entries % WORD_BYTES == 0
         self._words = (memref.alloc(dynamic_vector(ir.IntegerType.get_signless(32)),
                                     [arith.divui(size, index(WORD_BYTES))], [], alignment=LINE_BYTES)
@@ -227,8 +227,10 @@ class PackedWeight:
 
             for_each(index(0), padded_words, split)
 
-        whole_words = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(per_row, index(WORD_BYTES)), index(0))
-        branch(whole_words, by_words, by_bytes)
+        # whole words a row, and the offsets' buffer on a word boundary: the words' loads claim their alignment
+        unaligned = arith.ori(arith.remui(per_row, index(WORD_BYTES)),
+                              arith.remui(memref.extract_aligned_pointer_as_index(crd), index(WORD_BYTES)))
+        branch(arith.cmpi(arith.CmpIPredicate.eq, unaligned, index(0)), by_words, by_bytes)
 
     def free(self) -> None:
         memref.dealloc(self.values)

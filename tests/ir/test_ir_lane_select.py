@@ -66,12 +66,13 @@ def test_an_n_m_linear_layer_permutes_and_multiplies_in_register_tiles(dtype, n,
     groups = sum(BATCH_ROWS >> k for k in range(BATCH_ROWS.bit_length()))
     assert found == ({permute: found[permute]} | ({two_source: 2 * lanes * groups} if two_source else {}))
     assert ops["scf.if"] >= (1 if two_source else 0)
-    # X and Y in place: the only transposes repack W (its values and its coordinates, each with one masked
-    # edge tile), once per repacked path, each into W's repacked values and indices through a scratch of in-window
-    # offsets, with the workers' counter
-    assert ops["vector.transpose"] == 4 and ops["vector.transfer_read"] == 4
+    # X and Y in place: the only transposes repack W (its values, and its byte coordinates either four to a word
+    # or one by one, where a row's entries do not fill whole words: each with one masked edge tile), once per
+    # repacked path, each into W's repacked values and indices through a scratch of in-window offsets and one of
+    # words, with the workers' counter
+    assert ops["vector.transpose"] == 6 and ops["vector.transfer_read"] == 6
     # (and the small batch's workers' counter)
-    assert ops["memref.alloc"] == ops["memref.dealloc"] == (9 if two_source else 8)
+    assert ops["memref.alloc"] == ops["memref.dealloc"] == (11 if two_source else 10)
     # the whole weight's repacking (by chunks), the workers of each path
     assert ops["scf.parallel"] == (4 if two_source else 3)
 
@@ -116,9 +117,10 @@ def test_a_feed_forward_block_takes_the_lanes_when_both_weights_are_n_m(formats,
     if lanes:
         # several blocks: both weights repacked, the hidden scratch per worker, the workers' counter; one block
         # (each layer's chunks packed by its workers) and a small batch (W as stored): the batch's hidden scratch,
-        # the counters of the two layers' workers (and one block: each worker's packed chunks)
-        assert ops["memref.alloc"] == 2 * 3 + 1 + 1 + (3 + 2 * 3) + 3
-        assert ops["vector.transpose"] == 2 * 2 * 2
+        # the counters of the two layers' workers (and one block: each worker's packed chunks); a packed weight
+        # holds 4 buffers (values, indices, byte offsets, words of them) and transposes 3 ways (values, words, bytes)
+        assert ops["memref.alloc"] == 2 * 4 + 1 + 1 + (3 + 2 * 4) + 3
+        assert ops["vector.transpose"] == 2 * 2 * 3
         groups = sum(BATCH_ROWS >> k for k in range(BATCH_ROWS.bit_length()))
         assert _intrinsics(module)["llvm.x86.avx512.vpermi2var.ps.512"] == 2 * 2 * 16 * groups
         assert "call @" + VECTOR_EPILOGUE in str(functions(module)[KERNEL_NAME])
