@@ -202,3 +202,22 @@ def test_a_small_batch_computes_every_chunk_once_whatever_the_threads(rng, threa
     with fixed(threads):
         kernel(X=x, W=sm.SparseTensor.from_dense(w, "2:4"), out=out)
     np.testing.assert_array_equal(out, x @ w.T)
+
+
+@pytest.mark.parametrize("inputs", [64, 52])  # 32 entries a row (whole words of offsets), 26 (bytes)
+@pytest.mark.parametrize("shift", [0, 1])  # the offsets' buffer on a word boundary, or one byte past it
+def test_byte_offsets_are_packed_by_words_or_one_by_one_alike(rng, inputs, shift):
+    """Repacking transposes a row's byte offsets four to a 32-bit word when they fill whole words and their buffer
+    starts on a word boundary, else byte by byte: both give the same products (batches of one block and of
+    several, so both packing paths)."""
+    w = _weight(rng, 40, inputs, 2, 4, "float32")
+    weight = sm.SparseTensor.from_dense(w, "2:4")
+    crd, values = weight.buffers
+    room = np.zeros(crd.size + 4, crd.dtype)
+    room[shift:shift + crd.size] = crd
+    moved = sm.SparseTensor.from_buffers(weight.format, weight.shape, (room[shift:shift + crd.size], values))
+    assert moved.buffers[0].ctypes.data % 4 == shift
+    kernel = sm.compile("Y[b,o] = X[b,i] * W[o,i]", formats={"W": "2:4"}, dtype="float32")
+    for batch in (40, 300):
+        x = random_values(rng, (batch, inputs), "float32")
+        np.testing.assert_array_equal(kernel(X=x, W=moved), x @ w.T)
