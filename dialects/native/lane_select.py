@@ -138,10 +138,10 @@ class PackedWeight:
         self._source = (crd, values)
         self._offsets = memref.alloc(dynamic_vector(ir.MemRefType(crd.type).element_type), [size], [])
         # byte offsets four at a time (``_pack_chunk``): a chunk's words hold as many bytes as ``_offsets``
-        self._by_words = ir.MemRefType(crd.type).element_type.width == 8 and self.entries % WORD_BYTES == 0
+        by_words = ir.MemRefType(crd.type).element_type.width == 8 and self.entries % WORD_BYTES == 0
         self._words = (memref.alloc(dynamic_vector(ir.IntegerType.get_signless(32)),
                                     [arith.divui(size, index(WORD_BYTES))], [], alignment=LINE_BYTES)
-                       if self._by_words else None)
+                       if by_words else None)
         if held is None:
             parallel(self.chunks, self._pack_chunk)
 
@@ -201,7 +201,7 @@ class PackedWeight:
             narrow = ir.VectorType.get([lanes], crd_type)
             for_each(index(0), padded, lambda e: finish(e, vector.load(narrow, target, [e, index(0)])))
 
-        if not self._by_words:
+        if self._words is None:
             by_bytes()
             return
 
