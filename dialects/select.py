@@ -85,10 +85,9 @@ CPU_EMITTERS: tuple[Emitter, ...] = (
     Emitter("bsr_spmm", lambda spec, shapes, target: native_bsr_spmm(spec, spec.formats, shapes, target.vector_bits)),
     Emitter("linear", lambda spec, shapes, target: native_linear(spec, spec.formats, shapes, target)),
     Emitter("mlp", lambda spec, shapes, target: native_mlp(spec, spec.formats, shapes, target)),
-    Emitter("spmv", lambda spec, shapes, target: native_spmv(spec, spec.formats, shapes, target.vector_bits),
+    Emitter("spmv", lambda spec, shapes, target: native_spmv(spec, spec.formats, shapes, target), scalar=True),
+    Emitter("format_spmv", lambda spec, shapes, target: native_format_spmv(spec, spec.formats, shapes, target),
             scalar=True),
-    Emitter("format_spmv", lambda spec, shapes, target:
-            native_format_spmv(spec, spec.formats, shapes, target.vector_bits), scalar=True),
     Emitter("sddmm", lambda spec, shapes, target: native_sddmm(spec, spec.formats, shapes, target.vector_bits)),
     Emitter("spgemm", lambda spec, shapes, target: native_spgemm(spec, spec.formats, shapes, target.vector_bits)),
     Emitter("sparse_add", lambda spec, shapes, target:
@@ -125,7 +124,8 @@ class CpuChoice(NamedTuple):
     Zen 4 host 1.25-1.35x slower than the scalar loads (session 10), on a
     Sapphire-Rapids-class Xeon 1.1-1.3x faster where the gathers miss the
     caches (session 15).  So an emitter scalar by design stays scalar
-    unless the target's gathers pay (``CpuTarget.fast_gathers``).
+    unless the target's gathers pay (``CpuTarget.fast_gathers``; there the
+    SpMV's long rows gather full registers themselves, ``spmv.RowSums``).
     """
 
     module: ir.Module

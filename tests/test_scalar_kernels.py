@@ -4,8 +4,9 @@ gathers pay (``CpuTarget.fast_gathers``).
 The CSR SpMV keeps four independent accumulators of scalar loads of ``x``;
 LLVM's SLP vectorizer packs them into 4-lane gathers, measured 1.25-1.35x
 slower on a Zen 4 host (session 10) and 1.1-1.3x faster on a Sapphire-Rapids-class
-Xeon (session 15).  The register-tiled SpMM, vectorized by its emitter, keeps
-its vectors either way.
+Xeon (session 15).  Where gathers pay, long rows gather a whole vector register
+of ``x`` at a time instead (Zen 5: 1.1-1.35x faster, session 23).  The
+register-tiled SpMM, vectorized by its emitter, keeps its vectors either way.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def test_the_tiled_spmm_keeps_its_vectors():
     assert "zmm" in code and "vfmadd231pd" in code
 
 
+@pytest.mark.parametrize("cpu", ["sapphirerapids", "znver5"])
 @pytest.mark.parametrize("fmt", ["csr", "dcsr"])
-def test_where_gathers_pay_llvm_packs_the_loads_of_x(fmt):
-    assert "gather" in _disassembly("y[i] = A[i,j] * x[j]", fmt, cpu="sapphirerapids")
+def test_where_gathers_pay_long_rows_gather_x_a_register_at_a_time(fmt, cpu):
+    code = _disassembly("y[i] = A[i,j] * x[j]", fmt, cpu=cpu)
+    assert any("gather" in line and "zmm" in line for line in code.splitlines())
 
 
 @pytest.mark.parametrize("cpuinfo, gds, pays", [
@@ -55,12 +58,17 @@ def test_where_gathers_pay_llvm_packs_the_loads_of_x(fmt):
     ("vendor_id : GenuineIntel\nflags : fpu sse avx2 avx512f", "Vulnerable: No microcode", True),
     ("vendor_id : GenuineIntel\nflags : fpu sse avx2 avx512f", "Mitigation: Microcode", False),  # Skylake-Ice Lake
     ("vendor_id : GenuineIntel\nflags : fpu sse avx2", "Not affected", False),  # not measured: scalar
-    ("vendor_id : AuthenticAMD\nflags : fpu sse avx2 avx512f", "Not affected", False),  # Zen 4: gathers slower
+    ("vendor_id : AuthenticAMD\nflags : fpu sse avx2 avx512f", "Not affected", False),  # no family: as Zen 4
+    ("vendor_id : AuthenticAMD\ncpu family : 25\nflags : fpu sse avx2 avx512f", "Not affected", False),  # Zen 4
+    ("vendor_id : AuthenticAMD\ncpu family\t: 26\nflags : fpu sse avx2 avx512f", "Not affected", True),  # Zen 5
+    ("vendor_id : AuthenticAMD\ncpu family : 26\nflags : fpu sse avx2", "Not affected", False),  # AVX-512 off
+    ("vendor_id : AuthenticAMD\ncpu family : 1a\nflags : fpu sse avx2 avx512f", "Not affected", False),  # unread
 ])
 def test_the_gather_rule(cpuinfo, gds, pays):
     assert toolchain.gathers_pay(cpuinfo, gds) is pays
 
 
-def test_named_targets_other_than_recent_xeons_keep_scalar_loads():
-    assert toolchain.fast_gathers("sapphirerapids") and not toolchain.fast_gathers("znver4")
+def test_named_targets_other_than_recent_xeons_and_zen_5_keep_scalar_loads():
+    assert toolchain.fast_gathers("sapphirerapids") and toolchain.fast_gathers("znver5")
+    assert not toolchain.fast_gathers("znver4")
     assert not toolchain.fast_gathers("skylake-avx512") and not toolchain.fast_gathers("x86-64-v3")

@@ -1,10 +1,13 @@
 """The CSR SpMV on short and mixed rows (``dialects/native/spmv.py``) against scipy, and when small calls stay serial.
 
 A row takes one of two paths by its length (the plain loop below
-``SHORT_ROW`` entries, the unrolled, prefetching loop from there), so every
-length from 0 to 40 is checked in one matrix, in order and shuffled, beside
-empty rows, a single row, no rows, no columns and matrices of only empty
-rows, for every dtype and index width, serial and threaded.
+``SHORT_ROW`` entries; from there the unrolled, prefetching loop, or where
+gathers pay, pairs of vectors of entries, one more vector and a scalar tail),
+so every length from 0 to 100 (two pairs of 16 lanes, one more and 15 left)
+is checked in one matrix, in order and shuffled, on this host's path and on
+scalar loads, beside empty rows, a single row, no rows, no columns and
+matrices of only empty rows, for every dtype and index width, serial and
+threaded.
 """
 
 from __future__ import annotations
@@ -48,10 +51,12 @@ def _check(kernel, a: sp.csr_array, dtype: str, rng: np.random.Generator, fmt=No
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads_used", [1, 2])
-def test_every_row_length_from_0_to_40(dtype, threads_used, rng):
-    lengths = list(range(41)) * 3
-    in_order = _rows_of_lengths(rng, lengths, 64, dtype)
-    shuffled = _rows_of_lengths(rng, list(rng.permutation(lengths)), 64, dtype)
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])  # this host's gathers where they pay; scalar loads
+def test_every_row_length_from_0_to_100(dtype, threads_used, cpu, rng, monkeypatch):
+    monkeypatch.setenv("SPARSE_MLIR_CPU", cpu)
+    lengths = list(range(101)) * 2
+    in_order = _rows_of_lengths(rng, lengths, 128, dtype)
+    shuffled = _rows_of_lengths(rng, list(rng.permutation(lengths)), 128, dtype)
     kernel = _kernel(dtype)
     with fixed(threads_used):
         _check(kernel, in_order, dtype, rng)
@@ -59,7 +64,7 @@ def test_every_row_length_from_0_to_40(dtype, threads_used, rng):
 
 
 @pytest.mark.parametrize("lengths", [[0], [1], [SHORT_ROW - 1], [SHORT_ROW], [SHORT_ROW + UNROLL + 1], [0] * 9,
-                                     [0, 0, 3, 0], [40], [2 * SHORT_ROW + 3] + [0] * 5])
+                                     [0, 0, 3, 0], [40], [2 * SHORT_ROW + 3] + [0] * 5, [16], [32], [47], [48]])
 def test_single_rows_and_empty_rows(lengths, rng):
     _check(_kernel("float64"), _rows_of_lengths(rng, lengths, 48, "float64"), "float64", rng)
 
@@ -96,11 +101,11 @@ def test_inf_and_nan_reach_only_their_rows(rng):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lengths=st.lists(st.integers(0, 40), min_size=0, max_size=60), seed=st.integers(0, 2**16),
+@given(lengths=st.lists(st.integers(0, 100), min_size=0, max_size=60), seed=st.integers(0, 2**16),
        dtype=st.sampled_from(DTYPES))
 def test_random_row_lengths_match_scipy(lengths, seed, dtype):
     rng = np.random.default_rng(seed)
-    _check(_kernel(dtype), _rows_of_lengths(rng, lengths, 41, dtype), dtype, rng)
+    _check(_kernel(dtype), _rows_of_lengths(rng, lengths, 101, dtype), dtype, rng)
 
 
 def test_small_calls_run_serially_large_ones_threaded(monkeypatch):

@@ -59,7 +59,8 @@ from sparse_mlir.dialects.native.loops import (
     reduce_loop,
     thread_count,
 )
-from sparse_mlir.dialects.native.spmv import RowSums, row_term
+from sparse_mlir.dialects.native.spmv import RowSums, gather_lanes, row_term
+from sparse_mlir.dialects.native.target import CpuTarget
 
 from sparse_mlir.dsl.patterns import format_kind, product_operands, scatters, unscaled
 from sparse_mlir.dsl.plan import KernelSpec
@@ -74,11 +75,11 @@ Shapes = dict[str, tuple[int | None, ...]]
 
 
 def native_format_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Shapes,
-                       vector_bits: int = 256) -> ir.Module | None:
+                       target: CpuTarget = CpuTarget()) -> ir.Module | None:
     """The SpMV or row-sum module for a COO, DCSR or CSC ``A`` (module docstring), or ``None`` when it does not
     apply (an SpMM, a CSR ``A[i,j]``: the CSR SpMV's own row, a result summed in another type).
 
-    ``vector_bits`` is unused (scalar gathers, as the CSR SpMV); it keeps the table's signature.
+    ``target`` says whether the DCSR and CSC rows gather ``x`` a vector at a time, as the CSR SpMV's do.
     """
     core, scale = unscaled(spec)
     found = product_operands(core, formats)
@@ -89,11 +90,11 @@ def native_format_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Sha
     if kind == "coo":
         body: Callable[..., None] = _coo
     elif kind == "dcsr":
-        body = _dcsr
+        body = functools.partial(_dcsr, lanes=gather_lanes(target, spec.dtype.itemsize * 8))
     elif scatters(core, formats, a):
         body = _scatter
     else:
-        body = _gather
+        body = functools.partial(_gather, lanes=gather_lanes(target, spec.dtype.itemsize * 8))
     with ir.Location.unknown():
         return _module(spec, formats[a], a, x, body, scale)
 
@@ -133,15 +134,16 @@ def _scaled(y: ir.Value, element: ir.Type, scale: float | int) -> None:
 
 
 def _dcsr(pos0: ir.Value, crd0: ir.Value, pos1: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None,
-          y: ir.Value, element: ir.Type, scale: float | int) -> None:
+          y: ir.Value, element: ir.Type, scale: float | int, lanes: int = 0) -> None:
     """The stored rows in parallel, each into ``y[crd0[r]]``."""
-    RowSums(pos1, crd1, val, x, y, element, stored=crd0, scale=scale).emit(load_index(pos0, index(1)))
+    RowSums(pos1, crd1, val, x, y, element, stored=crd0, scale=scale, lanes=lanes).emit(load_index(pos0, index(1)))
 
 
 def _gather(pos1: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None, y: ir.Value,
-            element: ir.Type, scale: float | int) -> None:
+            element: ir.Type, scale: float | int, lanes: int = 0) -> None:
     """A CSC read transposed: its columns are the result's entries, each a row sum as in CSR."""
-    RowSums(pos1, crd1, val, x, y, element, scale=scale).emit(arith.subi(memref.dim(pos1, index(0)), index(1)))
+    columns = arith.subi(memref.dim(pos1, index(0)), index(1))
+    RowSums(pos1, crd1, val, x, y, element, scale=scale, lanes=lanes).emit(columns)
 
 
 def _coo(pos0: ir.Value, crd0: ir.Value, crd1: ir.Value, val: ir.Value, x: ir.Value | None, y: ir.Value,

@@ -10,6 +10,9 @@ Whether vector gathers pay differs too: the SpMV's four scalar accumulators,
 packed by LLVM into 4-lane gathers of ``x``, were 1.25-1.35x slower on a Zen 4
 host (session 10) and 1.1-1.3x faster on a Sapphire-Rapids-class Xeon
 (session 15, gather-bound SpMVs: 1M rows of 16 entries 32.7 -> 25.2 ms).
+On a Zen 5 host those 4-lane gathers lost 5-10% on long rows, but gathering
+a whole register of ``x`` a step won 1.1-1.4x (session 23), so where gathers
+pay the SpMV's long rows now do that (``spmv.RowSums``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ DEFAULT_L1D_BYTES = 32 * 1024  # a target other than this host's: the smallest L
 
 class CpuTarget(NamedTuple):
     """``vector_bits``: vector register width (512 with AVX-512); ``l1d_bytes``: the L1 data cache per core;
-    ``fast_gathers``: vector gathers beat scalar loads, so kernels scalar by design may let LLVM pack theirs."""
+    ``fast_gathers``: vector gathers beat scalar loads, so the SpMV's long rows gather a register of ``x`` at a
+    time and kernels scalar by design may let LLVM pack their loads."""
 
     vector_bits: int = 256
     l1d_bytes: int = DEFAULT_L1D_BYTES

@@ -9,6 +9,7 @@ from mlir import ir
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native.format_spmv import native_format_spmv
 from sparse_mlir.dialects.native.loops import THREAD_COUNT
+from sparse_mlir.dialects.native.target import CpuTarget
 
 from sparse_mlir.formats import COO
 
@@ -17,9 +18,10 @@ pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is bui
 EXTENTS = {"i": 40, "j": 24, "k": 8}
 
 
-def _build(expression: str, formats: dict, dtype: str = "float32", out_dtype: str | None = None):
+def _build(expression: str, formats: dict, dtype: str = "float32", out_dtype: str | None = None,
+           target: CpuTarget = CpuTarget()):
     spec = planned(expression, formats, dtype, out_dtype)
-    return native_format_spmv(spec, spec.formats, cpu_shapes(spec, EXTENTS))
+    return native_format_spmv(spec, spec.formats, cpu_shapes(spec, EXTENTS), target)
 
 
 def _kernel(module: ir.Module) -> ir.Operation:
@@ -80,3 +82,14 @@ def test_signature_follows_the_index_widths():
 def test_other_kernels_are_not_format_spmv(expression, formats, out_dtype):
     dtype = "float16" if out_dtype else "float32"
     assert _build(expression, formats, dtype, out_dtype) is None
+
+
+@pytest.mark.parametrize("expression, fmt, gathers", [
+    ("y[i] = A[i,j] * x[j]", "dcsr", 3), ("y[j] = A[i,j] * x[i]", "csc", 3),  # rows as the CSR SpMV's
+    ("y[i] = A[i,j]", "dcsr", 0), ("y[j] = A[i,j]", "csc", 0),  # row sums: no x to gather
+    ("y[i] = A[i,j] * x[j]", "coo", 0), ("y[i] = A[i,j] * x[j]", "csc", 0),  # runs of entries; a scatter
+])
+def test_where_gathers_pay_dcsr_and_csc_rows_gather_x_as_csr_rows_do(expression, fmt, gathers):
+    fast = op_counts(verified(_build(expression, {"A": fmt}, target=CpuTarget(512, fast_gathers=True))))
+    assert fast["vector.gather"] == gathers
+    assert not op_counts(verified(_build(expression, {"A": fmt})))["vector.gather"]

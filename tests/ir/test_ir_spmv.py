@@ -1,4 +1,5 @@
-"""IR of the CPU SpMV emitter (``dialects/native/spmv.py``): unrolled rows, a prefetch of ``x``, rows in parallel."""
+"""IR of the CPU SpMV emitter (``dialects/native/spmv.py``): unrolled rows, a prefetch of ``x``, rows in parallel;
+where gathers pay, long rows a vector of entries at a time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from ir_helpers import cpu_shapes, functions, op_counts, planned, verified
 from mlir import ir
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native.spmv import UNROLL, native_spmv
+from sparse_mlir.dialects.native.target import CpuTarget
 
 from sparse_mlir.formats import CSR
 
@@ -15,9 +17,9 @@ pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is bui
 EXTENTS = {"i": 40, "j": 24}
 
 
-def _build(expression: str, formats: dict, dtype: str = "float32") -> ir.Module | None:
+def _build(expression: str, formats: dict, dtype: str = "float32", target: CpuTarget = CpuTarget()) -> ir.Module | None:
     spec = planned(expression, formats, dtype)
-    return native_spmv(spec, spec.formats, cpu_shapes(spec, EXTENTS))
+    return native_spmv(spec, spec.formats, cpu_shapes(spec, EXTENTS), target)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -31,6 +33,20 @@ def test_float_spmv_unrolls_rows_prefetches_x_and_runs_rows_in_parallel(dtype):
     assert ops["scf.for"] == 2 and ops["scf.if"] == 1  # the unrolled loop for long rows, then the tail
     # one accumulator per unrolled entry, combined after the loop, plus the tail's chain
     assert ops["arith.mulf"] == UNROLL + 1 and ops["arith.addf"] == 2 * UNROLL
+
+
+@pytest.mark.parametrize("dtype, bits, lanes", [("float32", 512, 16), ("float64", 512, 8), ("float32", 256, 8),
+                                                ("int64", 512, 8)])
+def test_where_gathers_pay_long_rows_gather_x_a_vector_register_at_a_time(dtype, bits, lanes):
+    module = verified(_build("y[i] = A[i,j] * x[j]", {"A": "csr"}, dtype, CpuTarget(bits, fast_gathers=True)))
+    ops = op_counts(module)
+    # a pair of vectors a step, then one more: three gathers, three loads of values and three of coordinates
+    assert ops["vector.gather"] == 3 and ops["vector.load"] == 6 and ops["vector.reduction"] == 1
+    assert not ops["memref.prefetch"]  # the gathers are the loads of x: nothing to prefetch
+    assert f"vector<{lanes}x" in str(module)
+    assert ops["scf.parallel"] == 1 and ops["scf.for"] == 2  # the pairs of vectors, then the scalar tail
+    scalar = op_counts(verified(_build("y[i] = A[i,j] * x[j]", {"A": "csr"}, dtype, CpuTarget(bits))))
+    assert not scalar["vector.gather"] and scalar["memref.prefetch"] == 1
 
 
 def test_integer_spmv_multiplies_with_integer_ops():
