@@ -123,9 +123,12 @@ class CpuChoice(NamedTuple):
     were packed by the SLP vectorizer into 4-lane gathers of ``x``: on a
     Zen 4 host 1.25-1.35x slower than the scalar loads (session 10), on a
     Sapphire-Rapids-class Xeon 1.1-1.3x faster where the gathers miss the
-    caches (session 15).  So an emitter scalar by design stays scalar
-    unless the target's gathers pay (``CpuTarget.fast_gathers``; there the
-    SpMV's long rows gather full registers themselves, ``spmv.RowSums``).
+    caches (session 15), on a Zen 5 host 5-10% slower on long rows, and
+    the scatters of CSC and CSR-transposed SpMVs 2-6% slower (session 23).
+    Where gathers pay (``CpuTarget.fast_gathers``) the SpMV's long rows now
+    gather whole registers of ``x`` themselves (``spmv.RowSums``, vector
+    ops the vectorizers' switch does not touch), so the rest stays scalar
+    on every host.
     """
 
     module: ir.Module
@@ -149,7 +152,7 @@ def cpu_module(spec: KernelSpec, shapes: Shapes, target: CpuTarget) -> CpuChoice
     for emitter in CPU_EMITTERS:
         module = emitter.build(spec, shapes, target)
         if module is not None:
-            return CpuChoice(module, emitter.name, emitter.scalar and not target.fast_gathers)
+            return CpuChoice(module, emitter.name, emitter.scalar)
     return CpuChoice(generic_module(spec, shapes), SPARSIFIER)
 
 

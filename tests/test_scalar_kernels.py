@@ -1,11 +1,13 @@
-"""Kernels scalar by design stay scalar in the machine code (``select.CpuChoice.scalar``), unless the target's
-gathers pay (``CpuTarget.fast_gathers``).
+"""Kernels scalar by design stay scalar in the machine code (``select.CpuChoice.scalar``: LLVM's vectorizers off),
+but where the target's gathers pay (``CpuTarget.fast_gathers``) the SpMV's long rows gather whole registers of
+``x`` themselves.
 
 The CSR SpMV keeps four independent accumulators of scalar loads of ``x``;
 LLVM's SLP vectorizer packs them into 4-lane gathers, measured 1.25-1.35x
 slower on a Zen 4 host (session 10) and 1.1-1.3x faster on a Sapphire-Rapids-class
-Xeon (session 15).  Where gathers pay, long rows gather a whole vector register
-of ``x`` at a time instead (Zen 5: 1.1-1.35x faster, session 23).  The
+Xeon (session 15), 5-10% slower on a Zen 5 host (session 23).  Where gathers
+pay, long rows gather a whole vector register of ``x`` at a time instead (Zen 5:
+1.1-1.4x faster), and everything else stays scalar.  The
 register-tiled SpMM, vectorized by its emitter, keeps its vectors either way.
 """
 
@@ -51,6 +53,20 @@ def test_the_tiled_spmm_keeps_its_vectors():
 def test_where_gathers_pay_long_rows_gather_x_a_register_at_a_time(fmt, cpu):
     code = _disassembly("y[i] = A[i,j] * x[j]", fmt, cpu=cpu)
     assert any("gather" in line and "zmm" in line for line in code.splitlines())
+
+
+@pytest.mark.parametrize("expression, fmt", [("y[i] = A[i,j] * x[j]", "coo"), ("y[i] = A[i,j] * x[j]", "csc"),
+                                             ("y[j] = A[i,j] * x[i]", "csr")])
+def test_where_gathers_pay_runs_of_entries_and_scatters_stay_scalar(expression, fmt):
+    """LLVM's vectorizers stay off: no register wider than a scalar's in these kernels."""
+    code = _disassembly(expression, fmt, cpu="znver5")
+    assert "vfmadd" in code and "ymm" not in code and "zmm" not in code
+
+
+def test_where_gathers_pay_only_the_long_rows_gather():
+    """The pair of vectors and the one after it: three gathers of ``x``, none packed by LLVM elsewhere."""
+    code = _disassembly("y[i] = A[i,j] * x[j]", "csr", cpu="znver5")
+    assert sum("gather" in line for line in code.splitlines()) == 3
 
 
 @pytest.mark.parametrize("cpuinfo, gds, pays", [

@@ -27,7 +27,7 @@ DEFAULT_L1D_BYTES = 32 * 1024  # a target other than this host's: the smallest L
 class CpuTarget(NamedTuple):
     """``vector_bits``: vector register width (512 with AVX-512); ``l1d_bytes``: the L1 data cache per core;
     ``fast_gathers``: vector gathers beat scalar loads, so the SpMV's long rows gather a register of ``x`` at a
-    time and kernels scalar by design may let LLVM pack their loads."""
+    time."""
 
     vector_bits: int = 256
     l1d_bytes: int = DEFAULT_L1D_BYTES
