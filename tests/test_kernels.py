@@ -303,6 +303,27 @@ def test_spmm_last_columns_take_one_masked_vector(rng, fmt, dtype, n, bias):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("n", [8, 16, 32, 40, 130])
+def test_csr_spmm_rows_of_every_length_around_the_unrolled_steps(rng, dtype, n):
+    """Tiles narrower than the accumulators take ``CSR_UNROLL`` nonzeros a step into as many accumulator sets,
+    then the row's rest one by one: every row length from 0 to 3 steps and a remainder, in order and shuffled,
+    sums exactly (small integers), in every column tier (8, 2 and 1 vectors, the masked last columns)."""
+    from sparse_mlir.dialects.native.spmm import CSR_UNROLL
+
+    lengths = list(range(3 * CSR_UNROLL + 2)) * 2
+    cols = 64
+    for order in (lengths, list(rng.permutation(lengths))):
+        a = np.zeros((len(order), cols), dtype)
+        for r, length in enumerate(order):
+            a[r, rng.choice(cols, length, replace=False)] = rng.integers(1, 5, size=length) * rng.choice([-1, 1],
+                                                                                                       size=length)
+        b = rng.integers(-4, 5, size=(cols, n)).astype(dtype)
+        kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype=dtype)
+        got = kernel(A=sm.SparseTensor.from_dense(a, "csr"), B=b)
+        np.testing.assert_array_equal(got, a @ b)
+
+
 @pytest.mark.parametrize("blocks", [(2, 2), (4, 4), (2, 8), (8, 2), (16, 1), (20, 1)])
 @pytest.mark.parametrize("n", [1, 3, 17, 37, 130])
 @pytest.mark.parametrize("axis", [None, 0, 1])

@@ -7,7 +7,9 @@ while the row's nonzeros stream by: per nonzero, one vector load of B and
 one FMA per register, and C is stored once.  Tiles come in tiers of 8, 2
 and 1 registers, so a short N (32 columns) still gets independent FMA
 chains, then one masked vector takes the last columns (a single last
-column is a scalar loop).  N:M rows walk their
+column is a scalar loop); in tiles narrower than 8 registers CSR rows take
+``CSR_UNROLL`` nonzeros a step into as many accumulator sets, so 8 chains
+are in flight (DLMC 2048 x 512 at 90%, one thread: N=16 1.33x, N=32 1.2x).  N:M rows walk their
 groups with the ``n`` entries unrolled and no position loads (positions
 are implicit), in blocks of rows that go through B panel by panel, so a
 panel stays in L1 for the whole block (``_rows_loop``; 1.2-1.3x on 2:4).
@@ -45,13 +47,17 @@ from sparse_mlir.dsl.patterns import is_csr, spmm_epilogue, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["ACCUMULATORS", "B_ALIGNMENT", "COPY_REUSE", "SpmmProblem", "aligned_b", "column_tiers", "last_columns",
-           "multiply_add", "native_spmm", "spmm_module"]
+__all__ = ["ACCUMULATORS", "B_ALIGNMENT", "COPY_REUSE", "CSR_UNROLL", "SpmmProblem", "aligned_b", "column_tiers",
+           "last_columns", "multiply_add", "native_spmm", "spmm_module"]
 
 ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
 # N:M rows sharing each panel of B: more rows reuse a panel more, but each row streams its values from its own
 # place, and 16-64 rows outran the prefetchers (2:4 at 4096^2, N=32: 8 rows 1.6-1.9 ns per nonzero, 64 rows 2.5)
 ROW_BLOCK = 8
+# CSR nonzeros a step at most in a tile of fewer than ``ACCUMULATORS`` vectors: a 2-vector tile (N=32 in
+# float32) otherwise has two FMA chains, each waiting on the last (DLMC 2048 x 512 at 90%, 1 thread: N=16
+# 1.33x, N=32 1.2x, N=64 1.15x; unrolling N:M groups the same way lost 4% at N=32)
+CSR_UNROLL = 4
 B_ALIGNMENT = LINE_BYTES  # where ``aligned_b`` puts B
 COPY_REUSE = 4  # nonzeros of A per row of B at least for B to be copied to that boundary
 # ranges of rows ``_work_queue`` cuts per thread: more balance the threads better, each costs an atomic increment
@@ -79,16 +85,46 @@ class _Stream:
                 f"%lo = arith.index_castui %lo_raw : {self.pos_t} to index",
                 f"%hi = arith.index_castui %hi_raw : {self.pos_t} to index"]
 
-    def loop(self, tag: str, iter_args: str, result_types: str, results: str, update, final: list[str]) -> list[str]:
-        """``results = for nonzero (k, v) of the row: update(...)``; ``update(k, v, step)`` gives body lines."""
+    def loop(self, tag: str, iter_args: str, result_types: str, results: str, update, final: list[str],
+             unroll: int = 1, rest_final: list[str] = ()) -> list[str]:
+        """``results = for nonzero (k, v) of the row: update(...)``; ``update(k, v, step)`` gives body lines.
+
+        CSR rows with ``unroll`` above 1 take that many nonzeros a step
+        (``update`` gets steps ``0..unroll-1``, ``final`` yields after them),
+        then the rest one a step (step 0 only, ``rest_final`` yields).  N:M
+        rows take a group a step (its ``n`` entries are the steps).
+        """
         elt_load = "memref.load %val[{p}] : memref<?x{elt}>"
-        if not self.nm:
+
+        def entry(p: str, k: str, v: str) -> list[str]:
+            """CSR: the column ``k`` and value ``v`` of the nonzero at position ``p``."""
+            return [f"{k}r = memref.load %crd[{p}] : memref<?x{self.crd_t}>",
+                    f"{k} = arith.index_castui {k}r : {self.crd_t} to index",
+                    f"{v} = {elt_load.format(p=p, elt='{elt}')}"]
+
+        if not self.nm and unroll == 1:
             head = f"{results} = scf.for %p{tag} = %lo to %hi step %c1 iter_args({iter_args}) -> ({result_types}) {{"
-            body = [f"%kr{tag} = memref.load %crd[%p{tag}] : memref<?x{self.crd_t}>",
-                    f"%k{tag} = arith.index_castui %kr{tag} : {self.crd_t} to index",
-                    f"%v{tag} = {elt_load.format(p=f'%p{tag}', elt='{elt}')}"]
-            body += update(f"%k{tag}", f"%v{tag}", 0)
+            body = [*entry(f"%p{tag}", f"%k{tag}", f"%v{tag}"), *update(f"%k{tag}", f"%v{tag}", 0)]
             return [head, *body, *final, "}"]
+        if not self.nm:
+            name, count = results.split(":")
+            names = [pair.split(" = ")[0] for pair in iter_args.split(", ")]
+            head = [f"%{tag}un = arith.constant {unroll} : index", f"%{tag}len = arith.subi %hi, %lo : index",
+                    f"%{tag}over = arith.remui %{tag}len, %{tag}un : index",
+                    f"%{tag}mid = arith.subi %hi, %{tag}over : index",
+                    f"{name}m:{count} = scf.for %p{tag} = %lo to %{tag}mid step %{tag}un iter_args({iter_args}) "
+                    f"-> ({result_types}) {{"]
+            body = []
+            for e in range(unroll):
+                body += [f"%p{tag}o{e} = arith.constant {e} : index",
+                         f"%p{tag}e{e} = arith.addi %p{tag}, %p{tag}o{e} : index",
+                         *entry(f"%p{tag}e{e}", f"%k{tag}e{e}", f"%v{tag}e{e}"),
+                         *update(f"%k{tag}e{e}", f"%v{tag}e{e}", e)]
+            rest_args = ", ".join(f"{n} = {name}m#{i}" for i, n in enumerate(names))
+            rest = [f"{results} = scf.for %p{tag} = %{tag}mid to %hi step %c1 iter_args({rest_args}) "
+                    f"-> ({result_types}) {{", *entry(f"%p{tag}", f"%k{tag}", f"%v{tag}"),
+                    *update(f"%k{tag}", f"%v{tag}", 0), *rest_final, "}"]
+            return [*head, *body, *final, "}", *rest]
         n, m = self.nm.n, self.nm.m
         head = f"{results} = scf.for %g{tag} = %glo to %ghi step %c1 iter_args({iter_args}) -> ({result_types}) {{"
         body = [f"%gn{tag} = arith.muli %g{tag}, %c{n}n : index", f"%gp{tag} = arith.addi %base, %gn{tag} : index",
@@ -120,6 +156,13 @@ class _Stream:
         return [f"%b_rows = memref.dim {b}, %c0 : memref<?x?x{{elt}}>",
                 f"%groups = arith.divui %b_rows, %c{self.nm.m}m : index",
                 f"%row_len = arith.muli %groups, %c{self.nm.n}n : index"]
+
+
+def _rest_yield(tag: str, u: int, s: int, sets: int, steps: int) -> str:
+    """What register ``u`` of accumulator set ``s`` holds after a remainder step of ``steps`` nonzeros: the
+    last of them that went to set ``s``, or the value it came in with when none did."""
+    went = [e for e in range(steps) if e % sets == s]
+    return f"%{tag}n{u}e{max(went)}" if went else f"%{tag}a{u}s{s}"
 
 
 def multiply_add(is_float: bool, acc: str, b: str, v: str, out: str, shape: str) -> list[str]:
@@ -429,7 +472,11 @@ def spmm_module(problem: SpmmProblem, target: CpuTarget = CpuTarget(), accumulat
         load and the store masked to them.
         """
         step = count * lanes
-        sets = max(1, min(entries, accumulators // count))
+        # CSR rows take several nonzeros a step when the tile is narrow, so that its FMAs go to enough
+        # accumulator sets not to wait on each other (N:M groups already unroll their n entries)
+        unroll = 1 if panels else max(1, min(CSR_UNROLL, accumulators // count))
+        steps = entries * unroll
+        sets = max(1, min(steps, accumulators // count))
         mask_type = f"vector<{lanes}xi1>"
 
         def load(buffer: str, at: str, memref_type: str) -> str:
@@ -460,11 +507,12 @@ def spmm_module(problem: SpmmProblem, target: CpuTarget = CpuTarget(), accumulat
                     f"scf.yield {', '.join(f'%{tag}c{u}' for u in range(count))} : {tile}", "}"]
             start_from = [f"%{tag}st#{u}" for u in range(count)]
         slots = [(u, s) for u in range(count) for s in range(sets)]
-        last = {s: max(e for e in range(entries) if e % sets == s) for s in range(sets)}
+        last = {s: max(e for e in range(steps) if e % sets == s) for s in range(sets)}
         vecs = ", ".join([vec] * len(slots))
         loop = stream.loop(tag, ", ".join(f"%{tag}a{u}s{s} = {start_from[u] if s == 0 else '%zv'}" for u, s in slots),
                            vecs, f"%{tag}r:{len(slots)}", update,
-                           [f"scf.yield {', '.join(f'%{tag}n{u}e{last[s]}' for u, s in slots)} : {vecs}"])
+                           [f"scf.yield {', '.join(f'%{tag}n{u}e{last[s]}' for u, s in slots)} : {vecs}"], unroll,
+                           [f"scf.yield {', '.join(_rest_yield(tag, u, s, sets, entries) for u, s in slots)} : {vecs}"])
         totals = []
         for u in range(count):
             total = f"%{tag}r#{u * sets}"

@@ -10,7 +10,7 @@ from mlir import ir
 from sparse_mlir.dialects.epilogue import SCALAR_EPILOGUE, VECTOR_EPILOGUE, Epilogue
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native.loops import THREAD_COUNT
-from sparse_mlir.dialects.native.spmm import SpmmProblem, native_spmm, spmm_module
+from sparse_mlir.dialects.native.spmm import CSR_UNROLL, SpmmProblem, native_spmm, spmm_module
 
 from sparse_mlir.formats import CSR, NM
 from sparse_mlir.dialects.native.target import CpuTarget
@@ -42,10 +42,13 @@ def test_csr_spmm_keeps_column_tiles_in_registers(bits, lanes):
     assert ops["scf.parallel"] == 1 and ops["scf.while"] == 1 and ops["memref.atomic_rmw"] == 2
     assert ops["scf.if"] == 3 and ops["memref.copy"] == 1 and "alignment = 64" in str(module)
     assert ops["func.call"] == 1 and THREAD_COUNT in functions(module)  # the thread count, resolved when lowered
-    # one FMA per register per nonzero: the tiers, one masked vector for the last columns, a scalar last column
-    assert ops["vector.fma"] == sum(TIERS) + 1 and ops["math.fma"] == 1
+    # one FMA per register per nonzero: the tiers, one masked vector for the last columns, a scalar last column;
+    # tiles narrower than the accumulators take CSR_UNROLL nonzeros a step, then the rest one at a time
+    per_tile = [count if count == TIERS[0] else count * (CSR_UNROLL + 1) for count in (*TIERS, 1)]
+    assert ops["vector.fma"] == sum(per_tile) and ops["math.fma"] == 1
     assert ops["vector.store"] == sum(TIERS) and ops["vector.maskedstore"] == 1  # C stored once per tile
-    assert ops["vector.maskedload"] == 1 and ops["vector.create_mask"] == 1  # B's rows, masked to the last columns
+    # B's rows, masked to the last columns: a load per nonzero of the masked tile's steps
+    assert ops["vector.maskedload"] == CSR_UNROLL + 1 and ops["vector.create_mask"] == 1
     assert f"vector<{lanes}xf32>" in str(module)
     assert _types(module) == (["memref<?xi32>", "memref<?xi32>", "memref<?xf32>", "memref<?x?xf32>",
                                "memref<?x?xf32>"], ["memref<?x?xf32>"])
