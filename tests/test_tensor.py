@@ -72,6 +72,54 @@ def test_nm_pattern_violation_names_the_group():
         sm.SparseTensor.from_dense(dense, "2:4")
 
 
+@pytest.mark.parametrize("fmt", ["2:4", "1:4", "4:8", "1:2", "3:16", "2:6", "2:4;crd=32"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_dense_to_nm_packs_straight_from_the_groups_as_the_coordinate_path_does(rng, fmt, dtype):
+    """``from_dense`` reads a row N:M format's groups straight off the matrix (``storage.pack_row_nm``); the same
+    matrix through coordinates (``from_coo`` of its ``np.nonzero``) gives the same format and buffers: full,
+    short and empty groups, an empty row, NaN (a nonzero), -0.0 (a zero), views that are not C-contiguous."""
+    from sparse_mlir.formats import as_format
+    from sparse_mlir.tensor import storage
+
+    fmt = as_format(fmt.replace(";crd=32", ""), 2).with_widths(None, 32) if ";" in fmt else as_format(fmt, 2)
+    level = fmt.levels[-1]
+    assert storage.is_row_nm(fmt)
+    dense = prune_nm(rng.integers(1, 9, size=(7, 6 * level.m)).astype(dtype), level.n, level.m)
+    dense[1, :level.m] = 0  # an empty group
+    dense[2] = 0  # an empty row
+    dense[3, rng.choice(dense.shape[1], dense.shape[1] // 2, replace=False)] = 0  # short groups
+    if dtype.startswith("float"):
+        dense[4, np.flatnonzero(dense[4])[0]] = np.nan
+        dense[5, np.flatnonzero(dense[5])[0]] = -0.0
+    for view in (dense, np.asfortranarray(dense), np.ascontiguousarray(dense.T).T):
+        direct = sm.SparseTensor.from_dense(view, fmt)
+        coords = np.array(np.nonzero(view))
+        through = sm.SparseTensor.from_coo(coords, view[tuple(coords)], view.shape, fmt)
+        assert direct.format == through.format == fmt and direct.shape == through.shape
+        for got, want in zip(direct.buffers, through.buffers, strict=True):
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+    assert np.isnan(direct.to_dense()[4]).sum() == (1 if dtype.startswith("float") else 0)
+
+
+def test_dense_to_nm_refuses_a_crowded_group_as_the_coordinate_path_does():
+    dense = np.zeros((3, 12), np.float32)
+    dense[2, 4:7] = [1, np.nan, 2]
+    dense[1, 8:11] = 1  # both groups hold 3; the first of the most crowded is named
+    with pytest.raises(PatternError, match="group 5 .row 1, columns 8..11. has 3 nonzeros, more than 2") as direct:
+        sm.SparseTensor.from_dense(dense, "2:4")
+    coords = np.array(np.nonzero(dense))
+    with pytest.raises(PatternError) as through:
+        sm.SparseTensor.from_coo(coords, dense[tuple(coords)], dense.shape, "2:4")
+    assert str(direct.value) == str(through.value)
+
+
+def test_dense_to_nm_with_columns_not_whole_groups_takes_the_coordinate_path():
+    dense = np.zeros((2, 6), np.float32)
+    with pytest.raises(FormatError, match="multiple"):
+        sm.SparseTensor.from_dense(dense, "2:4")
+
+
 def test_from_scipy_csr_is_zero_copy():
     m = sp.random(20, 30, density=0.2, format="csr", dtype=np.float32, random_state=0)
     m.indices = m.indices.astype(np.int32)

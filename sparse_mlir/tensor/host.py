@@ -175,8 +175,14 @@ class SparseTensor(LevelBuffers):
         if not 1 <= array.ndim <= 3:
             raise ShapeError(f"sparse tensors have 1 to 3 dimensions, got {array.ndim}")
         check_dtype(array.dtype, "dense array")
+        fmt = as_format(format, array.ndim)
+        if storage.is_row_nm(fmt) and array.ndim == 2 and array.shape[1] % fmt.levels[-1].m == 0:
+            shape = storage.check_shape(array.shape)
+            fmt.check_shape(shape)
+            storage.check_shape(shape, fmt)
+            return cls(fmt, shape, storage.pack_row_nm(fmt, array), validate=False)
         coords = np.array(np.nonzero(array), dtype=np.int64).reshape(array.ndim, -1)
-        return cls.from_coo(coords, array[tuple(coords)], array.shape, format)
+        return cls.from_coo(coords, array[tuple(coords)], array.shape, fmt)
 
     @classmethod
     def from_scipy(cls, matrix: Any, format: Format | str | None = None) -> SparseTensor:
