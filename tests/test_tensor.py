@@ -102,6 +102,22 @@ def test_dense_to_nm_packs_straight_from_the_groups_as_the_coordinate_path_does(
     assert np.isnan(direct.to_dense()[4]).sum() == (1 if dtype.startswith("float") else 0)
 
 
+@pytest.mark.parametrize("fmt", ["2:4", "csr", "coo"])
+def test_from_dense_where_stores_exactly_the_kept_entries_zeros_included(rng, fmt):
+    dense = prune_nm(rng.integers(1, 9, size=(5, 16)).astype(np.float32), 2, 4)
+    kept = dense != 0
+    dense[0, np.flatnonzero(dense[0])[:3]] = 0  # kept zeros stay stored
+    dense[1, np.flatnonzero(~kept[1])[0]] = 7  # an entry not kept is dropped
+    t = sm.SparseTensor.from_dense(dense, fmt, where=kept)
+    assert t.nnz == kept.sum()
+    np.testing.assert_array_equal(t.to_dense(), np.where(kept, dense, 0))
+    assert (t.values == 0).sum() == 3  # the kept zeros, stored (2:4 groups are full: no padding)
+    with pytest.raises(DTypeError, match="boolean"):
+        sm.SparseTensor.from_dense(dense, fmt, where=kept.astype(np.int8))
+    with pytest.raises(ShapeError, match="where has shape"):
+        sm.SparseTensor.from_dense(dense, fmt, where=kept[:, :8])
+
+
 def test_dense_to_nm_refuses_a_crowded_group_as_the_coordinate_path_does():
     dense = np.zeros((3, 12), np.float32)
     dense[2, 4:7] = [1, np.nan, 2]

@@ -144,9 +144,7 @@ def apply_mask(weights: Any, mask: Any, format: Format | str = CSR) -> SparseTen
     keep = np.asarray(mask, dtype=bool)
     if keep.shape != w.shape:
         raise ShapeError(f"mask shape {keep.shape} differs from weights shape {w.shape}")
-    fmt = as_format(format, 2)
-    coords = np.array(np.nonzero(keep), dtype=np.int64).reshape(2, -1)
-    return SparseTensor.from_coo(coords, w[keep], w.shape, fmt)
+    return SparseTensor.from_dense(w, as_format(format, 2), where=keep)
 
 
 def satisfies_n_m(weights: Any, n: int, m: int) -> bool:

