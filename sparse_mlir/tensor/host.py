@@ -191,7 +191,8 @@ class SparseTensor(LevelBuffers):
             shape = storage.check_shape(array.shape)
             fmt.check_shape(shape)
             storage.check_shape(shape, fmt)
-            return cls(fmt, shape, storage.pack_row_nm(fmt, array, kept), validate=False)
+            buffers = storage.pack_row_nm(fmt, array, kept)
+            return cls(_fit_widths(fmt, shape, buffers[-1].size), shape, buffers, validate=False)
         coords = np.array(np.nonzero(array if kept is None else kept), dtype=np.int64).reshape(array.ndim, -1)
         return cls.from_coo(coords, array[tuple(coords)], array.shape, fmt)
 
