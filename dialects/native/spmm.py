@@ -9,10 +9,11 @@ and 1 registers, so a short N (32 columns) still gets independent FMA
 chains, then one masked vector takes the last columns (a single last
 column is a scalar loop); in tiles narrower than 8 registers CSR rows take
 ``CSR_UNROLL`` nonzeros a step into as many accumulator sets, so 8 chains
-are in flight (DLMC 2048 x 512 at 90%, one thread: N=16 1.33x, N=32 1.2x).  N:M rows walk their
-groups with the ``n`` entries unrolled and no position loads (positions
-are implicit), in blocks of rows that go through B panel by panel, so a
-panel stays in L1 for the whole block (``_rows_loop``; 1.2-1.3x on 2:4).
+are in flight (DLMC 2048 x 512 at 90%, one thread: N=16 1.33x, N=32
+1.2x).  N:M rows walk their groups with the ``n`` entries unrolled and no
+position loads (positions are implicit), in blocks of rows that go through
+B panel by panel, so a panel stays in L1 for the whole block
+(``_rows_loop``; 1.2-1.3x on 2:4).
 Rows (or blocks) run as an ``scf.parallel`` loop, which the CPU pipeline
 threads like any other.  The kernel stores every element of C
 (``FILLS_OUTPUT``: the C entry point skips zeroing it).  The function has exactly the signature
