@@ -175,6 +175,39 @@ def test_unsorted_duplicates_are_summed_in_a_copy():
     np.testing.assert_array_equal(m.data, data)
 
 
+@pytest.mark.parametrize("fmt, shape", [("csr", (9, 7)), ("csc", (9, 7)), ("coo", (9, 7)), ("dcsr", (9, 7)),
+                                        ("bsr2x2", (8, 6)), ("2:4", (5, 8)), ("csf", (4, 3, 5)), ("coo3", (4, 3, 5))])
+@pytest.mark.parametrize("huge", [False, True])
+def test_coordinates_in_any_order_with_duplicates_sort_and_sum_as_a_reference_does(rng, fmt, shape, huge,
+                                                                                   monkeypatch):
+    """``canonicalize`` sorts by one level-order key where the level sizes multiply within ``int64``, by the
+    levels one by one past that (``huge``: the key is refused); both give the reference: entries in level
+    order, duplicates summed in the order given."""
+    from sparse_mlir.tensor import storage
+
+    if huge:
+        monkeypatch.setattr(storage, "_level_order_key", lambda lvl, sizes: None)
+    fmt_ = sm.formats.as_format(fmt, len(shape))
+    count = 40
+    coords = np.vstack([rng.integers(0, extent, count) for extent in shape])
+    if fmt == "2:4":  # at most 2 a group: the first two columns of each group of 4
+        coords[1] = (coords[1] // 4) * 4 + coords[1] % 2
+    coords = np.hstack([coords, coords[:, :10]])  # duplicates
+    values = rng.integers(1, 9, coords.shape[1]).astype(np.float64)
+    got_coords, got_values = storage.canonicalize(coords, values, shape, fmt_)
+    lvl = storage.level_coordinates(fmt_, coords)
+    reference: dict[tuple, float] = {}
+    for column in sorted(range(coords.shape[1]), key=lambda k: (tuple(lvl[:, k]), k)):
+        reference[tuple(lvl[:, column])] = reference.get(tuple(lvl[:, column]), 0.0) + values[column]
+    got_lvl = storage.level_coordinates(fmt_, got_coords)
+    assert [tuple(c) for c in got_lvl.T] == list(reference)
+    np.testing.assert_array_equal(got_values, list(reference.values()))
+    t = sm.SparseTensor.from_coo(coords, values, shape, fmt_)
+    dense = np.zeros(shape)
+    np.add.at(dense, tuple(coords), values)
+    np.testing.assert_array_equal(t.to_dense(), dense)
+
+
 def test_int64_indices_are_narrowed_when_they_fit():
     m = sp.random(10, 10, density=0.3, format="csr", random_state=3)
     m.indices, m.indptr = m.indices.astype(np.int64), m.indptr.astype(np.int64)
