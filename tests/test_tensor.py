@@ -72,7 +72,7 @@ def test_nm_pattern_violation_names_the_group():
         sm.SparseTensor.from_dense(dense, "2:4")
 
 
-@pytest.mark.parametrize("fmt", ["2:4", "1:4", "4:8", "1:2", "3:16", "2:6", "2:4;crd=32"])
+@pytest.mark.parametrize("fmt", ["2:4", "1:4", "4:8", "1:2", "3:16", "2:6", "4:128", "2:4;crd=32"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 def test_dense_to_nm_packs_straight_from_the_groups_as_the_coordinate_path_does(rng, fmt, dtype):
     """``from_dense`` reads a row N:M format's groups straight off the matrix (``storage.pack_row_nm``); the same

@@ -20,7 +20,10 @@ from sparse_mlir.dtypes import index_dtype
 from sparse_mlir.errors import FormatError, InvalidIndicesError, PatternError, ShapeError
 from sparse_mlir.formats import Format, Level, LevelExpr, LevelKind
 
-__all__ = ["index_dtype", "check_shape", "level_coordinates", "canonicalize", "pack", "unpack", "validate"]
+__all__ = ["index_dtype", "check_shape", "is_row_nm", "level_coordinates", "canonicalize", "pack", "pack_row_nm",
+           "unpack", "validate"]
+
+SUMMED_COLUMNS = 64  # N:M groups up to this wide count their nonzeros column by column (``pack_row_nm``)
 
 # numpy cannot allocate more than 2**63 - 1 bytes; a shape whose dense levels expand past this many
 # entries (8-byte positions or values) could never be stored, so it is refused up front
@@ -252,9 +255,6 @@ def pack_row_nm(fmt: Format, array: np.ndarray, kept: np.ndarray | None = None) 
     power_of_two = level.m & (level.m - 1) == 0
     offsets = chosen & (level.m - 1) if power_of_two else chosen % level.m
     return offsets.astype(index_dtype(fmt.crd_width)), groups.reshape(-1).take(chosen)
-
-
-SUMMED_COLUMNS = 64  # groups up to this wide count their nonzeros column by column (``pack_row_nm``)
 
 
 def _fill_groups(parent: np.ndarray, offsets: np.ndarray, counts: np.ndarray, n_groups: int, n: int,
