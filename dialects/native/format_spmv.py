@@ -87,14 +87,15 @@ def native_format_spmv(spec: KernelSpec, formats: dict[str, Format], shapes: Sha
         return None
     a, x = found
     kind = format_kind(formats[a])
+    lanes = gather_lanes(target, spec.dtype.itemsize * 8)  # for the row loops (RowSums) of DCSR and CSC
     if kind == "coo":
         body: Callable[..., None] = _coo
     elif kind == "dcsr":
-        body = functools.partial(_dcsr, lanes=gather_lanes(target, spec.dtype.itemsize * 8))
+        body = functools.partial(_dcsr, lanes=lanes)
     elif scatters(core, formats, a):
         body = _scatter
     else:
-        body = functools.partial(_gather, lanes=gather_lanes(target, spec.dtype.itemsize * 8))
+        body = functools.partial(_gather, lanes=lanes)
     with ir.Location.unknown():
         return _module(spec, formats[a], a, x, body, scale)
 

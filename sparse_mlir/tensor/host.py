@@ -74,6 +74,12 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     return view
 
 
+def _check_storable(shape: tuple[int, ...], fmt: Format) -> None:
+    """Raise ``FormatError``/``ShapeError`` when ``fmt`` cannot hold a tensor of ``shape`` (a checked shape)."""
+    fmt.check_shape(shape)
+    storage.check_shape(shape, fmt)
+
+
 def _fit_widths(fmt: Format, shape: tuple[int, ...], nnz: int) -> Format:
     """Widen index buffers to 64 bits when the shape or nnz does not fit the format's widths."""
     limit = np.iinfo(np.int32).max
@@ -115,8 +121,7 @@ class SparseTensor(LevelBuffers):
         fmt = as_format(fmt, len(shape))
         if fmt.is_dense:
             raise FormatError("a SparseTensor needs a sparse format; use a numpy array for dense data")
-        fmt.check_shape(shape)
-        storage.check_shape(shape, fmt)
+        _check_storable(shape, fmt)
         try:
             buffers = tuple(np.asarray(b) for b in buffers)
         except TypeError:
@@ -161,8 +166,7 @@ class SparseTensor(LevelBuffers):
         check_dtype(values.dtype, "values")
         if values.ndim != 1:
             raise ShapeError(f"values must be 1-d, got shape {values.shape}")
-        fmt.check_shape(shape)
-        storage.check_shape(shape, fmt)
+        _check_storable(shape, fmt)
         coords = _coordinate_rows(coords, len(shape), values.size)
         coords, values = storage.canonicalize(coords, values, shape, fmt)
         fmt = _fit_widths(fmt, shape, values.size)
@@ -188,11 +192,8 @@ class SparseTensor(LevelBuffers):
             raise ShapeError(f"where has shape {kept.shape}, the array {array.shape}")
         fmt = as_format(format, array.ndim)
         if storage.is_row_nm(fmt) and array.ndim == 2 and array.shape[1] % fmt.levels[-1].m == 0:
-            shape = storage.check_shape(array.shape)
-            fmt.check_shape(shape)
-            storage.check_shape(shape, fmt)
-            buffers = storage.pack_row_nm(fmt, array, kept)
-            return cls(_fit_widths(fmt, shape, buffers[-1].size), shape, buffers, validate=False)
+            buffers = storage.pack_row_nm(fmt, array, kept)  # the constructor checks the shape against fmt
+            return cls(_fit_widths(fmt, array.shape, buffers[-1].size), array.shape, buffers, validate=False)
         coords = np.array(np.nonzero(array if kept is None else kept), dtype=np.int64).reshape(array.ndim, -1)
         return cls.from_coo(coords, array[tuple(coords)], array.shape, fmt)
 
