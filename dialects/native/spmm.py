@@ -13,7 +13,11 @@ are in flight (DLMC 2048 x 512 at 90%, one thread: N=16 1.33x, N=32
 1.2x).  N:M rows walk their groups with the ``n`` entries unrolled and no
 position loads (positions are implicit), in blocks of rows that go through
 B panel by panel, so a panel stays in L1 for the whole block
-(``_rows_loop``; 1.2-1.3x on 2:4).
+(``_rows_loop``; 1.2-1.3x on 2:4).  CSR rows are not walked that way yet: in a
+C model (``benchmarks/models/csr_spmm_panels.c``) blocks of 64 rows walking
+B in 64 KiB panels, each row resuming at a cursor, ran DLMC 512^2 at 90%
+1.2x faster than whole rows, but the same walk emitted here (an
+``scf.while`` stopping at the panel's end) measured no gain (session 24).
 Rows (or blocks) run as an ``scf.parallel`` loop, which the CPU pipeline
 threads like any other.  The kernel stores every element of C
 (``FILLS_OUTPUT``: the C entry point skips zeroing it).  The function has exactly the signature
