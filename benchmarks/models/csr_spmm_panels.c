@@ -29,9 +29,9 @@ static float *val;
 
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 
-static void tile_row(const float *B, float *c, int lo, int hi, int first) {
+static void tile_row(const float *B, float *c, int lo, int hi) {
     __m512 a[8];
-    for (int u = 0; u < 8; u++) a[u] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + 16 * u);
+    for (int u = 0; u < 8; u++) a[u] = _mm512_setzero_ps();
     for (int p = lo; p < hi; p++) {
         const float *b = B + (size_t)crd[p] * N;
         __m512 v = _mm512_set1_ps(val[p]);
@@ -41,7 +41,7 @@ static void tile_row(const float *B, float *c, int lo, int hi, int first) {
 }
 
 static void rows(const float *B, float *C) {
-    for (int i = 0; i < M; i++) tile_row(B, C + (size_t)i * N, pos[i], pos[i + 1], 1);
+    for (int i = 0; i < M; i++) tile_row(B, C + (size_t)i * N, pos[i], pos[i + 1]);
 }
 
 static void walk(const float *B, float *C) {
