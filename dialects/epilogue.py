@@ -42,20 +42,15 @@ class Epilogue(NamedTuple):
     operands: tuple[str, ...]
 
 
-def epilogue_functions(expr: Expr, temp: str, i: str, j: str, operands: dict[str, int], elt: str,
-                       lanes: int) -> str:
-    """The text of the two epilogue functions (built with op builders), for splicing into an emitter's module.
+def epilogue_functions(expr: Expr, temp: str, i: str, j: str, operands: dict[str, int], element: ir.Type,
+                       lanes: int) -> None:
+    """The two epilogue functions, built at the insertion point (a module's body) of the emitter's module.
 
     ``operands`` maps each dense tensor the expression reads (besides
     ``temp``) to its rank, in parameter order.
     """
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.create()
-        element = ir.Type.parse(elt)
-        with ir.InsertionPoint(module.body):
-            for name, width in ((VECTOR_EPILOGUE, lanes), (SCALAR_EPILOGUE, 0)):
-                _build(name, expr, temp, (i, j), operands, element, width)
-        return "\n".join(str(op) for op in module.body.operations)
+    for name, width in ((VECTOR_EPILOGUE, lanes), (SCALAR_EPILOGUE, 0)):
+        _build(name, expr, temp, (i, j), operands, element, width)
 
 
 def _build(name: str, expr: Expr, temp: str, ij: tuple[str, str], operands: dict[str, int], element: ir.Type,

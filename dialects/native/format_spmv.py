@@ -42,7 +42,6 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.linalg import KERNEL_NAME
 from sparse_mlir.dialects.native.loops import (
     add,
     constant_like,
@@ -51,6 +50,7 @@ from sparse_mlir.dialects.native.loops import (
     for_each,
     if_else,
     index,
+    kernel_entry,
     level_types,
     load_index,
     lower_bound,
@@ -107,12 +107,7 @@ def _module(spec: KernelSpec, fmt: Format, a: str, x: str | None, body: Callable
     y_type = dynamic_vector(element)
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
-        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]] + [y_type], [y_type]))
-        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        block = fn.add_entry_block()
-        args = iter(block.arguments)
-        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
-        y = next(args)
+        block, buffers, (y,) = kernel_entry(spec.inputs, types, [y_type], [y_type])
         with ir.InsertionPoint(block):
             body(*buffers[a], buffers[x][0] if x is not None else None, y, element, scale)
             func.ReturnOp([y])

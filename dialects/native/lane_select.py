@@ -51,7 +51,6 @@ from sparse_mlir.dialects.native.loops import (
     LINE_BYTES,
     RegisterTranspose,
     add,
-    as_index,
     branch,
     by_workers,
     constant_like,
@@ -375,14 +374,12 @@ class LaneProduct:
 def kernel_module(epilogue: Epilogue | None, element: ir.Type, lanes: int) -> ir.Module:
     """The module a lane kernel is built into: the epilogue's vector and scalar functions (its operands vectors,
     lanes along ``epilogue.j``, the output features) when there is one, and the thread count's declaration."""
-    if epilogue is None:
-        module = ir.Module.create(ir.Location.unknown())
-    else:
-        ranks = {name: 1 for name in epilogue.operands}
-        text = epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j, ranks, str(element), lanes)
-        module = ir.Module.parse("module {\n" + text + "\n}")
-    with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(module.body):
+    module = ir.Module.create(ir.Location.unknown())
+    with ir.Location.unknown(), ir.InsertionPoint(module.body):
         declare_thread_count()
+        if epilogue is not None:
+            epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j,
+                               {name: 1 for name in epilogue.operands}, element, lanes)
     return module
 
 

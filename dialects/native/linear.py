@@ -32,9 +32,8 @@ from mlir import ir
 from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
-from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native import lane_select, row_select
-from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, for_each
+from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, csr_levels, for_each, kernel_entry
 from sparse_mlir.dialects.native.spmm import (
     ACCUMULATORS,
     B_ALIGNMENT,
@@ -158,23 +157,14 @@ def kernel_function(spec: KernelSpec, sparse: dict[str, Format], matrices: set[s
     dynamic = ir.ShapedType.get_dynamic_size()
     matrix = ir.MemRefType.get([dynamic, dynamic], element)
 
-    def vector_of(t: ir.Type) -> ir.Type:
-        return ir.MemRefType.get([dynamic], t)
-
     def types_of(name: str) -> list[ir.Type]:
         if name in sparse:
-            fmt = sparse[name]
-            return [vector_of(ir.IntegerType.get_signless(fmt.pos_width or 64)),
-                    vector_of(ir.IntegerType.get_signless(fmt.crd_width or 64)), vector_of(element)]
-        return [matrix] if name in matrices else [vector_of(element)]
+            return csr_levels(sparse[name], element)
+        return [matrix] if name in matrices else [ir.MemRefType.get([dynamic], element)]
 
     types = {name: types_of(name) for name in spec.inputs}
-    fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]] + [matrix], [matrix]))
-    fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-    fn.attributes[FILLS_OUTPUT] = ir.UnitAttr.get()
-    block = fn.add_entry_block()
-    arguments = iter(block.arguments)
-    return block, {name: [next(arguments) for _ in types[name]] for name in spec.inputs}
+    block, buffers, _ = kernel_entry(spec.inputs, types, [matrix], [matrix], fills_output=True)
+    return block, buffers
 
 
 def _whole(tiles: RegisterTranspose, matrix: ir.Type, x: ir.Value, y: ir.Value, batch: ir.Value, inputs: ir.Value,

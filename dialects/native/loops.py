@@ -16,7 +16,7 @@ from typing import Any
 from mlir import ir
 from mlir.dialects import arith, func, llvm, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.linalg import KERNEL_NAME
+from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
@@ -45,6 +45,7 @@ __all__ = [
     "if_else",
     "index",
     "is_float",
+    "kernel_entry",
     "lane_sums",
     "level_types",
     "load_index",
@@ -381,6 +382,28 @@ def csr_levels(fmt: Format, element: ir.Type) -> list[ir.Type]:
     return [dynamic_vector(t) for t in (*(ir.IntegerType.get_signless(w) for w in widths), element)]
 
 
+def kernel_entry(inputs: Sequence[str], types: dict[str, Sequence[ir.Type]], outputs: Sequence[ir.Type],
+                    results: Sequence[ir.Type], fills_output: bool = False
+                    ) -> tuple[ir.Block, dict[str, list[ir.Value]], list[ir.Value]]:
+    """The kernel function at the insertion point (a module's body), with the signature the sparse assembler
+    would give: ``KERNEL_NAME`` with a C interface, taking each of ``inputs``' buffers (``types``, by name) and
+    then ``outputs`` (dense results the caller passes in), returning ``results``.
+
+    ``fills_output`` marks a kernel that stores every element of its dense
+    result itself (``FILLS_OUTPUT``), so its C entry point skips zeroing
+    it.  Returns the entry block, each input's arguments by name and the
+    outputs' arguments.
+    """
+    fn = func.FuncOp(KERNEL_NAME, ([t for name in inputs for t in types[name]] + list(outputs), list(results)))
+    fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+    if fills_output:
+        fn.attributes[FILLS_OUTPUT] = ir.UnitAttr.get()
+    block = fn.add_entry_block()
+    arguments = iter(block.arguments)
+    buffers = {name: [next(arguments) for _ in types[name]] for name in inputs}
+    return block, buffers, list(arguments)
+
+
 def csr_product_module(spec: KernelSpec, formats: dict[str, Format],
                        body: Callable[[dict[str, list[ir.Value]], ir.Type, list[ir.Type]], Sequence[ir.Value]],
                        uses_thread_count: bool = False) -> ir.Module:
@@ -400,11 +423,7 @@ def csr_product_module(spec: KernelSpec, formats: dict[str, Format],
         declare_madvise()  # for ``result_buffer``
         if uses_thread_count:
             declare_thread_count()
-        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]], out_types))
-        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        block = fn.add_entry_block()
-        args = iter(block.arguments)
-        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
+        block, buffers, _ = kernel_entry(spec.inputs, types, [], out_types)
         with ir.InsertionPoint(block):
             func.ReturnOp(list(body(buffers, element, out_types)))
     module.operation.verify()

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, func, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.linalg import KERNEL_NAME
 from sparse_mlir.dialects.native.loops import (
     LINE_BYTES,
     RegisterTranspose,
@@ -42,6 +41,7 @@ from sparse_mlir.dialects.native.loops import (
     constant_like,
     declare_madvise,
     for_each,
+    kernel_entry,
     lane_sums,
     mul,
     parallel,
@@ -93,11 +93,7 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
         declare_madvise()  # for ``result_buffer``
-        fn = func.FuncOp(KERNEL_NAME, (inputs, level))
-        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        block = fn.add_entry_block()
-        args = iter(block.arguments)
-        values = {name: [next(args) for _ in types[name]] for name in spec.inputs}
+        block, values, _ = kernel_entry(spec.inputs, types, [], level)
         with ir.InsertionPoint(block):
             (pos, crd, val), (a,), (b,) = values[s_name], values[a_name], values[b_name]
             func.ReturnOp(_body(pos, crd, val, a, b, found.b_transposed, rows, cols, element, lanes, level))

@@ -28,24 +28,37 @@ from ``C`` (rows) and ``B`` (columns of A, groups of N:M rows).
 ``native_spmm`` matches a planned spec; ``spmm_module``
 builds the module from a ``SpmmProblem`` (format, sizes, inputs, bias or
 epilogue: no spec), which ``native_linear`` also uses for its middle stage.
+The IR is built with the bindings' op builders; ``tests/ir/test_ir_spmm.py``
+reads its structure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from mlir import ir
+from mlir.dialects import arith, func, math, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.epilogue import (
-    SCALAR_EPILOGUE,
-    VECTOR_EPILOGUE,
-    Epilogue,
-    epilogue_functions,
-)
+from sparse_mlir.dialects.epilogue import SCALAR_EPILOGUE, VECTOR_EPILOGUE, Epilogue, epilogue_functions
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
-from sparse_mlir.dialects.native.loops import LINE_BYTES, THREAD_COUNT
+from sparse_mlir.dialects.native.loops import (
+    LINE_BYTES,
+    add,
+    as_index,
+    constant_like,
+    csr_levels,
+    declare_thread_count,
+    dynamic_vector,
+    for_each,
+    if_else,
+    index,
+    is_float,
+    load_index,
+    reduce_loop,
+    thread_count,
+)
 from sparse_mlir.dialects.native.target import CpuTarget
 
 from sparse_mlir.dsl.patterns import is_csr, spmm_epilogue, spmm_operands
@@ -69,186 +82,192 @@ COPY_REUSE = 4  # nonzeros of A per row of B at least for B to be copied to that
 # on a line the threads share
 RANGES_PER_THREAD = 16
 
+# ``step(column, value, entry, sums) -> sums``: one nonzero of a row into the sums a loop carries (``entry``: its
+# place in the loop's step, 0 when the loop takes one nonzero a step)
+Step = Callable[[ir.Value, ir.Value, int, list[ir.Value]], list[ir.Value]]
+
+
+def _matrix(element: ir.Type) -> ir.MemRefType:
+    """``memref<?x?xelement>``: B and C."""
+    dynamic = ir.ShapedType.get_dynamic_size()
+    return ir.MemRefType.get([dynamic, dynamic], element)
+
+
+@dataclass
+class _Row:
+    """Where row ``i``'s nonzeros are: ``[lo, hi)`` of CSR positions, or (N:M) its first entry ``base`` and the
+    groups ``[glo, ghi)`` of the current panel of B."""
+
+    i: ir.Value
+    lo: ir.Value | None = None
+    hi: ir.Value | None = None
+    base: ir.Value | None = None
+    glo: ir.Value | None = None
+    ghi: ir.Value | None = None
+
 
 class _Stream:
-    """Text for walking one row's nonzeros: CSR segments, or N:M groups with implicit positions."""
+    """Walking one row's nonzeros: CSR segments, or N:M groups with implicit positions."""
 
-    def __init__(self, fmt: Format, cols: int | None):
+    def __init__(self, fmt: Format, cols: int | None, crd: ir.Value, val: ir.Value, pos: ir.Value):
         self.nm = fmt.levels[-1] if fmt.is_nm else None
-        self.crd_t = f"i{fmt.crd_width or 64}"
-        self.pos_t = f"i{fmt.pos_width or 64}"
+        self.crd, self.val, self.pos = crd, val, pos
         # groups per row; None: read at run time from B's rows (a shape-generic build)
         self.groups = (cols // self.nm.m if cols is not None else None) if self.nm else 0
+        self.row_len: ir.Value | None = None  # N:M entries per row (``sizes``)
+        self.group_count: ir.Value | None = None  # N:M groups per row (``sizes``)
 
-    def setup(self) -> list[str]:
-        """Row bounds (CSR) or the row's first entry (N:M), from ``%i``."""
+    def sizes(self, b: ir.Value) -> None:
+        """N:M groups per row and entries per row: compiled in, or from the rows of ``b`` (A's columns; the C
+        entry point has checked that they are a multiple of ``m``)."""
+        if not self.nm:
+            return
+        if self.groups is not None:
+            self.group_count, self.row_len = index(self.groups), index(self.groups * self.nm.n)
+            return
+        self.group_count = arith.divui(memref.dim(b, index(0)), index(self.nm.m))
+        self.row_len = arith.muli(self.group_count, index(self.nm.n))
+
+    def row(self, i: ir.Value) -> _Row:
+        """Row ``i``'s bounds (CSR) or first entry (N:M)."""
         if self.nm:
-            return ["%base = arith.muli %i, %row_len : index"]
-        return ["%i1 = arith.addi %i, %c1 : index",
-                f"%lo_raw = memref.load %pos[%i] : memref<?x{self.pos_t}>",
-                f"%hi_raw = memref.load %pos[%i1] : memref<?x{self.pos_t}>",
-                f"%lo = arith.index_castui %lo_raw : {self.pos_t} to index",
-                f"%hi = arith.index_castui %hi_raw : {self.pos_t} to index"]
+            return _Row(i, base=arith.muli(i, self.row_len))
+        following = arith.addi(i, index(1))
+        lo, hi = memref.load(self.pos, [i]), memref.load(self.pos, [following])
+        return _Row(i, lo=as_index(lo), hi=as_index(hi))
 
-    def loop(self, tag: str, iter_args: str, result_types: str, results: str, update, final: list[str],
-             unroll: int = 1, rest_final: list[str] = ()) -> list[str]:
-        """``results = for nonzero (k, v) of the row: update(...)``; ``update(k, v, step)`` gives body lines.
+    def _entry(self, p: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """CSR: the column and value of the nonzero at position ``p``."""
+        return load_index(self.crd, p), memref.load(self.val, [p])
+
+    def loop(self, row: _Row, sums: list[ir.Value], step: Step, unroll: int = 1) -> list[ir.Value]:
+        """``sums`` through every nonzero of ``row`` (``step`` takes each); returns the final sums.
 
         CSR rows with ``unroll`` above 1 take that many nonzeros a step
-        (``update`` gets steps ``0..unroll-1``, ``final`` yields after them),
-        then the rest one a step (step 0 only, ``rest_final`` yields).  N:M
-        rows take a group a step (its ``n`` entries are the steps).
+        (entries ``0..unroll-1``), then the rest one a step (entry 0).  N:M
+        rows take a group a step (its ``n`` entries, unrolled: no position
+        loads, no branches).
         """
-        elt_load = "memref.load %val[{p}] : memref<?x{elt}>"
+        if self.nm:
+            n, m = self.nm.n, self.nm.m
 
-        def entry(p: str, k: str, v: str) -> list[str]:
-            """CSR: the column ``k`` and value ``v`` of the nonzero at position ``p``."""
-            return [f"{k}r = memref.load %crd[{p}] : memref<?x{self.crd_t}>",
-                    f"{k} = arith.index_castui {k}r : {self.crd_t} to index",
-                    f"{v} = {elt_load.format(p=p, elt='{elt}')}"]
+            def group(g: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+                first = arith.addi(row.base, arith.muli(g, index(n)))
+                columns = arith.muli(g, index(m))
+                for e in range(n):
+                    p = arith.addi(first, index(e))
+                    column = arith.addi(columns, load_index(self.crd, p))
+                    values = step(column, memref.load(self.val, [p]), e, values)
+                return values
 
-        if not self.nm and unroll == 1:
-            head = f"{results} = scf.for %p{tag} = %lo to %hi step %c1 iter_args({iter_args}) -> ({result_types}) {{"
-            body = [*entry(f"%p{tag}", f"%k{tag}", f"%v{tag}"), *update(f"%k{tag}", f"%v{tag}", 0)]
-            return [head, *body, *final, "}"]
-        if not self.nm:
-            name, count = results.split(":")
-            names = [pair.split(" = ")[0] for pair in iter_args.split(", ")]
-            head = [f"%{tag}un = arith.constant {unroll} : index", f"%{tag}len = arith.subi %hi, %lo : index",
-                    f"%{tag}over = arith.remui %{tag}len, %{tag}un : index",
-                    f"%{tag}mid = arith.subi %hi, %{tag}over : index",
-                    f"{name}m:{count} = scf.for %p{tag} = %lo to %{tag}mid step %{tag}un iter_args({iter_args}) "
-                    f"-> ({result_types}) {{"]
-            body = []
+            return reduce_loop(row.glo, row.ghi, sums, group)
+        if unroll == 1:
+            return reduce_loop(row.lo, row.hi, sums, lambda p, values: step(*self._entry(p), 0, values))
+        by = index(unroll)
+        over = arith.remui(arith.subi(row.hi, row.lo), by)
+        middle = arith.subi(row.hi, over)
+
+        def several(p: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
             for e in range(unroll):
-                body += [f"%p{tag}o{e} = arith.constant {e} : index",
-                         f"%p{tag}e{e} = arith.addi %p{tag}, %p{tag}o{e} : index",
-                         *entry(f"%p{tag}e{e}", f"%k{tag}e{e}", f"%v{tag}e{e}"),
-                         *update(f"%k{tag}e{e}", f"%v{tag}e{e}", e)]
-            rest_args = ", ".join(f"{n} = {name}m#{i}" for i, n in enumerate(names))
-            rest = [f"{results} = scf.for %p{tag} = %{tag}mid to %hi step %c1 iter_args({rest_args}) "
-                    f"-> ({result_types}) {{", *entry(f"%p{tag}", f"%k{tag}", f"%v{tag}"),
-                    *update(f"%k{tag}", f"%v{tag}", 0), *rest_final, "}"]
-            return [*head, *body, *final, "}", *rest]
-        n, m = self.nm.n, self.nm.m
-        head = f"{results} = scf.for %g{tag} = %glo to %ghi step %c1 iter_args({iter_args}) -> ({result_types}) {{"
-        body = [f"%gn{tag} = arith.muli %g{tag}, %c{n}n : index", f"%gp{tag} = arith.addi %base, %gn{tag} : index",
-                f"%gm{tag} = arith.muli %g{tag}, %c{m}m : index"]
-        for e in range(n):  # the group's n entries, unrolled: no position loads, no branches
-            body += [f"%p{tag}e{e} = arith.addi %gp{tag}, %c{e} : index",
-                     f"%or{tag}e{e} = memref.load %crd[%p{tag}e{e}] : memref<?x{self.crd_t}>",
-                     f"%o{tag}e{e} = arith.index_castui %or{tag}e{e} : {self.crd_t} to index",
-                     f"%k{tag}e{e} = arith.addi %gm{tag}, %o{tag}e{e} : index",
-                     f"%v{tag}e{e} = {elt_load.format(p=f'%p{tag}e{e}', elt='{elt}')}"]
-            body += update(f"%k{tag}e{e}", f"%v{tag}e{e}", e)
-        return [head, *body, *final, "}"]
+                values = step(*self._entry(arith.addi(p, index(e))), e, values)
+            return values
 
-    def constants(self) -> set[str]:
-        if not self.nm:
-            return set()
-        return {f"%c{self.nm.n}n = arith.constant {self.nm.n} : index",
-                f"%c{self.nm.m}m = arith.constant {self.nm.m} : index",
-                *(f"%c{e} = arith.constant {e} : index" for e in range(self.nm.n))}
-
-    def sizes(self, b: str) -> list[str]:
-        """``%groups`` per row and ``%row_len`` (entries per row), after ``constants``: compiled in, or from
-        the rows of B (``b``: A's columns; the C entry point has checked that they are a multiple of ``m``)."""
-        if not self.nm:
-            return []
-        if self.groups is not None:
-            return [f"%groups = arith.constant {self.groups} : index",
-                    f"%row_len = arith.constant {self.groups * self.nm.n} : index"]
-        return [f"%b_rows = memref.dim {b}, %c0 : memref<?x?x{{elt}}>",
-                f"%groups = arith.divui %b_rows, %c{self.nm.m}m : index",
-                f"%row_len = arith.muli %groups, %c{self.nm.n}n : index"]
+        sums = reduce_loop(row.lo, middle, sums, several, by)
+        return reduce_loop(middle, row.hi, sums, lambda p, values: step(*self._entry(p), 0, values))
 
 
-def _rest_yield(tag: str, u: int, s: int, sets: int, steps: int) -> str:
-    """What register ``u`` of accumulator set ``s`` holds after a remainder step of ``steps`` nonzeros: the
-    last of them that went to set ``s``, or the value it came in with when none did."""
-    went = [e for e in range(steps) if e % sets == s]
-    return f"%{tag}n{u}e{max(went)}" if went else f"%{tag}a{u}s{s}"
+def multiply_add(acc: ir.Value, b: ir.Value, v: ir.Value) -> ir.Value:
+    """``v * b + acc`` (scalars or vectors of one type): one FMA for floats."""
+    if is_float(acc.type):
+        return vector.fma(v, b, acc) if isinstance(acc.type, ir.VectorType) else math.fma(v, b, acc)
+    return arith.addi(acc, arith.muli(v, b))
 
 
-def multiply_add(is_float: bool, acc: str, b: str, v: str, out: str, shape: str) -> list[str]:
-    """``out = v * b + acc`` of type ``shape`` (a scalar or vector type): one FMA for floats."""
-    if is_float:
-        return [f"{out} = vector.fma {v}, {b}, {acc} : {shape}" if shape.startswith("vector") else
-                f"{out} = math.fma {v}, {b}, {acc} : {shape}"]
-    return [f"{out}_m = arith.muli {v}, {b} : {shape}", f"{out} = arith.addi {acc}, {out}_m : {shape}"]
-
-
-def column_tiers(tiers: list[int], lanes: int, tile_loop: Callable[[str, int, str, str], list[str]]
-                 ) -> tuple[list[str], list[str], str]:
+def column_tiers(tiers: Sequence[int], lanes: int, columns: ir.Value
+                 ) -> tuple[list[tuple[int, ir.Value, ir.Value]], ir.Value]:
     """Column tiles of ``tiers[0]`` vectors, then of each smaller count, each tier starting where the last ended.
 
-    ``tile_loop(tag, count, start, stop)`` emits one tier's loop.  Returns
-    the bound computations (before the row loop), the tier loops (inside it)
-    and the first column left for scalars.
+    Built before the row loop; returns each tier's ``(vectors, start, stop)``
+    for the loops inside it, and the first column left for the last columns.
     """
-    bounds, loops, start = [], [], "%c0"
-    for t, count in enumerate(tiers):
-        bounds += [f"%left{t} = arith.subi %N, {start} : index",
-                   f"%over{t} = arith.remui %left{t}, %c{count * lanes} : index",
-                   f"%fit{t} = arith.subi %left{t}, %over{t} : index",
-                   f"%end{t} = arith.addi {start}, %fit{t} : index"]
-        loops += tile_loop(f"t{t}", count, start, f"%end{t}")
-        start = f"%end{t}"
-    return bounds, loops, start
+    spans, start = [], index(0)
+    for count in tiers:
+        left = arith.subi(columns, start)
+        stop = arith.addi(start, arith.subi(left, arith.remui(left, index(count * lanes))))
+        spans.append((count, start, stop))
+        start = stop
+    return spans, start
 
 
-def last_columns(start: str) -> tuple[list[str], str]:
-    """After the column tiers (``start``: the first column they left), the bounds of the masked vector tile:
-    it takes the last columns when there are two or more (each walks the row once, where a scalar loop per
-    column walked it per column); a single last column stays scalar, from the returned end to ``%N`` (as a
-    masked vector it was slower: CSR, N=1, 0.054 ms against 0.039)."""
-    return ([f"%m_left = arith.subi %N, {start} : index", "%m_many = arith.cmpi ugt, %m_left, %c1 : index",
-             f"%m_end = arith.select %m_many, %N, {start} : index"], "%m_end")
+def last_columns(start: ir.Value, columns: ir.Value) -> ir.Value:
+    """After the column tiers (``start``: the first column they left), the end of the masked vector tile: it
+    takes the last columns when there are two or more (each walks the row once, where a scalar loop per column
+    walked it per column); a single last column stays scalar, from the returned end to ``columns`` (as a masked
+    vector it was slower: CSR, N=1, 0.054 ms against 0.039)."""
+    many = arith.cmpi(arith.CmpIPredicate.ugt, arith.subi(columns, start), index(1))
+    return arith.select(many, columns, start)
 
 
-def _rows_loop(stream: _Stream, row_body: list[str], itemsize: int, panel_bytes: int, finish_row: list[str] = (),
-               copy_b: str | None = None) -> list[str]:
-    """The threaded loop running ``row_body`` for every row ``%i`` (``_work_queue`` hands out the rows).
+def _rows_loop(stream: _Stream, row_body: Callable[[_Row, ir.Value, ir.Value | None], None], columns: ir.Value,
+               rows: ir.Value, itemsize: int, panel_bytes: int,
+               finish_row: Callable[[ir.Value, ir.Value], None] | None, b_in: ir.Value, copy_b: bool) -> None:
+    """The threaded loop running ``row_body(row, B, first)`` for every row (``_work_queue`` hands out the rows).
 
-    CSR: rows one by one.  N:M: blocks of ``ROW_BLOCK`` rows, each walked
-    panel by panel (``%glo`` to ``%ghi`` of a row's groups, the ones whose
-    rows of B fit in ``panel_bytes``, ``CpuTarget.panel_bytes``), so a panel of B is read from L2 once
-    per block instead of once per row; ``%first`` tells the row body
+    CSR: rows one by one (``first`` is None).  N:M: blocks of
+    ``ROW_BLOCK`` rows, each walked panel by panel (the row's groups
+    ``[glo, ghi)`` whose rows of B fit in ``panel_bytes``,
+    ``CpuTarget.panel_bytes``), so a panel of B is read from L2 once per
+    block instead of once per row; ``first`` (an ``i1``) tells the row body
     whether to start from scratch or from the sums stored in C.  Positions
-    are implicit, so a panel's bounds need no search.  ``finish_row`` runs
-    on each row ``%i`` once its sums are complete (the epilogue): after the
-    row (CSR), after the block's last panel (N:M).  ``copy_b``: the element
-    type when each thread may copy B to a line boundary (``b_copy``).
+    are implicit, so a panel's bounds need no search.  ``finish_row(i, B)``
+    runs on each row once its sums are complete (the epilogue): after the
+    row (CSR), after the block's last panel (N:M).  ``copy_b``: each thread
+    may copy ``b_in`` to a line boundary (``b_copy``).
     """
     if stream.nm is None:
-        return _work_queue(["scf.for %i = %ra to %rb step %c1 {", *row_body, *finish_row, "}"], "%c1", itemsize,
-                           copy_b)
-    group_bytes = itemsize * stream.nm.m
-    setup = [f"%row_block = arith.constant {ROW_BLOCK} : index",
-             f"%panel_budget = arith.constant {panel_bytes} : index",
-             f"%group_bytes = arith.constant {group_bytes} : index",
-             "%b_group = arith.muli %N, %group_bytes : index",  # bytes of B one group of columns reads
-             "%b_group1 = arith.maxui %b_group, %c1 : index",
-             "%panel_fit = arith.divui %panel_budget, %b_group1 : index",
-             "%panel = arith.maxui %panel_fit, %c1 : index",
-             # at least one panel, so that rows without groups still store their zeros (or bias)
-             (f"%panels_end = arith.constant {max(stream.groups, 1)} : index" if stream.groups is not None
-              else "%panels_end = arith.maxui %groups, %c1 : index")]
-    blocks = ["scf.for %ib = %ra to %rb step %row_block {",
-              "%ib_end = arith.addi %ib, %row_block : index", "%ie = arith.minui %ib_end, %rb : index",
-              "scf.for %glo = %c0 to %panels_end step %panel {",
-              "%glo_end = arith.addi %glo, %panel : index", "%ghi = arith.minui %glo_end, %groups : index",
-              "%first = arith.cmpi eq, %glo, %c0 : index",
-              "scf.for %i = %ib to %ie step %c1 {", *row_body, "}",
-              "}",
-              *(["scf.for %i = %ib to %ie step %c1 {", *finish_row, "}"] if finish_row else []),
-              "}"]
-    return setup + _work_queue(blocks, "%row_block", itemsize, copy_b)
+        def csr_rows(lo: ir.Value, hi: ir.Value, b: ir.Value) -> None:
+            def one_row(i: ir.Value) -> None:
+                row_body(stream.row(i), b, None)
+                if finish_row is not None:
+                    finish_row(i, b)
+            for_each(lo, hi, one_row)
+
+        _work_queue(rows, index(1), csr_rows, stream.val, b_in, itemsize, copy_b)
+        return
+    row_block = index(ROW_BLOCK)
+    group_bytes = arith.muli(columns, index(itemsize * stream.nm.m))  # bytes of B one group of columns reads
+    panel = arith.maxui(arith.divui(index(panel_bytes), arith.maxui(group_bytes, index(1))), index(1))
+    # at least one panel, so that rows without groups still store their zeros (or bias)
+    panels_end = (index(max(stream.groups, 1)) if stream.groups is not None
+                  else arith.maxui(stream.group_count, index(1)))
+
+    def blocks(lo: ir.Value, hi: ir.Value, b: ir.Value) -> None:
+        def block(ib: ir.Value) -> None:
+            end = arith.minui(arith.addi(ib, row_block), hi)
+
+            def panel_of_groups(glo: ir.Value) -> None:
+                ghi = arith.minui(arith.addi(glo, panel), stream.group_count)
+                first = arith.cmpi(arith.CmpIPredicate.eq, glo, index(0))
+
+                def one_row(i: ir.Value) -> None:
+                    row = stream.row(i)
+                    row.glo, row.ghi = glo, ghi
+                    row_body(row, b, first)
+                for_each(ib, end, one_row)
+
+            for_each(index(0), panels_end, panel_of_groups, panel)
+            if finish_row is not None:
+                for_each(ib, end, lambda i: finish_row(i, b))
+
+        for_each(lo, hi, block, row_block)
+
+    _work_queue(rows, row_block, blocks, stream.val, b_in, itemsize, copy_b)
 
 
-def _work_queue(rows_lines: list[str], grain: str, itemsize: int, copy_b: str | None) -> list[str]:
-    """One parallel iteration per thread, each taking ranges of rows ``[%ra, %rb)`` (multiples of ``grain``
-    rows) from a shared counter until none are left, and running ``rows_lines`` on each.
+def _work_queue(rows: ir.Value, grain: ir.Value, ranges: Callable[[ir.Value, ir.Value, ir.Value], None],
+                values: ir.Value, b_in: ir.Value, itemsize: int, copy_b: bool) -> None:
+    """One parallel iteration per thread, each taking ranges of rows (multiples of ``grain`` rows) from a shared
+    counter until none are left, and running ``ranges(lo, hi, B)`` on each.
 
     Why not a parallel loop over the rows: B copied to a line boundary
     (``b_copy``) before such a loop is written by one core and then read
@@ -259,47 +278,49 @@ def _work_queue(rows_lines: list[str], grain: str, itemsize: int, copy_b: str | 
     thread), so a thread that starts late or runs slowly (a core shared
     with another library's pool) does less, as with a guided schedule.
     """
-    copy, free = b_copy(copy_b) if copy_b else ([], [])
-    return [f"%threads = func.call @{THREAD_COUNT}() : () -> index",
-            *(b_copy_decision(copy_b, itemsize, "%threads") if copy_b else []),
-            f"%wq_per = arith.constant {RANGES_PER_THREAD} : index",
-            "%wq_ranges_wanted = arith.muli %threads, %wq_per : index",
-            "%wq_rows_each = arith.ceildivui %rows, %wq_ranges_wanted : index",
-            f"%wq_grains = arith.ceildivui %wq_rows_each, {grain} : index",
-            "%wq_grains1 = arith.maxui %wq_grains, %c1 : index",
-            f"%wq_size = arith.muli %wq_grains1, {grain} : index",
-            "%wq_ranges = arith.ceildivui %rows, %wq_size : index",
-            f"%wq_next = memref.alloc() {{alignment = {LINE_BYTES} : i64}} : memref<1xi64>",
-            "%wq_zero = arith.constant 0 : i64", "%wq_one = arith.constant 1 : i64",
-            "memref.store %wq_zero, %wq_next[%c0] : memref<1xi64>",
-            "scf.parallel (%wq_t) = (%c0) to (%threads) step (%c1) {",
-            "%wq_first_raw = memref.atomic_rmw addi %wq_one, %wq_next[%c0] : (i64, memref<1xi64>) -> i64",
-            "%wq_first = arith.index_castui %wq_first_raw : i64 to index",
-            "%wq_any = arith.cmpi ult, %wq_first, %wq_ranges : index",
-            "scf.if %wq_any {",
-            *copy,
-            "%wq_end = scf.while (%wq_u0 = %wq_first) : (index) -> index {",
-            "%wq_more = arith.cmpi ult, %wq_u0, %wq_ranges : index",
-            "scf.condition(%wq_more) %wq_u0 : index",
-            "} do {",
-            "^bb0(%wq_u: index):",
-            "%ra = arith.muli %wq_u, %wq_size : index",
-            "%ra_end = arith.addi %ra, %wq_size : index",
-            "%rb = arith.minui %ra_end, %rows : index",
-            *rows_lines,
-            "%wq_taken_raw = memref.atomic_rmw addi %wq_one, %wq_next[%c0] : (i64, memref<1xi64>) -> i64",
-            "%wq_taken = arith.index_castui %wq_taken_raw : i64 to index",
-            "scf.yield %wq_taken : index",
-            "}",
-            *free,
-            "}",
-            "scf.reduce", "}",
-            "memref.dealloc %wq_next : memref<1xi64>"]
+    i64, i_type = ir.IntegerType.get_signless(64), ir.IndexType.get()
+    c0, c1 = index(0), index(1)
+    threads = thread_count()
+    copied = b_copy_decision(b_in, values, itemsize, threads) if copy_b else None
+    wanted = arith.muli(threads, index(RANGES_PER_THREAD))
+    grains = arith.maxui(arith.ceildivui(arith.ceildivui(rows, wanted), grain), c1)
+    size = arith.muli(grains, grain)
+    count = arith.ceildivui(rows, size)
+    counter = memref.alloc(ir.MemRefType.get([1], i64), [], [], alignment=LINE_BYTES)
+    memref.store(arith.constant(i64, 0), counter, [c0])
+
+    def claim() -> ir.Value:
+        return as_index(memref.atomic_rmw(arith.AtomicRMWKind.addi, arith.constant(i64, 1), counter, [c0]))
+
+    def worker(_: ir.Value) -> None:
+        first = claim()
+        any_left = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, first, count))
+        with ir.InsertionPoint(any_left.then_block):
+            b = b_copy(b_in, copied) if copy_b else b_in
+            loop = scf.WhileOp([i_type], [first])
+            head = loop.before.blocks.append(i_type)
+            with ir.InsertionPoint(head):
+                scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, head.arguments[0], count), [head.arguments[0]])
+            step = loop.after.blocks.append(i_type)
+            with ir.InsertionPoint(step):
+                lo = arith.muli(step.arguments[0], size)
+                ranges(lo, arith.minui(arith.addi(lo, size), rows), b)
+                scf.YieldOp([claim()])
+            if copy_b:
+                b_free(b, copied)
+            scf.YieldOp([])
+
+    op = scf.ParallelOp([], [c0], [threads], [c1], [])
+    block = op.regions[0].blocks.append(i_type)
+    with ir.InsertionPoint(block):
+        worker(block.arguments[0])
+        scf.ReduceOp([], 0)
+    memref.dealloc(counter)
 
 
-def b_copy_decision(elt: str, itemsize: int, copies: str = "%c1") -> list[str]:
-    """Lines setting ``%bc_copied``: whether ``%B_in`` is worth copying to a ``B_ALIGNMENT`` boundary, made
-    ``copies`` times (once per thread, ``_work_queue``).
+def b_copy_decision(b_in: ir.Value, values: ir.Value, itemsize: int, copies: ir.Value | None = None) -> ir.Value:
+    """Whether ``b_in`` is worth copying to a ``B_ALIGNMENT`` boundary, made ``copies`` times (once per thread,
+    ``_work_queue``; once when None), given A's ``values`` (an ``i1``).
 
     Every nonzero loads whole vectors of a row of B.  When B's rows start
     off a cache-line boundary, each 64-byte load spans two lines and the
@@ -311,61 +332,67 @@ def b_copy_decision(elt: str, itemsize: int, copies: str = "%c1") -> list[str]:
     aligns every row) and A has at least ``COPY_REUSE`` nonzeros per row of
     B for each copy (each row of a copy is then read that many times on average).
     """
-    return [f"%bc_align = arith.constant {B_ALIGNMENT} : index",
-            f"%bc_item = arith.constant {itemsize} : index",
-            f"%bc_reuse = arith.constant {COPY_REUSE} : index",
-            f"%bc_ptr = memref.extract_aligned_pointer_as_index %B_in : memref<?x?x{elt}> -> index",
-            f"%bc_rows = memref.dim %B_in, %c0 : memref<?x?x{elt}>",
-            f"%bc_cols = memref.dim %B_in, %c1 : memref<?x?x{elt}>",
-            f"%bc_nnz = memref.dim %val, %c0 : memref<?x{elt}>",
-            "%bc_off = arith.remui %bc_ptr, %bc_align : index",
-            "%bc_row_bytes = arith.muli %bc_cols, %bc_item : index",
-            "%bc_row_off = arith.remui %bc_row_bytes, %bc_align : index",
-            "%bc_one_copy = arith.muli %bc_rows, %bc_reuse : index",
-            f"%bc_reads = arith.muli %bc_one_copy, {copies} : index",
-            "%bc_off_line = arith.cmpi ne, %bc_off, %c0 : index",
-            "%bc_rows_whole = arith.cmpi eq, %bc_row_off, %c0 : index",
-            "%bc_reused = arith.cmpi uge, %bc_nnz, %bc_reads : index",
-            "%bc_copy_rows = arith.andi %bc_off_line, %bc_rows_whole : i1",
-            "%bc_copied = arith.andi %bc_copy_rows, %bc_reused : i1"]
+    align = index(B_ALIGNMENT)
+    pointer = memref.extract_aligned_pointer_as_index(b_in)
+    b_rows, b_cols = memref.dim(b_in, index(0)), memref.dim(b_in, index(1))
+    nonzeros = memref.dim(values, index(0))
+    offset = arith.remui(pointer, align)
+    row_offset = arith.remui(arith.muli(b_cols, index(itemsize)), align)
+    reads = arith.muli(arith.muli(b_rows, index(COPY_REUSE)), copies if copies is not None else index(1))
+    off_line = arith.cmpi(arith.CmpIPredicate.ne, offset, index(0))
+    rows_whole = arith.cmpi(arith.CmpIPredicate.eq, row_offset, index(0))
+    reused = arith.cmpi(arith.CmpIPredicate.uge, nonzeros, reads)
+    return arith.andi(arith.andi(off_line, rows_whole), reused)
 
 
-def b_copy(elt: str) -> tuple[list[str], list[str]]:
-    """Lines defining ``%B`` (``%B_in``, or when ``%bc_copied`` a copy of it on a ``B_ALIGNMENT`` boundary), and
-    the lines freeing that copy."""
-    return [f"%B = scf.if %bc_copied -> (memref<?x?x{elt}>) {{",
-            f"%bc_new = memref.alloc(%bc_rows, %bc_cols) {{alignment = {B_ALIGNMENT} : i64}} : memref<?x?x{elt}>",
-            f"memref.copy %B_in, %bc_new : memref<?x?x{elt}> to memref<?x?x{elt}>",
-            f"scf.yield %bc_new : memref<?x?x{elt}>",
-            "} else {",
-            f"scf.yield %B_in : memref<?x?x{elt}>",
-            "}"], ["scf.if %bc_copied {", f"memref.dealloc %B : memref<?x?x{elt}>", "}"]
+def b_copy(b_in: ir.Value, copied: ir.Value) -> ir.Value:
+    """B: ``b_in``, or when ``copied`` (``b_copy_decision``) a copy of it on a ``B_ALIGNMENT`` boundary."""
+    choice = scf.IfOp(copied, [b_in.type], has_else=True)
+    with ir.InsertionPoint(choice.then_block):
+        fresh = memref.alloc(b_in.type, [memref.dim(b_in, index(0)), memref.dim(b_in, index(1))], [],
+                             alignment=B_ALIGNMENT)
+        memref.copy(b_in, fresh)
+        scf.YieldOp([fresh])
+    with ir.InsertionPoint(choice.else_block):
+        scf.YieldOp([b_in])
+    return choice.results[0]
 
 
-def aligned_b(elt: str, itemsize: int) -> tuple[list[str], list[str]]:
-    """Lines defining ``%B`` from ``%B_in``, copied once to a line boundary when that pays (``b_copy_decision``),
-    and the lines freeing the copy, for the end of the function.  (The BSR SpMM's; the tiled SpMM copies per
-    thread.)"""
-    prologue, epilogue = b_copy(elt)
-    return b_copy_decision(elt, itemsize) + prologue, epilogue
+def b_free(b: ir.Value, copied: ir.Value) -> None:
+    """Free ``b`` when it is ``b_copy``'s copy."""
+    free = scf.IfOp(copied)
+    with ir.InsertionPoint(free.then_block):
+        memref.dealloc(b)
+        scf.YieldOp([])
 
 
-def _epilogue_pass(types: dict[str, str], reads: list[str], vec: str, lanes: int) -> list[str]:
-    """Row ``%i`` of C through the epilogue functions, in place: whole vectors, then the scalar tail.
+def aligned_b(b_in: ir.Value, values: ir.Value, itemsize: int) -> tuple[ir.Value, Callable[[], None]]:
+    """B from ``b_in``, copied once to a line boundary when that pays (``b_copy_decision``), and what frees the
+    copy at the end of the function.  (The BSR SpMM's; the tiled SpMM copies per thread.)"""
+    copied = b_copy_decision(b_in, values, itemsize)
+    b = b_copy(b_in, copied)
+    return b, lambda: b_free(b, copied)
 
-    ``reads`` are the kernel parameters the expression reads, ``types`` every parameter's type.
-    """
-    extra = "".join(f", {r}" for r in reads)
-    extra_types = "".join(f", {types[r]}" for r in reads)
-    elt = vec.split("x")[-1].rstrip(">")
-    return [f"scf.for %ej = %c0 to %ep_end step %c{lanes} {{",
-            f"%ecv = vector.load %C[%i, %ej] : memref<?x?x{elt}>, {vec}",
-            f"%eev = func.call @{VECTOR_EPILOGUE}(%ecv, %i, %ej{extra}) : ({vec}, index, index{extra_types}) -> {vec}",
-            f"vector.store %eev, %C[%i, %ej] : memref<?x?x{elt}>, {vec}", "}",
-            "scf.for %ej = %ep_end to %N step %c1 {",
-            f"%ecs = memref.load %C[%i, %ej] : memref<?x?x{elt}>",
-            f"%ees = func.call @{SCALAR_EPILOGUE}(%ecs, %i, %ej{extra}) : ({elt}, index, index{extra_types}) -> {elt}",
-            f"memref.store %ees, %C[%i, %ej] : memref<?x?x{elt}>", "}"]
+
+def _epilogue_pass(i: ir.Value, c: ir.Value, reads: list[ir.Value], lanes: int, end: ir.Value,
+                   columns: ir.Value) -> None:
+    """Row ``i`` of ``c`` through the epilogue functions, in place: whole vectors up to ``end``, then the
+    scalar tail.  ``reads`` are the kernel parameters the expression reads."""
+    matrix = ir.MemRefType(c.type)
+    vector_type = ir.VectorType.get([lanes], matrix.element_type)
+
+    def whole(j: ir.Value) -> None:
+        sums = vector.load(vector_type, c, [i, j])
+        vector.store(func.call([vector_type], ir.FlatSymbolRefAttr.get(VECTOR_EPILOGUE), [sums, i, j, *reads]),
+                     c, [i, j])
+
+    def tail(j: ir.Value) -> None:
+        sums = memref.load(c, [i, j])
+        memref.store(func.call([matrix.element_type], ir.FlatSymbolRefAttr.get(SCALAR_EPILOGUE), [sums, i, j, *reads]),
+                     c, [i, j])
+
+    for_each(index(0), end, whole, index(lanes))
+    for_each(end, columns, tail)
 
 
 @dataclass(frozen=True)
@@ -419,55 +446,114 @@ def spmm_module(problem: SpmmProblem, target: CpuTarget = CpuTarget(), accumulat
     (``native_linear``).  ``b_aligned``: the caller guarantees B starts at a
     ``B_ALIGNMENT`` boundary (its own scratch), so no copy is considered.
     """
-    a_name, b_name, bias, bias_dim, epilogue = problem.a, problem.b, problem.bias, problem.bias_dim, problem.epilogue
-    ranks = dict(problem.inputs)
+    with ir.Location.unknown():
+        module = ir.Module.create()
+        element = ir.Type.parse(TYPE_NAMES[np.dtype(problem.dtype).name])
+        lanes = target.vector_bits // 8 // np.dtype(problem.dtype).itemsize  # one vector register
+        c_type = _matrix(element)
+        with ir.InsertionPoint(module.body):
+            kernel = func.FuncOp(function_name, ([*_parameter_types(problem, element), c_type], [c_type]),
+                                 visibility=None if function_name == KERNEL_NAME else "private")
+            if function_name == KERNEL_NAME:
+                kernel.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+                kernel.attributes[FILLS_OUTPUT] = ir.UnitAttr.get()
+            entry = kernel.add_entry_block()
+            with ir.InsertionPoint(entry):
+                _Kernel(problem, target, accumulators, element, lanes, entry.arguments, b_aligned).build()
+            declare_thread_count()
+            if problem.epilogue is not None:
+                ranks = dict(problem.inputs)
+                epilogue = problem.epilogue
+                epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j,
+                                   {name: ranks[name] for name in epilogue.operands}, element, lanes)
+    module.operation.verify()
+    return module
+
+
+def _parameter_types(problem: SpmmProblem, element: ir.Type) -> list[ir.Type]:
+    """The function's parameter types before C: A's three level buffers (positions and coordinates at their
+    widths), then B, the bias and the epilogue's operands where ``problem.inputs`` puts them."""
     fmt = problem.fmt.codegen_format if problem.fmt.is_nm else problem.fmt
-    rows, cols = problem.shape
-    stream = _Stream(problem.fmt, cols)
-    dtype = np.dtype(problem.dtype)
-    elt = TYPE_NAMES[dtype.name]
-    lanes = target.vector_bits // 8 // dtype.itemsize  # one vector register
-    vec = f"vector<{lanes}x{elt}>"
-    is_float = elt.startswith("f")
-    zero = "0.0" if is_float else "0"
     level = len(fmt.levels) - 1
-    params, types = [], []
-    for name, rank in problem.inputs:
-        if name == a_name:
-            params += ["%pos", "%crd", "%val"]
-            types += [f"memref<?x{stream.pos_t}>", f"memref<?x{stream.crd_t}>", f"memref<?x{elt}>"]
-        elif name == b_name:
-            params.append("%B" if b_aligned else "%B_in")
-            types.append(f"memref<?x?x{elt}>")
-        elif name == bias:
-            params.append("%bias")
-            types.append(f"memref<?x{elt}>")
-        else:
-            assert epilogue is not None and name in epilogue.operands, f"{name} is no operand of the SpMM"
-            params.append(f"%e_{name}")
-            types.append(f"memref<{'?x' * rank}{elt}>")
-    # accumulators start from the bias (or zero)
-    if bias is None:
-        row_init, scalar_init = [], ([], "%zero")
-    elif bias_dim == 0:
-        row_init = ["%bias_i = memref.load %bias[%i] : memref<?x{elt}>",
-                    f"%bias_v = vector.broadcast %bias_i : {elt} to {vec}"]
-        scalar_init = ([], "%bias_i")
-    else:
-        row_init = []
-        scalar_init = (["%bias_j = memref.load %bias[%j] : memref<?x{elt}>"], "%bias_j")
     assert fmt.buffer_names == (f"pos{level}", f"crd{level}", "values"), "one compressed level expected"
-    params.append("%C")
-    types.append(f"memref<?x?x{elt}>")
-    signature = ", ".join(f"{p}: {t}" for p, t in zip(params, types))
+    types: list[ir.Type] = []
+    for name, rank in problem.inputs:
+        if name == problem.a:
+            types += csr_levels(problem.fmt, element)
+        elif name == problem.b:
+            types.append(_matrix(element))
+        elif name == problem.bias:
+            types.append(dynamic_vector(element))
+        else:
+            assert problem.epilogue is not None and name in problem.epilogue.operands, f"{name} is no operand of the SpMM"
+            types.append(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * rank, element))
+    return types
 
-    def madd(acc: str, b: str, v: str, out: str, shape: str) -> list[str]:
-        return multiply_add(is_float, acc, b, v, out, shape)
 
-    entries = stream.nm.n if stream.nm else 1  # nonzeros per loop iteration
-    panels = stream.nm is not None  # N:M rows are walked in panels of groups (``_rows_loop``)
+class _Kernel:
+    """The body of one tiled SpMM function, built at the insertion point from its arguments."""
 
-    def tile_block(tag: str, count: int, start: str, stop: str, masked: bool = False) -> list[str]:
+    def __init__(self, problem: SpmmProblem, target: CpuTarget, accumulators: int, element: ir.Type, lanes: int,
+                 arguments: Sequence[ir.Value], b_aligned: bool):
+        self.problem, self.target, self.accumulators, self.lanes = problem, target, accumulators, lanes
+        self.b_aligned = b_aligned
+        self.element = element
+        self.vector = ir.VectorType.get([lanes], element)
+        self.mask_type = ir.VectorType.get([lanes], ir.IntegerType.get_signless(1))
+        args = iter(arguments)
+        self.operands: dict[str, ir.Value] = {}
+        for name, _ in problem.inputs:
+            if name == problem.a:
+                pos, crd, val = next(args), next(args), next(args)
+            else:
+                self.operands[name] = next(args)
+        self.c = next(args)
+        self.b_in = self.operands[problem.b]
+        self.bias = self.operands.get(problem.bias) if problem.bias is not None else None
+        self.stream = _Stream(problem.fmt, problem.shape[1], crd, val, pos)
+        self.panels = self.stream.nm is not None  # N:M rows are walked in panels of groups (``_rows_loop``)
+
+    def build(self) -> None:
+        problem, stream, c = self.problem, self.stream, self.c
+        rows = index(problem.shape[0]) if problem.shape[0] is not None else memref.dim(c, index(0))
+        stream.sizes(self.b_in)
+        self.columns = memref.dim(c, index(1))
+        # column tiers: tiles of `accumulators` vectors, then of 2, then of 1 (a short N still gets independent
+        # FMA chains); each tier starts where the previous one ended
+        self.spans, left = column_tiers(sorted({self.accumulators, 2, 1}, reverse=True), self.lanes, self.columns)
+        # the last columns (fewer than a vector's lanes) as one masked vector; column by column, each walked the
+        # row's nonzeros again (CSR 1536 x 384 at 10%, N=8: 0.25 ms, 2x scipy's time; N=16: 0.045)
+        self.masked = (left, last_columns(left, self.columns))
+        self.zero = constant_like(self.element, 0)
+        self.zero_vector = constant_like(self.vector, 0)
+        finish_row = None
+        if problem.epilogue is not None:
+            whole = arith.subi(self.columns, arith.remui(self.columns, index(self.lanes)))
+            names = problem.epilogue.operands
+
+            def finish_row(i: ir.Value, b: ir.Value) -> None:
+                reads = [b if name == problem.b else self.operands[name] for name in names]
+                _epilogue_pass(i, c, reads, self.lanes, whole, self.columns)
+
+        _rows_loop(stream, self._row, self.columns, rows, np.dtype(problem.dtype).itemsize, self.target.panel_bytes,
+                   finish_row, self.b_in, not self.b_aligned)
+        func.ReturnOp([c])
+
+    def _row(self, row: _Row, b: ir.Value, first: ir.Value | None) -> None:
+        """Row ``row.i`` of C (its part in the current panel of B, N:M): the column tiers, the masked vector,
+        the scalar last column."""
+        bias_row = None
+        if self.bias is not None and self.problem.bias_dim == 0:
+            bias_i = memref.load(self.bias, [row.i])
+            bias_row = (bias_i, vector.broadcast(self.vector, bias_i))
+        for count, start, stop in self.spans:
+            self._tiles(row, b, first, bias_row, count, start, stop)
+        start, masked_end = self.masked
+        self._tiles(row, b, first, bias_row, 1, start, masked_end, masked=True)
+        for_each(masked_end, self.columns, lambda j: self._scalar_column(row, b, first, bias_row, j))
+
+    def _tiles(self, row: _Row, b: ir.Value, first: ir.Value | None, bias_row: tuple[ir.Value, ir.Value] | None,
+               count: int, start: ir.Value, stop: ir.Value, masked: bool = False) -> None:
         """Column tiles of ``count`` vectors from ``start`` to ``stop``: accumulate in registers, store once.
 
         The unrolled entries of an N:M group go to ``sets`` separate
@@ -476,113 +562,67 @@ def spmm_module(problem: SpmmProblem, target: CpuTarget = CpuTarget(), accumulat
         vector over the last columns (fewer than a vector's lanes), every
         load and the store masked to them.
         """
-        step = count * lanes
+        entries = self.stream.nm.n if self.stream.nm else 1  # nonzeros per loop iteration
         # CSR rows take several nonzeros a step when the tile is narrow, so that its FMAs go to enough
         # accumulator sets not to wait on each other (N:M groups already unroll their n entries)
-        unroll = 1 if panels else max(1, min(CSR_UNROLL, accumulators // count))
-        steps = entries * unroll
-        sets = max(1, min(steps, accumulators // count))
-        mask_type = f"vector<{lanes}xi1>"
+        unroll = 1 if self.panels else max(1, min(CSR_UNROLL, self.accumulators // count))
+        sets = max(1, min(entries * unroll, self.accumulators // count))
+        vec, zv, c, i = self.vector, self.zero_vector, self.c, row.i
 
-        def load(buffer: str, at: str, memref_type: str) -> str:
-            if masked:
-                return (f"vector.maskedload {buffer}[{at}], %{tag}mask, %zv : {memref_type}, {mask_type}, {vec} "
-                        f"into {vec}")
-            return f"vector.load {buffer}[{at}] : {memref_type}, {vec}"
+        def tile(jj: ir.Value) -> None:
+            js = [arith.addi(jj, index(u * self.lanes)) for u in range(count)]
+            mask = vector.create_mask(self.mask_type, [arith.subi(self.columns, jj)]) if masked else None
 
-        def update(k: str, v: str, e: int) -> list[str]:
-            s = e % sets
-            prev = (lambda u: f"%{tag}a{u}s{s}") if e < sets else (lambda u: f"%{tag}n{u}e{e - sets}")
-            lines = [f"%{tag}vb{e} = vector.broadcast {v} : {elt} to {vec}"]
+            def load(buffer: ir.Value, at: list[ir.Value]) -> ir.Value:
+                return vector.maskedload(vec, buffer, at, mask, zv) if masked else vector.load(vec, buffer, at)
+
+            def seeds() -> list[ir.Value]:  # what the sums start from: zero or the bias
+                if self.bias is None:
+                    return [zv] * count
+                if self.problem.bias_dim == 0:
+                    return [bias_row[1]] * count
+                return [load(self.bias, [j]) for j in js]
+
+            if first is not None:  # later panels continue from the partial sums stored in C
+                start_from = if_else(first, seeds, lambda: [load(c, [i, j]) for j in js], [vec] * count)
+            else:
+                start_from = seeds()
+
+            def step(k: ir.Value, v: ir.Value, e: int, sums: list[ir.Value]) -> list[ir.Value]:
+                s = e % sets
+                broadcast = vector.broadcast(vec, v)
+                sums = list(sums)
+                for u in range(count):
+                    sums[u * sets + s] = multiply_add(sums[u * sets + s], load(b, [k, js[u]]), broadcast)
+                return sums
+
+            sums = self.stream.loop(row, [start_from[u] if s == 0 else zv for u in range(count) for s in range(sets)],
+                                    step, unroll)
             for u in range(count):
-                lines.append(f"%{tag}b{u}e{e} = " + load("%B", f"{k}, %{tag}j{u}", f"memref<?x?x{elt}>"))
-                lines += madd(prev(u), f"%{tag}b{u}e{e}", f"%{tag}vb{e}", f"%{tag}n{u}e{e}", vec)
-            return lines
+                total = sums[u * sets]
+                for s in range(1, sets):
+                    total = add(total, sums[u * sets + s])
+                if masked:
+                    vector.maskedstore(c, [i, js[u]], mask, total)
+                else:
+                    vector.store(total, c, [i, js[u]])
 
-        init = [f"%{tag}bias{u} = " + load("%bias", f"%{tag}j{u}", f"memref<?x{elt}>") for u in range(count)] \
-            if bias is not None and bias_dim == 1 else []
-        first = {None: lambda u: "%zv", 0: lambda u: "%bias_v"}.get(bias if bias is None else bias_dim,
-                                                                     lambda u: f"%{tag}bias{u}")
-        start_from = [first(u) for u in range(count)]
-        if panels:  # later panels continue from the partial sums stored in C
-            tile = ", ".join([vec] * count)
-            init = [f"%{tag}st:{count} = scf.if %first -> ({tile}) {{", *init,
-                    f"scf.yield {', '.join(start_from)} : {tile}", "} else {",
-                    *(f"%{tag}c{u} = " + load("%C", f"%i, %{tag}j{u}", f"memref<?x?x{elt}>") for u in range(count)),
-                    f"scf.yield {', '.join(f'%{tag}c{u}' for u in range(count))} : {tile}", "}"]
-            start_from = [f"%{tag}st#{u}" for u in range(count)]
-        slots = [(u, s) for u in range(count) for s in range(sets)]
-        last = {s: max(e for e in range(steps) if e % sets == s) for s in range(sets)}
-        vecs = ", ".join([vec] * len(slots))
-        loop = stream.loop(tag, ", ".join(f"%{tag}a{u}s{s} = {start_from[u] if s == 0 else '%zv'}" for u, s in slots),
-                           vecs, f"%{tag}r:{len(slots)}", update,
-                           [f"scf.yield {', '.join(f'%{tag}n{u}e{last[s]}' for u, s in slots)} : {vecs}"], unroll,
-                           [f"scf.yield {', '.join(_rest_yield(tag, u, s, sets, entries) for u, s in slots)} : {vecs}"])
-        totals = []
-        for u in range(count):
-            total = f"%{tag}r#{u * sets}"
-            for s in range(1, sets):
-                totals.append(f"%{tag}sum{u}s{s} = {'arith.addf' if is_float else 'arith.addi'} {total}, "
-                              f"%{tag}r#{u * sets + s} : {vec}")
-                total = f"%{tag}sum{u}s{s}"
-            totals.append(f"vector.maskedstore %C[%i, %{tag}j{u}], %{tag}mask, {total} : memref<?x?x{elt}>, "
-                          f"{mask_type}, {vec}" if masked else
-                          f"vector.store {total}, %C[%i, %{tag}j{u}] : memref<?x?x{elt}>, {vec}")
-        mask = [f"%{tag}left = arith.subi %N, %{tag}jj : index",
-                f"%{tag}mask = vector.create_mask %{tag}left : {mask_type}"] if masked else []
-        return [f"scf.for %{tag}jj = {start} to {stop} step %c{step} {{",
-                *(f"%{tag}j{u} = arith.addi %{tag}jj, %c{u * lanes} : index" for u in range(count)),
-                *mask, *init, *loop, *totals, "}"]
+        for_each(start, stop, tile, index(count * self.lanes))
 
-    def scalar_update(k: str, v: str, e: int) -> list[str]:
-        prev = "%acc" if e == 0 else f"%t{e - 1}"
-        return [f"%sb{e} = memref.load %B[{k}, %j] : memref<?x?x{elt}>"] + madd(prev, f"%sb{e}", v, f"%t{e}", elt)
+    def _scalar_column(self, row: _Row, b: ir.Value, first: ir.Value | None,
+                       bias_row: tuple[ir.Value, ir.Value] | None, j: ir.Value) -> None:
+        """Column ``j`` of row ``row.i``, one scalar sum."""
+        c = self.c
 
-    last = (stream.nm.n - 1) if stream.nm else 0
-    scalar_lines, scalar_start = scalar_init
-    if panels:
-        scalar_lines = ["%sst = scf.if %first -> ({elt}) {", *scalar_lines, f"scf.yield {scalar_start} : {elt}",
-                        "} else {", "%sc = memref.load %C[%i, %j] : memref<?x?x{elt}>", "scf.yield %sc : {elt}", "}"]
-        scalar_start = "%sst"
-    scalar_loop = stream.loop("s", f"%acc = {scalar_start}", elt, "%s", scalar_update,
-                              [f"scf.yield %t{last} : {elt}"])
-    # column tiers: tiles of `accumulators` vectors, then of 2, then of 1 (a short N still gets independent
-    # FMA chains); each tier starts where the previous one ended
-    tiers = sorted({accumulators, 2, 1}, reverse=True)
-    tier_lines, tier_loops, start = column_tiers(tiers, lanes, tile_block)
-    # the last columns (fewer than a vector's lanes) as one masked vector; column by column, each walked the
-    # row's nonzeros again (CSR 1536 x 384 at 10%, N=8: 0.25 ms, 2x scipy's time; N=16: 0.045)
-    bounds, masked_end = last_columns(start)
-    tier_lines += bounds
-    tier_loops += tile_block("tm", 1, start, masked_end, masked=True)
-    tier_loops += [f"scf.for %j = {masked_end} to %N step %c1 {{", *scalar_lines, *scalar_loop,
-                   f"memref.store %s, %C[%i, %j] : memref<?x?x{elt}>", "}"]
-    finish_row, helpers = [], ""
-    if epilogue is not None:
-        reads = {name: ranks[name] for name in epilogue.operands}
-        helpers = epilogue_functions(epilogue.expr, epilogue.temp, epilogue.i, epilogue.j, reads, elt, lanes)
-        finish_row = _epilogue_pass({**dict(zip(params, types)), "%B": f"memref<?x?x{elt}>"}, ["%B" if r == b_name else f"%e_{r}" for r in reads],
-                                    vec, lanes)
-    offsets = sorted({0, 1, *(u * lanes for u in range(accumulators + 1)), *(c * lanes for c in tiers)})
-    consts = sorted({f"%c{c} = arith.constant {c} : index" for c in offsets} | stream.constants())
-    lines = ["module {",
-             f"func.func {'' if function_name == KERNEL_NAME else 'private '}@{function_name}({signature}) "
-             f"-> memref<?x?x{elt}> "
-             + (f"attributes {{llvm.emit_c_interface, {FILLS_OUTPUT}}} {{" if function_name == KERNEL_NAME else "{"),
-             *consts,
-             (f"%rows = arith.constant {rows} : index" if rows is not None
-              else f"%rows = memref.dim %C, %c0 : memref<?x?x{elt}>"),
-             *stream.sizes("%B" if b_aligned else "%B_in"),
-             f"%N = memref.dim %C, %c1 : memref<?x?x{elt}>",
-             *tier_lines,
-             f"%zero = arith.constant {zero} : {elt}",
-             f"%zv = arith.constant dense<{zero}> : {vec}",
-             f"%ep_over = arith.remui %N, %c{lanes} : index", "%ep_end = arith.subi %N, %ep_over : index",
-             *_rows_loop(stream, [*stream.setup(), *row_init, *tier_loops],
-                         dtype.itemsize, target.panel_bytes, finish_row, None if b_aligned else elt),
-             f"return %C : memref<?x?x{elt}>",
-             "}", f"func.func private @{THREAD_COUNT}() -> index", helpers, "}"]
-    text = "\n".join(lines).replace("{elt}", elt)
-    module = ir.Module.parse(text)
-    module.operation.verify()
-    return module
+        def seed() -> list[ir.Value]:
+            if self.bias is None:
+                return [self.zero]
+            return [bias_row[0]] if self.problem.bias_dim == 0 else [memref.load(self.bias, [j])]
+
+        start = if_else(first, seed, lambda: [memref.load(c, [row.i, j])], [self.element]) if first is not None \
+            else seed()
+
+        def step(k: ir.Value, v: ir.Value, e: int, sums: list[ir.Value]) -> list[ir.Value]:
+            return [multiply_add(sums[0], memref.load(b, [k, j]), v)]
+
+        memref.store(self.stream.loop(row, start, step)[0], c, [row.i, j])

@@ -43,7 +43,6 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, func, memref, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
-from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 from sparse_mlir.dialects.native.loops import (
     add,
     constant_like,
@@ -51,6 +50,7 @@ from sparse_mlir.dialects.native.loops import (
     if_else,
     index,
     is_float,
+    kernel_entry,
     load_index,
     mul,
     parallel,
@@ -93,13 +93,7 @@ def _module(spec: KernelSpec, fmt: Format, rows: int | None, a_name: str, x_name
     y_type = dynamic_vector(element)
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
-        fn = func.FuncOp(KERNEL_NAME, ([t for name in spec.inputs for t in types[name]] + [y_type], [y_type]))
-        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        fn.attributes[FILLS_OUTPUT] = ir.UnitAttr.get()
-        block = fn.add_entry_block()
-        args = iter(block.arguments)
-        buffers = {name: [next(args) for _ in types[name]] for name in spec.inputs}
-        y = next(args)
+        block, buffers, (y,) = kernel_entry(spec.inputs, types, [y_type], [y_type], fills_output=True)
         with ir.InsertionPoint(block):
             sums = RowSums(*buffers[a_name], *buffers[x_name], y, element, scale=scale,
                            lanes=gather_lanes(target, element.width))
