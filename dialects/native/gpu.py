@@ -11,7 +11,7 @@ follow the vector-CSR, merge-path and Sputnik layouts instead:
   shape-generic: a kernel per tiling, picked at launch).
 * **float16**: the kernels above sum in float32; a 2:4 ``A`` runs on Sparse
   Tensor Cores (``mma.sp``) and a dense one on Tensor Cores, with the same
-  tiling (``_tensor_core_text``).
+  tiling (``_tensor_core_kernel``).
 
 All produce a ``gpu.module`` and ``Launch`` records like the generic path, so
 PTX generation, manifests, the runtime and the emulation are shared.  Each
@@ -23,12 +23,12 @@ Everything else is sparsified.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
 
+import numpy as np
 from mlir import ir
-from mlir.dialects import arith, memref
+from mlir.dialects import arith, gpu, memref, nvgpu, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.native.gpu_build import (
     KernelModule,
@@ -40,6 +40,7 @@ from sparse_mlir.dialects.native.gpu_build import (
     when,
 )
 from sparse_mlir.dialects.native.gpu_spmm import spmm_launches
+from sparse_mlir.dialects.native.loops import constant_like, reduce_loop
 from sparse_mlir.dialects.native.wgmma import (
     HOPPER,
     HopperGemm,
@@ -81,14 +82,6 @@ class NativeKernels(NamedTuple):
     module: ir.Module
     launches: tuple[Launch, ...]
     scratch: tuple[tuple[tuple[int, ...], str], ...] = ()
-
-
-def _convert(name: str, value: str, source: str, target: str) -> tuple[list[str], str]:
-    """Lines giving ``value`` (of type ``source``) as ``target``, and the result's name (no line if equal)."""
-    if source == target:
-        return [], value
-    wider = _BYTES[target.split("x")[-1].rstrip(">")] > _BYTES[source.split("x")[-1].rstrip(">")]
-    return [f"{name} = arith.{'extf' if wider else 'truncf'} {value} : {source} to {target}"], name
 
 
 def _types(spec: KernelSpec) -> tuple[str, str] | None:
@@ -213,8 +206,8 @@ def _linear_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ..
     bias_arg = (args[4],) if bias else ()
     back = Launch("transpose_out", (math.ceil(outputs * batch / BLOCK), 1, 1), (BLOCK, 1, 1),
                   (t, *bias_arg, args[-1]), fills_output=True)
-    kernels = KernelModule(ir.Module.parse(_module_of(_tensor_core_text(outputs, inputs, batch, per_warp,
-                                                                        _index_types(fmt)[0], m_tiles, "f32"))))
+    kernels = KernelModule()
+    _tensor_core_kernel(kernels, outputs, inputs, batch, per_warp, fmt.pos_width, m_tiles, "f32")
     _transpose(kernels, "transpose_in", ir.F16Type.get(), ir.F16Type.get(), (batch, inputs))
     _transpose(kernels, "transpose_out", ir.F32Type.get(), float_type(out), (outputs, batch), bias_dim)
     module = kernels.module
@@ -275,12 +268,13 @@ def _sparse_tensor_core(spec: KernelSpec, formats: dict[str, Format], shapes: di
             or cols is None or rows % 16 or inner % 32 or cols % 8:
         return None
     per_warp, m_tiles = _tensor_core_tiles(rows, cols)
-    text = _tensor_core_text(rows, inner, cols, per_warp, _index_types(fmt)[0], m_tiles, out)
+    kernels = KernelModule()
+    _tensor_core_kernel(kernels, rows, inner, cols, per_warp, fmt.pos_width, m_tiles, out)
     args = tuple(_args(spec, a, (b, (inner, cols)), (spec.output, (rows, cols))))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("spmm_2to4", grid, (BLOCK, 1, 1), args, aligned=(args[1].ref, args[2].ref),
                     fills_output=True)
-    return _with_hopper(ir.Module.parse(_module_of(text)), (launch,), HopperGemm(rows, inner, cols, True, out), args[2],
+    return _with_hopper(kernels.module, (launch,), HopperGemm(rows, inner, cols, True, out), args[2],
                         args[3], args[4], crd=args[1])
 
 
@@ -322,8 +316,9 @@ def _dense_tensor_core(spec: KernelSpec, shapes: dict[str, tuple[int | None, ...
             KernelArg("buffer", order.index(spec.output), (rows, cols)))
     grid = (math.ceil(rows / (16 * m_tiles) / (BLOCK // WARP)), cols // (8 * per_warp), 1)
     launch = Launch("gemm_f16", grid, (BLOCK, 1, 1), args, aligned=(args[0].ref,), fills_output=True)
-    return _with_hopper(ir.Module.parse(_module_of(_tensor_core_text(rows, inner, cols, per_warp, None, m_tiles, out))),
-                        (launch,), HopperGemm(rows, inner, cols, False, out), *args)
+    kernels = KernelModule()
+    _tensor_core_kernel(kernels, rows, inner, cols, per_warp, None, m_tiles, out)
+    return _with_hopper(kernels.module, (launch,), HopperGemm(rows, inner, cols, False, out), *args)
 
 
 def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) -> list[KernelArg]:
@@ -339,22 +334,10 @@ def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) ->
             KernelArg("buffer", base + 2, (None,))] + [KernelArg("buffer", refs[n], shape) for n, shape in dense]
 
 
-def _memref(shape: tuple[int | None, ...], elt: str) -> str:
-    """``memref<AxBxT>``; a ``None`` size (a shape-generic kernel's) is ``?``."""
-    return f"memref<{'x'.join('?' if s is None else str(s) for s in shape)}x{elt}>"
-
-
-def _index_types(fmt: Format) -> tuple[str, str]:
-    return f"i{fmt.pos_width or 64}", f"i{fmt.crd_width or 64}"
-
-
-_ACC = "vector<2x2xf32>"  # an m16n8 MMA's float32 accumulator fragment
-_FRAG = "vector<4x2xf16>"
-
-
-def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: str | None, m_tiles: int,
-                      out_elt: str) -> str:
-    """SpMM on Sparse Tensor Cores (``pos_t`` given: 2:4 ``A``) or GEMM on Tensor Cores (dense ``A``), same tiling.
+def _tensor_core_kernel(kernels: KernelModule, rows: int, inner: int, cols: int, per_warp: int,
+                        pos_width: int | None, m_tiles: int, out_elt: str) -> None:
+    """Add the SpMM on Sparse Tensor Cores (``pos_width`` given, 0 meaning ``index``: 2:4 ``A``; ``spmm_2to4``) or the GEMM on Tensor
+    Cores (dense ``A``; ``gemm_f16``) to ``kernels``: the same tiling.
 
     A warp owns ``m_tiles`` tiles of 16 rows and ``per_warp`` tiles of 8
     columns and walks K in steps of 32; float16 in, float32 sums,
@@ -371,146 +354,105 @@ def _tensor_core_text(rows: int, inner: int, cols: int, per_warp: int, pos_t: st
     (eight 2-bit fields per 16-bit half, lanes 4i and 4i+1 supply it): no
     separate metadata array.
     """
-    sparse = pos_t is not None
-    stored = inner // 2
-    c_t, b_t, a_t = (_memref((rows, cols), out_elt), _memref((inner, cols), "f16"), _memref((rows, inner), "f16"))
-    c_pair = f"vector<2x{out_elt}>"  # two neighbouring columns of C per lane and row
-    body = [*(f"%c{c} = arith.constant {c} : index" for c in (0, 1, 2, 4, 8, 16, 32)),
-            f"%rows = arith.constant {rows} : index", f"%stored = arith.constant {stored} : index",
-            f"%steps = arith.constant {inner // 32} : index", f"%warps = arith.constant {BLOCK // WARP} : index",
-            f"%tile_cols = arith.constant {8 * per_warp} : index",
-            f"%warp_rows = arith.constant {16 * m_tiles} : index",
-            "%tid = gpu.thread_id x", "%bid = gpu.block_id x", "%nb = gpu.block_id y",
-            "%warp_in_block = arith.divui %tid, %c32 : index", "%lane = arith.remui %tid, %c32 : index",
-            "%warp = arith.muli %bid, %warps : index", "%warp_id = arith.addi %warp, %warp_in_block : index",
-            "%m0 = arith.muli %warp_id, %warp_rows : index", "%valid = arith.cmpi ult, %m0, %rows : index",
-            "%qr = arith.divui %lane, %c4 : index", "%q4 = arith.remui %lane, %c4 : index",
-            "%qc = arith.muli %q4, %c2 : index", "%pair = arith.remui %lane, %c2 : index",
-            "%n_base = arith.muli %nb, %tile_cols : index", "%pair8 = arith.muli %pair, %c8 : index",
-            "%shifts = arith.constant dense<[1, 4, 16, 64, 256, 1024, 4096, 16384]> : vector<8xi16>",
-            f"%zero_acc = arith.constant dense<0.0> : {_ACC}", f"%zero_frag = arith.constant dense<0.0> : {_FRAG}",
-            "%zero_pair = arith.constant dense<0.0> : vector<2x2xf16>",
-            "%zero_meta = arith.constant dense<0> : vector<2xi16>"]
-    for mi in range(m_tiles):  # this lane's two rows in each row tile, and where their stored values start
-        body += [f"%mt{mi} = arith.constant {16 * mi} : index", f"%m{mi}b = arith.addi %m0, %mt{mi} : index",
-                 f"%r0_{mi} = arith.addi %m{mi}b, %qr : index", f"%r1_{mi} = arith.addi %r0_{mi}, %c8 : index",
-                 f"%base0_{mi} = arith.muli %r0_{mi}, %stored : index",
-                 f"%base1_{mi} = arith.muli %r1_{mi}, %stored : index"]
-    body.append("scf.if %valid {")
-    slots = [(mi, t) for mi in range(m_tiles) for t in range(per_warp)]
-    accs = ", ".join(f"%acc{mi}_{t} = %zero_acc" for mi, t in slots)
-    types = ", ".join([_ACC] * len(slots))
-    loop = [f"%sums:{len(slots)} = scf.for %s = %c0 to %steps step %c1 iter_args({accs}) -> ({types}) {{",
-            "%cs = arith.muli %s, %c16 : index", "%k0 = arith.muli %s, %c32 : index"]
-
-    def fragment(name: str, pairs: list[str], shape: str, zero: str) -> list[str]:
-        lines, value = [], zero
-        for i, pair in enumerate(pairs):
-            lines.append(f"%{name}{i} = vector.insert {pair}, {value} [{i}] : vector<2xf16> into {shape}")
-            value = f"%{name}{i}"
-        return lines
-
-    def a_pairs(tag: str, mi: int, first_col: str, load: Callable[[str, str, str], list[str]]
-                ) -> tuple[list[str], list[str]]:
-        """A's four pairs for one MMA: rows r0/r1 of row tile ``mi`` x columns first_col + qc and + 8."""
-        lines = [f"%ca{tag} = arith.addi {first_col}, %qc : index", f"%cb{tag} = arith.addi %ca{tag}, %c8 : index"]
-        names = []
-        for name, row, col in (("00", "0", "a"), ("10", "1", "a"), ("01", "0", "b"), ("11", "1", "b")):
-            lines += load(f"%a{tag}_{name}", f"{row}_{mi}", f"%c{col}{tag}")
-            names.append(f"%a{tag}_{name}")
-        return lines, names
-
-    def b_pair(tag: str, k: str, n: str) -> list[str]:
-        """``%{tag}`` = (B[k, n], B[k+1, n])."""
-        return [f"{tag}k1 = arith.addi {k}, %c1 : index", f"{tag}x = memref.load %b[{k}, {n}] : {b_t}",
-                f"{tag}y = memref.load %b[{tag}k1, {n}] : {b_t}",
-                f"{tag} = vector.from_elements {tag}x, {tag}y : vector<2xf16>"]
-
-    halves = [""] if sparse else ["h0", "h1"]  # one m16n8k32 MMA, or two m16n8k16 ones, per step
-    if not sparse:
-        loop += ["%kh0 = arith.addi %k0, %c0 : index", "%kh1 = arith.addi %k0, %c16 : index"]
-    a_frags: dict[tuple[str, int], str] = {}
-    for mi in range(m_tiles):
-        for h in halves:
-            if sparse:
-                def load(out: str, row: str, col: str) -> list[str]:
-                    return [f"{out}_at = arith.addi %base{row}, {col} : index",
-                            f"{out} = vector.load %val[{out}_at] {{alignment = 4}} : memref<?xf16>, vector<2xf16>"]
-
-                lines, names = a_pairs(f"{h}m{mi}", mi, "%cs", load)
-            else:
-                def load(out: str, row: str, col: str) -> list[str]:
-                    return [f"{out} = vector.load %a[%r{row}, {col}] {{alignment = 4}} : {a_t}, vector<2xf16>"]
-
-                lines, names = a_pairs(f"{h}m{mi}", mi, f"%k{h}", load)
-            loop += lines + fragment(f"fa{h}m{mi}_", names, _FRAG, "%zero_frag")
-            a_frags[(h, mi)] = f"%fa{h}m{mi}_3"
-    metas = {}
-    for mi in range(m_tiles):  # the 8 stored offsets of this lane's half of the step, 2 bits each, rows r0, r1
-        meta = "%zero_meta"
-        if sparse:
-            for r in range(2):
-                tag = f"{r}_{mi}"
-                loop += [f"%mo{tag} = arith.addi %base{tag}, %cs : index",
-                         f"%mi{tag} = arith.addi %mo{tag}, %pair8 : index",
-                         f"%mb{tag} = vector.load %crd[%mi{tag}] {{alignment = 8}} : memref<?xi8>, vector<8xi8>",
-                         f"%mw{tag} = arith.extui %mb{tag} : vector<8xi8> to vector<8xi16>",
-                         f"%ms{tag} = arith.muli %mw{tag}, %shifts : vector<8xi16>",
-                         f"%mv{tag} = vector.reduction <add>, %ms{tag} : vector<8xi16> into i16",
-                         f"%meta{tag} = vector.insert %mv{tag}, {meta} [{r}] : i16 into vector<2xi16>"]
-                meta = f"%meta{tag}"
-        metas[mi] = meta
-    b_frags: dict[tuple[int, str], str] = {}
-    for t in range(per_warp):  # B fragments: loaded once, used by every row tile
-        loop += [f"%tn{t} = arith.constant {8 * t} : index", f"%nt{t} = arith.addi %n_base, %tn{t} : index",
-                 f"%n{t} = arith.addi %nt{t}, %qr : index"]
-        for h in halves:
-            k_first = "%k0" if sparse else f"%k{h}"
-            pairs = []
-            for q, offset in enumerate((0, 8, 16, 24) if sparse else (0, 8)):
-                tag = f"%b{t}{h}_{q}"
-                loop += [f"{tag}o = arith.constant {offset} : index", f"{tag}a = arith.addi {k_first}, %qc : index",
-                         f"{tag}k = arith.addi {tag}a, {tag}o : index", *b_pair(tag, f"{tag}k", f"%n{t}")]
-                pairs.append(tag)
-            loop += fragment(f"fb{t}{h}_", pairs, _FRAG if sparse else "vector<2x2xf16>",
-                             "%zero_frag" if sparse else "%zero_pair")
-            b_frags[(t, h)] = f"%fb{t}{h}_{len(pairs) - 1}"
-    results = []
-    for mi, t in slots:
-        acc = f"%acc{mi}_{t}"
-        for h in halves:
-            out = f"%d{mi}_{t}{h}"
-            if sparse:
-                loop.append(f"{out} = nvgpu.mma.sp.sync({a_frags[(h, mi)]}, {b_frags[(t, h)]}, {acc}) "
-                            f"metadata({metas[mi]}) {{mmaShape = [16, 8, 32]}} : ({_FRAG}, {_FRAG}, {_ACC}) -> {_ACC}")
-            else:
-                loop.append(f"{out} = nvgpu.mma.sync({a_frags[(h, mi)]}, {b_frags[(t, h)]}, {acc}) "
-                            f"{{mmaShape = [16, 8, 16]}} : ({_FRAG}, vector<2x2xf16>, {_ACC}) -> {_ACC}")
-            acc = out
-        results.append(acc)
-    loop += [f"scf.yield {', '.join(results)} : {types}", "}"]
-    body += loop
-    for t in range(per_warp):
-        body += [f"%ct{t} = arith.constant {8 * t} : index", f"%cn{t} = arith.addi %n_base, %ct{t} : index",
-                 f"%ccol{t} = arith.addi %cn{t}, %qc : index"]
-    for slot, (mi, t) in enumerate(slots):
-        for r in range(2):
-            tag = f"{mi}_{t}_{r}"
-            narrow, value = _convert(f"%h{tag}", f"%o{tag}", "vector<2xf32>", c_pair)
-            body += [f"%o{tag} = vector.extract %sums#{slot}[{r}] : vector<2xf32> from {_ACC}", *narrow,
-                     (f"vector.store {value}, %c[%r{r}_{mi}, %ccol{t}] {{alignment = {2 * _BYTES[out_elt]}}} : {c_t}, "
-                      f"{c_pair}")]
-    body += ["}", "gpu.return"]
+    sparse = pos_width is not None
+    f16, f32, out = ir.F16Type.get(), ir.F32Type.get(), float_type(out_elt)
+    i8, i16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(16)
+    c_t, b_t, a_t = dense_type((rows, cols), out), dense_type((inner, cols), f16), dense_type((rows, inner), f16)
     if sparse:
-        return _function("spmm_2to4", f"%pos: memref<?x{pos_t}>, %crd: memref<?xi8>, %val: memref<?xf16>, "
-                                      f"%b: {b_t}, %c: {c_t}", body)
-    return _function("gemm_f16", f"%a: {a_t}, %b: {b_t}, %c: {c_t}", body)
+        params = [dense_type((None,), ir.IntegerType.get_signless(pos_width or 64)), dense_type((None,), i8),
+                  dense_type((None,), f16), b_t, c_t]
+    else:
+        params = [a_t, b_t, c_t]
 
+    def build(*args: ir.Value) -> None:
+        if sparse:
+            _, crd, val, b, c = args
+        else:
+            a, b, c = args
+        acc_t, frag_t = ir.VectorType.get([2, 2], f32), ir.VectorType.get([4, 2], f16)
+        pair_t, b_frag_t = ir.VectorType.get([2], f16), (frag_t if sparse else ir.VectorType.get([2, 2], f16))
+        tid, bid, nb = gpu.thread_id(gpu.Dimension.x), gpu.block_id(gpu.Dimension.x), gpu.block_id(gpu.Dimension.y)
+        warp_in_block, lane = arith.divui(tid, const(32)), arith.remui(tid, const(32))
+        warp_id = arith.addi(arith.muli(bid, const(BLOCK // WARP)), warp_in_block)
+        m0 = arith.muli(warp_id, const(16 * m_tiles))
+        valid = arith.cmpi(arith.CmpIPredicate.ult, m0, const(rows))
+        qr = arith.divui(lane, const(4))
+        qc = arith.muli(arith.remui(lane, const(4)), const(2))
+        pair = arith.remui(lane, const(2))
+        n_base = arith.muli(nb, const(8 * per_warp))
+        pair8 = arith.muli(pair, const(8))
+        shifts_t = ir.VectorType.get([8], i16)
+        shifts = arith.constant(shifts_t, ir.DenseElementsAttr.get(
+            np.array([1 << (2 * e) for e in range(8)], dtype=np.int16), type=shifts_t))
+        zero_acc, zero_frag = constant_like(acc_t, 0), constant_like(frag_t, 0)
+        zero_pair, zero_meta = constant_like(ir.VectorType.get([2, 2], f16), 0), constant_like(ir.VectorType.get([2], i16), 0)
+        # this lane's two rows in each row tile, and where their stored values start
+        tile_rows, bases = [], []
+        for mi in range(m_tiles):
+            r0 = arith.addi(arith.addi(m0, const(16 * mi)), qr)
+            r1 = arith.addi(r0, const(8))
+            tile_rows.append((r0, r1))
+            bases.append((arith.muli(r0, const(inner // 2)), arith.muli(r1, const(inner // 2))))
+        slots = [(mi, t) for mi in range(m_tiles) for t in range(per_warp)]
+        halves = [0] if sparse else [0, 1]  # one m16n8k32 MMA, or two m16n8k16 ones, per step
 
-def _function(name: str, params: str, body: list[str]) -> str:
-    inner = "\n".join("      " + line for line in body)
-    return f"    gpu.func @{name}({params}) kernel {{\n{inner}\n    }}\n"
+        def fragment(pairs: list[ir.Value], start: ir.Value) -> ir.Value:
+            for q, value in enumerate(pairs):
+                start = vector.insert(value, start, [], [q])
+            return start
 
+        def step(s: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            cs, k0 = arith.muli(s, const(16)), arith.muli(s, const(32))
+            k_half = [k0] if sparse else [arith.addi(k0, const(0)), arith.addi(k0, const(16))]
+            a_frags = {}
+            for mi in range(m_tiles):
+                for h in halves:
+                    ca = arith.addi(cs if sparse else k_half[h], qc)
+                    cb = arith.addi(ca, const(8))
+                    pairs = []
+                    for row, col in ((0, ca), (1, ca), (0, cb), (1, cb)):
+                        if sparse:
+                            at = arith.addi(bases[mi][row], col)
+                            pairs.append(vector.load(pair_t, val, [at], alignment=4))
+                        else:
+                            pairs.append(vector.load(pair_t, a, [tile_rows[mi][row], col], alignment=4))
+                    a_frags[h, mi] = fragment(pairs, zero_frag)
+            metas = {}
+            for mi in range(m_tiles):  # the 8 stored offsets of this lane's half of the step, 2 bits each
+                meta = zero_meta
+                if sparse:
+                    for r in range(2):
+                        at = arith.addi(arith.addi(bases[mi][r], cs), pair8)
+                        offsets = arith.extui(shifts_t, vector.load(ir.VectorType.get([8], i8), crd, [at], alignment=8))
+                        bits = vector.reduction(i16, vector.CombiningKind.ADD, arith.muli(offsets, shifts))
+                        meta = vector.insert(bits, meta, [], [r])
+                metas[mi] = meta
+            b_frags = {}
+            for t in range(per_warp):  # B fragments: loaded once, used by every row tile
+                n = arith.addi(arith.addi(n_base, const(8 * t)), qr)
+                for h in halves:
+                    pairs = []
+                    for offset in ((0, 8, 16, 24) if sparse else (0, 8)):
+                        k = arith.addi(arith.addi(k_half[h], qc), const(offset))
+                        k1 = arith.addi(k, const(1))
+                        pairs.append(vector.from_elements(pair_t, [memref.load(b, [k, n]), memref.load(b, [k1, n])]))
+                    b_frags[t, h] = fragment(pairs, zero_frag if sparse else zero_pair)
+            results = []
+            for (mi, t), acc in zip(slots, accs):
+                for h in halves:
+                    if sparse:
+                        acc = nvgpu.mma_sp_sync(acc_t, a_frags[h, mi], b_frags[t, h], acc, metas[mi], [16, 8, 32])
+                    else:
+                        acc = nvgpu.mma_sync(acc_t, a_frags[h, mi], b_frags[t, h], acc, [16, 8, 16])
+                results.append(acc)
+            return results
 
-def _module_of(*functions: str) -> str:
-    return "module attributes {gpu.container_module} {\n  gpu.module @kernels {\n" + "".join(functions) + "  }\n}\n"
+        with when(valid):
+            sums = reduce_loop(const(0), const(inner // 32), [zero_acc] * len(slots), step)
+            columns = [arith.addi(arith.addi(n_base, const(8 * t)), qc) for t in range(per_warp)]
+            for sum_, (mi, t) in zip(sums, slots):
+                for r in range(2):
+                    value = as_float(vector.extract(sum_, [], [r]), ir.VectorType.get([2], out))
+                    vector.store(value, c, [tile_rows[mi][r], columns[t]], alignment=2 * _BYTES[out_elt])
+
+    kernels.kernel("spmm_2to4" if sparse else "gemm_f16", params, build)

@@ -159,8 +159,13 @@ class KernelModule:
 
     def __init__(self, module: ir.Module | None = None) -> None:
         """A new module, or ``module`` (one ``gpu.module`` first, as the other GPU emitters make) to add to."""
-        self.module = module or ir.Module.parse(
-            "module attributes {gpu.container_module} {\n  gpu.module @kernels {\n  }\n}")
+        if module is None:
+            with ir.Location.unknown():
+                module = ir.Module.create()
+                module.operation.attributes["gpu.container_module"] = ir.UnitAttr.get()
+                with ir.InsertionPoint(module.body):
+                    gpu.GPUModuleOp("kernels").bodyRegion.blocks.append()
+        self.module = module
         self._body = self.module.body.operations[0].regions[0].blocks[0]
 
     def kernel(self, name: str, params: Sequence[ir.Type], build: Callable[..., None]) -> None:
