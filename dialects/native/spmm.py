@@ -109,9 +109,9 @@ class _Row:
 class _Stream:
     """Walking one row's nonzeros: CSR segments, or N:M groups with implicit positions."""
 
-    def __init__(self, fmt: Format, cols: int | None, crd: ir.Value, val: ir.Value, pos: ir.Value):
+    def __init__(self, fmt: Format, cols: int | None, pos: ir.Value, crd: ir.Value, val: ir.Value):
         self.nm = fmt.levels[-1] if fmt.is_nm else None
-        self.crd, self.val, self.pos = crd, val, pos
+        self.pos, self.crd, self.val = pos, crd, val
         # groups per row; None: read at run time from B's rows (a shape-generic build)
         self.groups = (cols // self.nm.m if cols is not None else None) if self.nm else 0
         self.row_len: ir.Value | None = None  # N:M entries per row (``sizes``)
@@ -510,10 +510,12 @@ class _Kernel:
         self.c = next(args)
         self.b_in = self.operands[problem.b]
         self.bias = self.operands.get(problem.bias) if problem.bias is not None else None
-        self.stream = _Stream(problem.fmt, problem.shape[1], crd, val, pos)
+        self.stream = _Stream(problem.fmt, problem.shape[1], pos, crd, val)
         self.panels = self.stream.nm is not None  # N:M rows are walked in panels of groups (``_rows_loop``)
 
     def build(self) -> None:
+        """The function-wide values the rows share (sizes, the column tiers' bounds, zeros, the epilogue's
+        vector end), then the threaded rows and the return of C."""
         problem, stream, c = self.problem, self.stream, self.c
         rows = index(problem.shape[0]) if problem.shape[0] is not None else memref.dim(c, index(0))
         stream.sizes(self.b_in)
