@@ -33,15 +33,17 @@ from sparse_mlir.dialects.native.loops import (
     as_index,
     constant_like,
     csr_levels,
+    dynamic_matrix,
     dynamic_vector,
     for_each,
     index,
     kernel_entry,
     load_index,
+    multiply_add,
     parallel,
     reduce_loop,
 )
-from sparse_mlir.dialects.native.spmm import aligned_b, column_tiers, last_columns, multiply_add
+from sparse_mlir.dialects.native.spmm import aligned_b, column_tiers, last_columns
 
 from sparse_mlir.dsl.patterns import bsr_blocks, spmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
@@ -212,8 +214,9 @@ def native_bsr_spmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[s
     with ir.Location.unknown():
         module = ir.Module.create()
         element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
-        matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
-        types = {a_name: csr_levels(fmt, element), b_name: [matrix], **({bias: [dynamic_vector(element)]} if bias is not None else {})}
+        matrix = dynamic_matrix(element)
+        types = {a_name: csr_levels(fmt, element), b_name: [matrix],
+                 **({bias: [dynamic_vector(element)]} if bias is not None else {})}
         with ir.InsertionPoint(module.body):
             entry, operands, (c,) = kernel_entry(spec.inputs, types, [matrix], [matrix], fills_output=True)
             with ir.InsertionPoint(entry):

@@ -336,8 +336,8 @@ def _args(spec: KernelSpec, sparse: str, *dense: tuple[str, tuple[int, ...]]) ->
 
 def _tensor_core_kernel(kernels: KernelModule, rows: int, inner: int, cols: int, per_warp: int,
                         pos_width: int | None, m_tiles: int, out_elt: str) -> None:
-    """Add the SpMM on Sparse Tensor Cores (``pos_width`` given, 0 meaning ``index``: 2:4 ``A``; ``spmm_2to4``) or the GEMM on Tensor
-    Cores (dense ``A``; ``gemm_f16``) to ``kernels``: the same tiling.
+    """Add the SpMM on Sparse Tensor Cores (``pos_width`` given, 0 meaning ``index``: 2:4 ``A``;
+    ``spmm_2to4``) or the GEMM on Tensor Cores (dense ``A``; ``gemm_f16``) to ``kernels``: the same tiling.
 
     A warp owns ``m_tiles`` tiles of 16 rows and ``per_warp`` tiles of 8
     columns and walks K in steps of 32; float16 in, float32 sums,
@@ -385,7 +385,8 @@ def _tensor_core_kernel(kernels: KernelModule, rows: int, inner: int, cols: int,
         shifts = arith.constant(shifts_t, ir.DenseElementsAttr.get(
             np.array([1 << (2 * e) for e in range(8)], dtype=np.int16), type=shifts_t))
         zero_acc, zero_frag = constant_like(acc_t, 0), constant_like(frag_t, 0)
-        zero_pair, zero_meta = constant_like(ir.VectorType.get([2, 2], f16), 0), constant_like(ir.VectorType.get([2], i16), 0)
+        zero_pair = constant_like(ir.VectorType.get([2, 2], f16), 0)
+        zero_meta = constant_like(ir.VectorType.get([2], i16), 0)
         # this lane's two rows in each row tile, and where their stored values start
         tile_rows, bases = [], []
         for mi in range(m_tiles):

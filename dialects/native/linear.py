@@ -33,7 +33,14 @@ from mlir.dialects import arith, func, memref, scf
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.native import lane_select, row_select
-from sparse_mlir.dialects.native.loops import RegisterTranspose, by_workers, csr_levels, for_each, kernel_entry
+from sparse_mlir.dialects.native.loops import (
+    RegisterTranspose,
+    by_workers,
+    csr_levels,
+    dynamic_matrix,
+    for_each,
+    kernel_entry,
+)
 from sparse_mlir.dialects.native.spmm import (
     ACCUMULATORS,
     B_ALIGNMENT,
@@ -86,7 +93,7 @@ def _kernel(spec: KernelSpec, fmt: Format, outputs: int | None, roles: dict[str,
     """
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     index = ir.IndexType.get()
-    matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+    matrix = dynamic_matrix(element)
     residual = roles["residual"]
     block, values = kernel_function(spec, {roles["w"]: fmt}, {roles["x"], residual} - {None}, element)
     (x_value,), y = values[roles["x"]], block.arguments[-1]

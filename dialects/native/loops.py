@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlir import ir
-from mlir.dialects import arith, func, llvm, memref, scf, vector
+from mlir.dialects import arith, func, llvm, math, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
 
@@ -39,6 +39,7 @@ __all__ = [
     "csr_product_module",
     "declare_madvise",
     "declare_thread_count",
+    "dynamic_matrix",
     "dynamic_vector",
     "each_claimed",
     "for_each",
@@ -51,6 +52,7 @@ __all__ = [
     "load_index",
     "lower_bound",
     "mul",
+    "multiply_add",
     "parallel",
     "reduce_loop",
     "result_buffer",
@@ -98,6 +100,11 @@ def dynamic_vector(element: ir.Type) -> ir.MemRefType:
     return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], element)
 
 
+def dynamic_matrix(element: ir.Type) -> ir.MemRefType:
+    """``memref<?x?xelement>``."""
+    return ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+
+
 def is_float(element: ir.Type) -> bool:
     """Whether ``element`` (a scalar or a vector type) holds floats."""
     if isinstance(element, ir.VectorType):
@@ -124,6 +131,13 @@ def sub(x: ir.Value, y: ir.Value) -> ir.Value:
 
 def mul(x: ir.Value, y: ir.Value) -> ir.Value:
     return arith.mulf(x, y) if is_float(x.type) else arith.muli(x, y)
+
+
+def multiply_add(acc: ir.Value, b: ir.Value, v: ir.Value) -> ir.Value:
+    """``v * b + acc`` (scalars or vectors of one type): one FMA for floats, a multiply and an add for integers."""
+    if is_float(acc.type):
+        return vector.fma(v, b, acc) if isinstance(acc.type, ir.VectorType) else math.fma(v, b, acc)
+    return add(acc, mul(v, b))
 
 
 MADVISE = "madvise"

@@ -25,7 +25,7 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import Epilogue
 from sparse_mlir.dialects.native import lane_select, row_select
 from sparse_mlir.dialects.native.linear import batch_blocks, kernel_function
-from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, branch, by_workers
+from sparse_mlir.dialects.native.loops import LINE_BYTES, RegisterTranspose, branch, by_workers, dynamic_matrix
 from sparse_mlir.dialects.native.spmm import ACCUMULATORS, SpmmProblem, spmm_module
 from sparse_mlir.dialects.native.target import CpuTarget
 from sparse_mlir.dsl.patterns import Mlp, mlp_operands
@@ -86,7 +86,7 @@ def _lane_module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str,
             first_finish = lane_select.Finish(epilogue=True, operands=[values[name][0] for name in found.operands])
             second_finish = lane_select.Finish(bias=values[found.bias][0] if found.bias else None,
                                                residual=values[found.residual][0] if found.residual else None)
-            matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+            matrix = dynamic_matrix(element)
 
             def repacked() -> None:
                 first_w = lane_select.PackedWeight(formats[found.w1], values[found.w1][1], values[found.w1][2],
@@ -152,7 +152,7 @@ def _kernel(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
     ``X^T``, the first SpMM into the hidden scratch, the second into ``T`` and ``T^T`` into ``Y``."""
     element = ir.Type.parse(TYPE_NAMES[spec.dtype.name])
     index = ir.IndexType.get()
-    matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+    matrix = dynamic_matrix(element)
     sparse = {found.w1: formats[found.w1], found.w2: formats[found.w2]}
     block, values = kernel_function(spec, sparse, {found.x, found.residual} - {None}, element)
     (x_value,), y = values[found.x], block.arguments[-1]

@@ -37,13 +37,14 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.native.loops import (
     LINE_BYTES,
     RegisterTranspose,
-    add,
     constant_like,
     declare_madvise,
+    dynamic_matrix,
     for_each,
     kernel_entry,
     lane_sums,
     mul,
+    multiply_add,
     parallel,
     reduce_loop,
     result_buffer,
@@ -116,7 +117,7 @@ def _on_lines(b: ir.Value, nnz: ir.Value, n_cols: ir.Value, inner: ir.Value, ele
     whole_lines = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(arith.muli(inner, itemsize), line), c0)
     reused = arith.cmpi(arith.CmpIPredicate.uge, nnz, arith.muli(n_cols, _index(LINE_READS)))
     copy = arith.andi(off_line, arith.andi(whole_lines, reused))
-    matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+    matrix = dynamic_matrix(element)
     choice = scf.IfOp(copy, [matrix], has_else=True)
     with ir.InsertionPoint(choice.then_block):
         b_rows = memref.dim(b, c0)
@@ -140,7 +141,6 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     c0, c1 = _index(0), _index(1)
     n_rows = _index(rows) if rows is not None else memref.dim(a, c0)
     n_cols = _index(cols) if cols is not None else memref.dim(b, c0 if b_transposed else c1)
-    is_float = isinstance(element, ir.FloatType)
     nnz = memref.dim(crd, c0)
     inner = memref.dim(a, c1)
     # C's positions: S's, copied into a buffer the caller will own
@@ -152,7 +152,7 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     if b_transposed:  # B[j,k]: its rows are what each dot product reads
         bt, copied = _on_lines(b, nnz, n_cols, inner, element, lanes)
     else:  # B^T, so each dot product reads two contiguous rows
-        matrix = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * 2, element)
+        matrix = dynamic_matrix(element)
         bt = memref.alloc(matrix, [n_cols, inner], [], alignment=LINE_BYTES)  # rows on lines when K fills lines
         RegisterTranspose(element, lanes).transpose(b, bt, inner, n_cols, parallel=True)
     vec = ir.VectorType.get([lanes], element)
@@ -165,9 +165,6 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)])
     pad = constant_like(element, 0)
 
-    def fma(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
-        return vector.fma(x, y, acc) if is_float else add(acc, mul(x, y))
-
     def dots(i: ir.Value, js: list[ir.Value]) -> ir.Value:
         """Row ``i`` of A times rows ``js`` of B^T (a power of two of them, at most ``lanes``): lane ``e`` of
         the result is entry ``e``'s dot product.  Each loaded vector of A serves every entry; each entry has
@@ -178,7 +175,7 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
                 for v in range(vectors):
                     at = arith.addi(kk, _index(v * lanes)) if v else kk
                     a_vec = read(a, i, at)
-                    accs = [fma(a_vec, read(bt, j, at), acc) for j, acc in zip(js, accs)]
+                    accs = [multiply_add(acc, read(bt, j, at), a_vec) for j, acc in zip(js, accs)]
                 return accs
             return step
 

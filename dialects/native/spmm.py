@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, func, math, memref, scf, vector
+from mlir.dialects import arith, func, memref, scf, vector
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.epilogue import SCALAR_EPILOGUE, VECTOR_EPILOGUE, Epilogue, epilogue_functions
 from sparse_mlir.dialects.linalg import FILLS_OUTPUT, KERNEL_NAME
@@ -50,12 +50,13 @@ from sparse_mlir.dialects.native.loops import (
     constant_like,
     csr_levels,
     declare_thread_count,
+    dynamic_matrix,
     dynamic_vector,
     for_each,
     if_else,
     index,
-    is_float,
     load_index,
+    multiply_add,
     reduce_loop,
     thread_count,
 )
@@ -66,7 +67,7 @@ from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
 __all__ = ["ACCUMULATORS", "B_ALIGNMENT", "COPY_REUSE", "CSR_UNROLL", "SpmmProblem", "aligned_b", "column_tiers",
-           "last_columns", "multiply_add", "native_spmm", "spmm_module"]
+           "last_columns", "native_spmm", "spmm_module"]
 
 ACCUMULATORS = 8  # vector registers of C per column tile: independent FMA chains, half the register file
 # N:M rows sharing each panel of B: more rows reuse a panel more, but each row streams its values from its own
@@ -85,12 +86,6 @@ RANGES_PER_THREAD = 16
 # ``step(column, value, entry, sums) -> sums``: one nonzero of a row into the sums a loop carries (``entry``: its
 # place in the loop's step, 0 when the loop takes one nonzero a step)
 Step = Callable[[ir.Value, ir.Value, int, list[ir.Value]], list[ir.Value]]
-
-
-def _matrix(element: ir.Type) -> ir.MemRefType:
-    """``memref<?x?xelement>``: B and C."""
-    dynamic = ir.ShapedType.get_dynamic_size()
-    return ir.MemRefType.get([dynamic, dynamic], element)
 
 
 @dataclass
@@ -174,13 +169,6 @@ class _Stream:
 
         sums = reduce_loop(row.lo, middle, sums, several, by)
         return reduce_loop(middle, row.hi, sums, lambda p, values: step(*self._entry(p), 0, values))
-
-
-def multiply_add(acc: ir.Value, b: ir.Value, v: ir.Value) -> ir.Value:
-    """``v * b + acc`` (scalars or vectors of one type): one FMA for floats."""
-    if is_float(acc.type):
-        return vector.fma(v, b, acc) if isinstance(acc.type, ir.VectorType) else math.fma(v, b, acc)
-    return arith.addi(acc, arith.muli(v, b))
 
 
 def column_tiers(tiers: Sequence[int], lanes: int, columns: ir.Value
@@ -450,7 +438,7 @@ def spmm_module(problem: SpmmProblem, target: CpuTarget = CpuTarget(), accumulat
         module = ir.Module.create()
         element = ir.Type.parse(TYPE_NAMES[np.dtype(problem.dtype).name])
         lanes = target.vector_bits // 8 // np.dtype(problem.dtype).itemsize  # one vector register
-        c_type = _matrix(element)
+        c_type = dynamic_matrix(element)
         with ir.InsertionPoint(module.body):
             kernel = func.FuncOp(function_name, ([*_parameter_types(problem, element), c_type], [c_type]),
                                  visibility=None if function_name == KERNEL_NAME else "private")
@@ -481,11 +469,12 @@ def _parameter_types(problem: SpmmProblem, element: ir.Type) -> list[ir.Type]:
         if name == problem.a:
             types += csr_levels(problem.fmt, element)
         elif name == problem.b:
-            types.append(_matrix(element))
+            types.append(dynamic_matrix(element))
         elif name == problem.bias:
             types.append(dynamic_vector(element))
         else:
-            assert problem.epilogue is not None and name in problem.epilogue.operands, f"{name} is no operand of the SpMM"
+            assert problem.epilogue is not None and name in problem.epilogue.operands, \
+                f"{name} is no operand of the SpMM"
             types.append(ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * rank, element))
     return types
 
