@@ -117,3 +117,25 @@ def test_b_by_rows_on_or_off_a_line_is_read_in_place_or_copied(offset, density, 
     got = kernel(S=sm.SparseTensor.from_scipy(s), A=a, B=b_rows).to_scipy()
     np.testing.assert_allclose(got.toarray(), s.multiply(a @ before.T).toarray(), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(b_rows, before)
+
+
+@pytest.mark.parametrize("expression", ["C[i,j] = S[i,j] * A[i,k] * B[k,j]", "C[i,j] = S[i,j] * A[i,k] * B[j,k]"])
+@pytest.mark.parametrize("density", [0.002, 0.05])  # B read about 4 times a row in all (one shared copy) or 100
+def test_two_threads_share_one_copy_of_b_or_make_their_own(expression, density, rng):
+    """On two threads the copy the dot products read (``B^T``, or ``B[j,k]`` moved onto lines) is made once and
+    shared when each thread would read its rows only a few times, else by each thread for itself
+    (``_ReadCopy``); the shared one is filled before any thread reads it (``loops.in_phases``)."""
+    from sparse_mlir.runtime import threads
+
+    rows, cols, k = 1500, 2048, 64
+    s = sp.random(rows, cols, density=density, format="csr", dtype=np.float32, random_state=3)
+    a = rng.standard_normal((rows, k)).astype(np.float32)
+    b = rng.standard_normal((k, cols)).astype(np.float32)
+    operand = b if "B[k,j]" in expression else _at_line_offset(np.ascontiguousarray(b.T), 16)
+    kernel = sm.compile(expression, formats={"S": "csr", "C": "csr"}, dtype="float32")
+    want = s.multiply(a.astype(np.float64) @ b.astype(np.float64)).toarray()
+    tensor = sm.SparseTensor.from_scipy(s)
+    with threads.fixed(2):
+        for _ in range(5):
+            got = kernel(S=tensor, A=a, B=operand).to_scipy()
+            np.testing.assert_allclose(got.toarray(), want, rtol=1e-4, atol=1e-4)

@@ -44,6 +44,7 @@ __all__ = [
     "each_claimed",
     "for_each",
     "if_else",
+    "in_phases",
     "index",
     "is_float",
     "kernel_entry",
@@ -245,9 +246,13 @@ def if_else(condition: ir.Value, then: Callable[[], Sequence[ir.Value]],
     return list(op.results)
 
 
-def branch(condition: ir.Value, then: Callable[[], None], otherwise: Callable[[], None]) -> None:
+def branch(condition: ir.Value, then: Callable[[], object], otherwise: Callable[[], object]) -> None:
     """``scf.if`` with an else branch and no results: ``then()`` or ``otherwise()`` emits each side's ops."""
-    if_else(condition, lambda: then() or [], lambda: otherwise() or [], [])
+    def run(side: Callable[[], object]) -> list[ir.Value]:
+        side()  # what it returns (an op, say) is not yielded
+        return []
+
+    if_else(condition, lambda: run(then), lambda: run(otherwise), [])
 
 
 def level_types(fmt: Format, element: ir.Type) -> list[ir.Type]:
@@ -263,28 +268,31 @@ def level_types(fmt: Format, element: ir.Type) -> list[ir.Type]:
     return types
 
 
-def each_claimed(counter: ir.Value, limit: ir.Value, body: Callable[[ir.Value], None]) -> None:
-    """``body(item)`` for each item ``counter[0]`` (an ``i64``) hands out, by an atomic fetch-and-add of 1, until
-    it reaches ``limit``: workers that share ``counter`` split the items dynamically, however late one starts."""
+def each_claimed(counter: ir.Value, limit: ir.Value, body: Callable[[ir.Value], None],
+                 slot: ir.Value | None = None) -> ir.Value:
+    """``body(item)`` for each item ``counter[slot]`` (an ``i64``, slot 0 by default) hands out, by an atomic
+    fetch-and-add of 1, until it reaches ``limit``: workers that share ``counter`` split the items dynamically,
+    however late one starts.  Returns how many items this worker ran (``in_phases`` publishes it)."""
     i_type = ir.IndexType.get()
-    loop = scf.WhileOp([i_type], [])
-    head = loop.before.blocks.append()
+    loop = scf.WhileOp([i_type, i_type], [index(0)])
+    head = loop.before.blocks.append(i_type)
     with ir.InsertionPoint(head):
         one = arith.constant(ir.IntegerType.get_signless(64), 1)
         item = arith.index_castui(i_type, memref.AtomicRMWOp(arith.AtomicRMWKind.addi, one, counter,
-                                                             [index(0)]).result)
-        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, item, limit), [item])
-    step = loop.after.blocks.append(i_type)
+                                                             [slot if slot is not None else index(0)]).result)
+        scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult, item, limit), [item, head.arguments[0]])
+    step = loop.after.blocks.append(i_type, i_type)
     with ir.InsertionPoint(step):
         body(step.arguments[0])
-        scf.YieldOp([])
+        scf.YieldOp([arith.addi(step.arguments[1], index(1))])
+    return loop.results[1]
 
 
 def by_workers(items: ir.Value, body: Callable[[ir.Value, Any], None], setup: Callable[[], Any] = lambda: None,
                teardown: Callable[[Any], None] = lambda state: None) -> None:
     """``body(item, state)`` for items ``0..items``, by one worker per thread (``THREAD_COUNT``: the module
     must declare it), each with its own ``state = setup()`` (``teardown(state)`` after), claiming items from a
-    shared counter (``each_claimed``).
+    shared counter (``each_claimed``): ``in_phases`` with one phase.
 
     For scratch that costs more to set up than an item does to compute
     (``ColumnStamps``: zeroed once per worker, not once per item), where a
@@ -292,18 +300,60 @@ def by_workers(items: ir.Value, body: Callable[[ir.Value, Any], None], setup: Ca
     counter balances the items as a guided schedule does, and a worker that
     starts late finds them taken.
     """
-    c0, c1 = index(0), index(1)
+    in_phases([(items, body)], setup, teardown)
+
+
+# ``i64`` counters per cache line: ``in_phases`` gives each counter a line of its own, so the workers claiming a
+# phase's items do not contend with one spinning on the phase's done count
+_COUNTERS_PER_LINE = LINE_BYTES // 8
+
+
+def in_phases(phases: Sequence[tuple[ir.Value, Callable[[ir.Value, Any], None]]],
+              setup: Callable[[], Any] = lambda: None, teardown: Callable[[Any], None] = lambda state: None) -> None:
+    """Items ``0..count`` of each ``(count, body)`` phase in turn, ``body(item, state)`` each, all inside one
+    parallel region of one worker per thread (``THREAD_COUNT``: the module must declare it), each worker with
+    its own ``state = setup()`` (``teardown(state)`` after): a worker claims a phase's items from a shared
+    counter (``each_claimed``), adds how many it ran to the phase's done count, and spins until that count
+    reaches ``count`` before it starts on the next phase.
+
+    Why one region, not a parallel loop per phase: every region waits again
+    for workers that sleep between calls (``KMP_BLOCKTIME=0``, torch's
+    operators in between, or a call after the blocktime).  No barrier
+    either: the pool closes a region's team at its first one, and a worker
+    that wakes late must still find work.  Here it joins wherever items are
+    left.  A phase waits only for items already claimed, which workers are
+    running (none of them waits inside an item), so the spin is short and
+    cannot deadlock, even when the runtime runs every worker on one thread.
+    """
     i64 = ir.IntegerType.get_signless(64)
-    claimed = memref.alloc(dynamic_vector(i64), [c1], [])
-    memref.store(arith.constant(i64, 0), claimed, [c0])
+    zero = arith.constant(i64, 0)
+    lines = _COUNTERS_PER_LINE
+    counters = memref.alloc(dynamic_vector(i64), [index(2 * lines * len(phases))], [], alignment=LINE_BYTES)
+    claimed = [index(2 * lines * p) for p in range(len(phases))]
+    done = [index(2 * lines * p + lines) for p in range(len(phases))]
+    for slot in claimed + done[:-1]:
+        memref.store(zero, counters, [slot])
+    most = phases[0][0]
+    for count, _ in phases[1:]:
+        most = arith.maxui(most, count)
 
     def worker(_: ir.Value) -> None:
         state = setup()
-        each_claimed(claimed, items, lambda item: body(item, state))
+        for p, (count, body) in enumerate(phases):
+            ran = each_claimed(counters, count, lambda item, body=body: body(item, state), claimed[p])
+            if p + 1 < len(phases):
+                memref.atomic_rmw(arith.AtomicRMWKind.addi, arith.index_castui(i64, ran), counters, [done[p]])
+                wait = scf.WhileOp([], [])
+                with ir.InsertionPoint(wait.before.blocks.append()):
+                    finished = memref.atomic_rmw(arith.AtomicRMWKind.addi, zero, counters, [done[p]])  # a read
+                    scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult,
+                                               arith.index_castui(ir.IndexType.get(), finished), count), [])
+                with ir.InsertionPoint(wait.after.blocks.append()):
+                    scf.YieldOp([])
         teardown(state)
 
-    parallel(arith.maxui(arith.minui(thread_count(), items), c1), worker)
-    memref.dealloc(claimed)
+    parallel(arith.maxui(arith.minui(thread_count(), most), index(1)), worker)
+    memref.dealloc(counters)
 
 
 class ColumnStamps:
@@ -519,7 +569,7 @@ class RegisterTranspose:
         to 10.6 ms.
         """
         index = ir.IndexType.get()
-        outer, inner = (rows, cols) if src_rows_outside else (cols, rows)
+        outer = rows if src_rows_outside else cols
         if parallel:  # tiles of dst's rows (src's columns) outside: each writes whole lines of dst
             if src_rows_outside:
                 raise ValueError("a parallel transpose splits dst's rows")
@@ -529,29 +579,37 @@ class RegisterTranspose:
             loop = scf.ForOp(self.c0, outer, self.step)
             body = loop.body
         with ir.InsertionPoint(body):
-            tiles = scf.ForOp(self.c0, inner, self.step)
-            with ir.InsertionPoint(tiles.body):
-                r, k = body.arguments[0], tiles.induction_variable
-                if not src_rows_outside:
-                    r, k = k, r
-                write_row = k if dst_row is None else arith.addi(dst_row, k)
-                read_row = r if src_row is None else arith.addi(src_row, r)
-                inside = self._inside([(src, read_row, k), (dst, write_row, r)])
-                whole = scf.IfOp(inside, [], has_else=True)
-                with ir.InsertionPoint(whole.then_block):
-                    self._interior(src, dst, read_row, k, write_row, r, addend)
-                    scf.YieldOp([])
-                with ir.InsertionPoint(whole.else_block):
-                    tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad,
-                                                   self.masked)
-                    tile_out = vector.transpose(self.square, tile_in, [1, 0])
-                    if addend is not None:
-                        tile_out = add(tile_out, vector.transfer_read(self.square, addend, [write_row, r],
-                                                                      self.identity, self.pad, self.masked))
-                    vector.transfer_write(None, tile_out, dst, [write_row, r], self.identity, self.masked)
-                    scf.YieldOp([])
-                scf.YieldOp([])
+            self.outer_step(src, dst, rows, cols, body.arguments[0], src_row, dst_row, src_rows_outside, addend)
             if parallel:
                 scf.ReduceOp([], 0)
             else:
                 scf.YieldOp([])
+
+    def outer_step(self, src: ir.Value, dst: ir.Value, rows: ir.Value, cols: ir.Value, at: ir.Value,
+                   src_row: ir.Value | None = None, dst_row: ir.Value | None = None,
+                   src_rows_outside: bool = False, addend: ir.Value | None = None) -> None:
+        """One step of ``transpose``'s outer loop, the ``tile`` rows of dst (of src when ``src_rows_outside``)
+        from ``at``: for a caller that hands the steps out itself (``in_phases``)."""
+        inner = cols if src_rows_outside else rows
+        tiles = scf.ForOp(self.c0, inner, self.step)
+        with ir.InsertionPoint(tiles.body):
+            r, k = at, tiles.induction_variable
+            if not src_rows_outside:
+                r, k = k, r
+            write_row = k if dst_row is None else arith.addi(dst_row, k)
+            read_row = r if src_row is None else arith.addi(src_row, r)
+            inside = self._inside([(src, read_row, k), (dst, write_row, r)])
+            whole = scf.IfOp(inside, [], has_else=True)
+            with ir.InsertionPoint(whole.then_block):
+                self._interior(src, dst, read_row, k, write_row, r, addend)
+                scf.YieldOp([])
+            with ir.InsertionPoint(whole.else_block):
+                tile_in = vector.transfer_read(self.square, src, [read_row, k], self.identity, self.pad,
+                                               self.masked)
+                tile_out = vector.transpose(self.square, tile_in, [1, 0])
+                if addend is not None:
+                    tile_out = add(tile_out, vector.transfer_read(self.square, addend, [write_row, r],
+                                                                  self.identity, self.pad, self.masked))
+                vector.transfer_write(None, tile_out, dst, [write_row, r], self.identity, self.masked)
+                scf.YieldOp([])
+            scf.YieldOp([])

@@ -5,9 +5,11 @@ The sampled product of attention and graph networks: only the entries of
 ``S`` are computed, each a dot product of a row of ``A`` and a column of
 ``B``.  The sparsifier walks ``B`` by columns (stride ``N``) and one scalar
 FMA chain per entry.  Here ``B`` is first transposed into a scratch
-``[N, K]`` (in register tiles, threaded; its rows on cache lines) so both
-factors of every dot product are contiguous; then rows of ``S`` run in
-parallel, a group of up to ``lanes`` entries at a time (a row's entries in
+``[N, K]`` (in register tiles; its rows on cache lines) so both factors of
+every dot product are contiguous: each worker its own when that is small,
+else one shared (``_ReadCopy`` says why).  Then the workers claim rows of
+``S``, all in one parallel region (``loops.in_phases``), a group of up to
+``lanes`` entries of a row at a time (a row's entries in
 groups of ``lanes``, then its rest as groups of its binary digits).  Each
 entry of a group has one vector accumulator over ``K`` (each vector of
 ``A`` loaded once for the group; the last, partial one masked), and the
@@ -37,17 +39,21 @@ from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.dialects.native.loops import (
     LINE_BYTES,
     RegisterTranspose,
+    branch,
     constant_like,
     declare_madvise,
+    declare_thread_count,
     dynamic_matrix,
     for_each,
+    if_else,
+    in_phases,
     kernel_entry,
     lane_sums,
     mul,
     multiply_add,
-    parallel,
     reduce_loop,
     result_buffer,
+    thread_count,
 )
 from sparse_mlir.dialects.native.loops import index as _index
 
@@ -55,13 +61,16 @@ from sparse_mlir.dsl.patterns import Sddmm, sddmm_operands
 from sparse_mlir.dsl.plan import KernelSpec
 from sparse_mlir.formats import Format
 
-__all__ = ["GROUP", "K_UNROLL", "LINE_READS", "native_sddmm"]
+__all__ = ["GROUP", "K_UNROLL", "LINE_READS", "PRIVATE_BYTES", "PRIVATE_READS", "ROWS_PER_ITEM", "native_sddmm"]
 
 # vectors of K per step of the dot products' loop, so a spilled B^T row address (a group has 16) is reloaded once
 # per 4 FMAs; measured the same as 1 (kept: it costs nothing)
 K_UNROLL = 4
 GROUP = 16  # entries of a row per group at most (and at most the lanes): 8 and 4 measured the same
 LINE_READS = 2  # reads per row of an off-line B[j,k] from which copying it onto lines pays
+ROWS_PER_ITEM = 16  # rows (of S, or of B[j,k] to copy) a worker claims at a time
+PRIVATE_BYTES = 4 << 20  # the largest copy of B each worker makes for itself (``_ReadCopy``)
+PRIVATE_READS = 4  # reads of each copied row per worker (entries of S per row of B and worker) from which it does
 
 
 def native_sddmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
@@ -94,6 +103,7 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):
         declare_madvise()  # for ``result_buffer``
+        declare_thread_count()  # for ``in_phases``
         block, values, _ = kernel_entry(spec.inputs, types, [], level)
         with ir.InsertionPoint(block):
             (pos, crd, val), (a,), (b,) = values[s_name], values[a_name], values[b_name]
@@ -102,13 +112,72 @@ def _module(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tupl
     return module
 
 
+class _ReadCopy:
+    """The matrix the dot products read rows of (``B^T``, or ``B[j,k]`` on cache lines), made by filling it in
+    steps of ``step`` rows (``fill(dst, t)`` fills rows ``t * step ..``, ``steps`` of them in all), or ``B``
+    itself when ``needed`` is false.
+
+    Whose copy: each worker's own (``private``) when it is small and each
+    worker reads its rows several times over (``PRIVATE_BYTES``,
+    ``PRIVATE_READS``), else one shared copy that the workers fill together
+    first (``loops.in_phases``).  The 2-vCPU VMs measured here run their
+    vCPUs on cores of one L3 at times and of two at others (a cache line's
+    round trip between the threads 85-140 ns, or 310-380 ns): in the
+    second case every row of a shared copy that the other thread wrote is a
+    remote fetch, and a 2-thread SDDMM (4096^2 at 1%, K=64) took 0.41 ms,
+    no faster than one thread, against 0.29-0.33 ms with a copy per worker;
+    on one L3 the two measured the same within noise (0.23-0.26 shared,
+    0.24-0.28 private).
+    """
+
+    def __init__(self, needed: ir.Value, source: ir.Value, rows: ir.Value, inner: ir.Value, nnz: ir.Value,
+                 element: ir.Type, step: int, fill: Callable[[ir.Value, ir.Value], None]):
+        c0 = _index(0)
+        self.rows, self.inner, self.fill = rows, inner, fill
+        self.matrix = dynamic_matrix(element)
+        self.steps = arith.ceildivui(rows, _index(step))
+        workers = thread_count()
+        small = arith.cmpi(arith.CmpIPredicate.ule, arith.muli(arith.muli(rows, inner), _index(element.width // 8)),
+                           _index(PRIVATE_BYTES))
+        reread = arith.cmpi(arith.CmpIPredicate.uge, nnz, arith.muli(arith.muli(rows, workers),
+                                                                      _index(PRIVATE_READS)))
+        self.private = arith.andi(needed, arith.andi(small, reread))
+        true = arith.constant(ir.IntegerType.get_signless(1), 1)
+        self.shared_needed = arith.andi(needed, arith.xori(self.private, true))
+        self.shared = if_else(self.shared_needed, lambda: [self._alloc()],
+                              lambda: [memref.cast(self.matrix, source)], [self.matrix])[0]
+        self.c0 = c0
+
+    def _alloc(self) -> ir.Value:
+        return memref.alloc(self.matrix, [self.rows, self.inner], [], alignment=LINE_BYTES)
+
+    def phase(self) -> tuple[ir.Value, Callable[[ir.Value, object], None]]:
+        """The shared copy's filling, as a phase of ``loops.in_phases`` (no items unless it is made)."""
+        return arith.select(self.shared_needed, self.steps, self.c0), lambda t, _: self.fill(self.shared, t)
+
+    def setup(self) -> ir.Value:
+        """The copy a worker reads: its own, filled here, or the shared one (or ``B``)."""
+        def own() -> list[ir.Value]:
+            mine = self._alloc()
+            for_each(self.c0, self.steps, lambda t: self.fill(mine, t))
+            return [mine]
+        return if_else(self.private, own, lambda: [self.shared], [self.matrix])[0]
+
+    def teardown(self, mine: ir.Value) -> None:
+        branch(self.private, lambda: memref.dealloc(mine), lambda: None)
+
+    def free(self) -> None:
+        """After the workers: the shared copy, if one was made."""
+        branch(self.shared_needed, lambda: memref.dealloc(self.shared), lambda: None)
+
+
 def _on_lines(b: ir.Value, nnz: ir.Value, n_cols: ir.Value, inner: ir.Value, element: ir.Type, lanes: int
-              ) -> tuple[ir.Value, ir.Value]:
-    """``B[j,k]`` as the dot products read it, and whether that is a copy (to free): a copy on a cache line when
-    ``B`` starts off one, its rows are whole lines (so every row is off by the same amount: each vector load
-    straddles two lines) and S reads each row at least ``LINE_READS`` times on average.  numpy aligns to 16
-    bytes; an unaligned B took 0.77 ms against 0.53 on a line (4096^2 at 1%, K=64, 1 thread).  The copy runs
-    rows in parallel: a serial ``memref.copy`` took 0.14 ms of a 0.46 ms call at 2 threads."""
+              ) -> _ReadCopy:
+    """``B[j,k]`` as the dot products read it: a copy on a cache line when ``B`` starts off one, its rows are
+    whole lines (so every row is off by the same amount: each vector load straddles two lines) and S reads
+    each row at least ``LINE_READS`` times on average.  numpy aligns to 16 bytes; an unaligned B took 0.77 ms
+    against 0.53 on a line (4096^2 at 1%, K=64, 1 thread).  A serial ``memref.copy`` in front of the threads
+    took 0.14 ms of a 0.46 ms call at 2 threads."""
     c0 = _index(0)
     line = _index(LINE_BYTES)
     itemsize = _index(element.width // 8)
@@ -117,21 +186,16 @@ def _on_lines(b: ir.Value, nnz: ir.Value, n_cols: ir.Value, inner: ir.Value, ele
     whole_lines = arith.cmpi(arith.CmpIPredicate.eq, arith.remui(arith.muli(inner, itemsize), line), c0)
     reused = arith.cmpi(arith.CmpIPredicate.uge, nnz, arith.muli(n_cols, _index(LINE_READS)))
     copy = arith.andi(off_line, arith.andi(whole_lines, reused))
-    matrix = dynamic_matrix(element)
-    choice = scf.IfOp(copy, [matrix], has_else=True)
-    with ir.InsertionPoint(choice.then_block):
-        b_rows = memref.dim(b, c0)
-        lined = memref.alloc(matrix, [b_rows, inner], [], alignment=LINE_BYTES)
-        vec = ir.VectorType.get([lanes], element)
+    b_rows = memref.dim(b, c0)
+    vec = ir.VectorType.get([lanes], element)
+    step = _index(ROWS_PER_ITEM)
 
-        def row(r: ir.Value) -> None:  # whole lines are whole vectors: the lanes' bytes divide a line's
-            for_each(c0, inner, lambda kk: vector.store(vector.load(vec, b, [r, kk]), lined, [r, kk]), _index(lanes))
+    def rows(dst: ir.Value, t: ir.Value) -> None:  # whole lines are whole vectors: the lanes' bytes divide a line's
+        first = arith.muli(t, step)
+        for_each(first, arith.minui(arith.addi(first, step), b_rows), lambda r: for_each(
+            c0, inner, lambda kk: vector.store(vector.load(vec, b, [r, kk]), dst, [r, kk]), _index(lanes)))
 
-        parallel(b_rows, row)
-        scf.YieldOp([lined])
-    with ir.InsertionPoint(choice.else_block):
-        scf.YieldOp([memref.cast(matrix, b)])
-    return choice.results[0], copy
+    return _ReadCopy(copy, b, b_rows, inner, nnz, element, ROWS_PER_ITEM, rows)
 
 
 def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value, b_transposed: bool,
@@ -148,13 +212,12 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     memref.copy(pos, out_pos)
     out_crd = result_buffer(level[1], nnz)  # filled group by group with the coordinates the dots read
     out_val = result_buffer(level[2], nnz)
-    copied = None
     if b_transposed:  # B[j,k]: its rows are what each dot product reads
-        bt, copied = _on_lines(b, nnz, n_cols, inner, element, lanes)
-    else:  # B^T, so each dot product reads two contiguous rows
-        matrix = dynamic_matrix(element)
-        bt = memref.alloc(matrix, [n_cols, inner], [], alignment=LINE_BYTES)  # rows on lines when K fills lines
-        RegisterTranspose(element, lanes).transpose(b, bt, inner, n_cols, parallel=True)
+        copy = _on_lines(b, nnz, n_cols, inner, element, lanes)
+    else:  # B^T (rows on lines when K fills lines), so each dot product reads two contiguous rows
+        transpose = RegisterTranspose(element, lanes)
+        copy = _ReadCopy(arith.constant(ir.IntegerType.get_signless(1), 1), b, n_cols, inner, nnz, element, lanes,
+                         lambda dst, t: transpose.outer_step(b, dst, inner, n_cols, arith.muli(t, _index(lanes))))
     vec = ir.VectorType.get([lanes], element)
     zeros = constant_like(vec, 0)
     lanes_index = _index(lanes)
@@ -165,9 +228,9 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     masked = ir.ArrayAttr.get([ir.BoolAttr.get(False)])
     pad = constant_like(element, 0)
 
-    def dots(i: ir.Value, js: list[ir.Value]) -> ir.Value:
-        """Row ``i`` of A times rows ``js`` of B^T (a power of two of them, at most ``lanes``): lane ``e`` of
-        the result is entry ``e``'s dot product.  Each loaded vector of A serves every entry; each entry has
+    def dots(i: ir.Value, js: list[ir.Value], bt: ir.Value) -> ir.Value:
+        """Row ``i`` of A times rows ``js`` of ``bt`` (the ``_ReadCopy``; a power of two of them, at most
+        ``lanes``): lane ``e`` of the result is entry ``e``'s dot product.  Each loaded vector of A serves every entry; each entry has
         one vector accumulator, all summed at once by ``lane_sums``."""
 
         def chunk(read: Callable[[ir.Value, ir.Value, ir.Value], ir.Value], vectors: int = 1) -> Callable:
@@ -190,12 +253,12 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
         accs = reduce_loop(whole, inner, accs, chunk(load_masked), lanes_index)  # K % lanes: 0 or 1 step
         return lane_sums(accs)
 
-    def group(i: ir.Value, first: ir.Value, count: int) -> None:
+    def group(i: ir.Value, first: ir.Value, count: int, bt: ir.Value) -> None:
         """Entries ``first .. first + count`` of row ``i``: ``C = S * dot``, stored as one vector."""
         coords = vector.load(ir.VectorType.get([count], crd_type), crd, [first])
         vector.store(coords, out_crd, [first])
         js = [arith.index_castui(index, vector.extract(coords, [], [e])) for e in range(count)]
-        sums = dots(i, js)
+        sums = dots(i, js, bt)
         if count < lanes:
             sums = vector.extract_strided_slice(ir.VectorType.get([count], element), sums, [0], [count], [1])
         vals = vector.load(sums.type, val, [first])
@@ -206,27 +269,28 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
     most = min(lanes, GROUP)
     full = _index(most)
 
-    def row(i: ir.Value) -> None:
+    def row(i: ir.Value, bt: ir.Value) -> None:
         start = arith.index_castui(index, memref.load(pos, [i]))
         stop = arith.index_castui(index, memref.load(pos, [arith.addi(i, c1)]))
         grouped = arith.addi(start, arith.muli(arith.divui(arith.subi(stop, start), full), full))
-        for_each(start, grouped, lambda first: group(i, first, most), full)
+        for_each(start, grouped, lambda first: group(i, first, most, bt), full)
         rest = arith.subi(stop, grouped)
         count = most // 2
         while count:  # the rest, < most entries, as groups of its binary digits, largest first
             present = arith.cmpi(arith.CmpIPredicate.ne, arith.andi(rest, _index(count)), c0)
             branch = scf.IfOp(present)
             with ir.InsertionPoint(branch.then_block):
-                group(i, arith.addi(grouped, arith.andi(rest, _index(~(2 * count - 1)))), count)
+                group(i, arith.addi(grouped, arith.andi(rest, _index(~(2 * count - 1)))), count, bt)
                 scf.YieldOp([])
             count //= 2
 
-    parallel(n_rows, row)
-    if not b_transposed:
-        memref.dealloc(bt)
-    else:
-        freed = scf.IfOp(copied)
-        with ir.InsertionPoint(freed.then_block):
-            memref.dealloc(bt)
-            scf.YieldOp([])
+    row_step = _index(ROWS_PER_ITEM)
+
+    def rows(item: ir.Value, bt: ir.Value) -> None:
+        first = arith.muli(item, row_step)
+        for_each(first, arith.minui(arith.addi(first, row_step), n_rows), lambda i: row(i, bt))
+
+    # one parallel region (``in_phases``): the shared copy's filling, if any, then the rows of S
+    in_phases([copy.phase(), (arith.ceildivui(n_rows, row_step), rows)], copy.setup, copy.teardown)
+    copy.free()
     return [out_pos, out_crd, out_val]
