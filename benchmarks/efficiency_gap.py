@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+import core_latency
 import sparse_mlir as sm
 from sparse_mlir.errors import SparseMLIRError
 from sparse_mlir.io.matrix_files import read_matrix, read_smtx
@@ -641,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (3 if args.quick else 15)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    latency_before = None if args.quick else core_latency.round_trip_ns()
     bandwidth = stream_bandwidth(args.quick)
     work = workloads(args.quick)
     results = []
@@ -653,9 +655,12 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(f"{label}: {type(exc).__name__}: {exc}")
     _progress(len(work), len(work), "done")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    latency_after = None if args.quick else core_latency.round_trip_ns()
     targets = check_targets(results, bandwidth)
     text = [(f"STREAM add bandwidth: {bandwidth / 1e9:.1f} GB/s; threads: {knobs.num_threads()}; "
-             f"peak RSS {peak / 2**20:.0f} MiB"), "", table(results, bandwidth), "", "| target | status | measured |",
+             f"peak RSS {peak / 2**20:.0f} MiB"),
+            f"before the workloads: {core_latency.describe(latency_before)}; after: "
+            f"{core_latency.describe(latency_after)}", "", table(results, bandwidth), "", "| target | status | measured |",
             "|---|---|---|"]
     text += [f"| {name} | {'met' if ok else 'MISSED' if ok is not None else 'not run'} | {value} |"
              for name, ok, value in targets]
@@ -665,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text(report + "\n")
     (out / "results.json").write_text(json.dumps({"bandwidth": bandwidth, "peak_rss": peak,
                                                   "environment": environment(),
+                                                  "thread_round_trip_ns": [latency_before, latency_after],
                                                   "results": [asdict(r) for r in results],
                                                   "targets": targets}, indent=1))
     if plot(results, out / "gap.png"):

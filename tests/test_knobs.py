@@ -312,6 +312,7 @@ def test_every_writer_uses_the_one_helper(tmp_path):
 
 def test_the_efficiency_gap_benchmark_changes_nothing_when_imported(monkeypatch):
     before = dict(os.environ)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when run as a script: its siblings import
     spec = importlib.util.spec_from_file_location("efficiency_gap", ROOT / "benchmarks" / "efficiency_gap.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
@@ -322,6 +323,23 @@ def test_the_efficiency_gap_benchmark_changes_nothing_when_imported(monkeypatch)
     fresh = module.fresh_environment({"KMP_BLOCKTIME": "7", "OPENBLAS_CORETYPE": "Haswell", "PATH": "/bin"})
     assert fresh == {**pools, "KMP_BLOCKTIME": "7", "PATH": "/bin"}  # what the user set stays
     assert module.fresh_environment(fresh) is None  # so the restart happens once
+
+
+def test_the_benchmark_measures_how_far_apart_its_threads_run(monkeypatch):
+    """``benchmarks/core_latency.py``: a cache line's round trip between the first two usable CPUs, which tells
+    whether they share an L3 (recorded by the efficiency-gap benchmark before and after its workloads)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import core_latency
+
+    ns = core_latency.round_trip_ns()
+    if len(os.sched_getaffinity(0)) < 2:
+        assert ns is None and core_latency.describe(ns) == "thread round trip: not measured"
+        return
+    assert ns is not None and 1 < ns < 1e6
+    assert core_latency.describe(50.0).endswith("(one L3)")
+    assert "two L3s" in core_latency.describe(350.0)
+    monkeypatch.setattr(core_latency, "SOURCE", ROOT / "benchmarks" / "no_such_probe.c")
+    assert core_latency.round_trip_ns() is None  # a probe that cannot be built is not fatal
 
 
 def test_the_environment_is_read_as_os_environ_reads_it(monkeypatch):

@@ -25,6 +25,7 @@ __all__ = [
     "HUGE_FROM_BYTES",
     "LINE_BYTES",
     "MADVISE",
+    "SCHED_YIELD",
     "STAMP_COLUMNS",
     "THREAD_COUNT",
     "ColumnStamps",
@@ -142,9 +143,23 @@ def multiply_add(acc: ir.Value, b: ir.Value, v: ir.Value) -> ir.Value:
 
 
 MADVISE = "madvise"
+SCHED_YIELD = "sched_yield"  # libc: ``in_phases`` gives its CPU away while it waits on a phase
 MADV_HUGEPAGE = 14  # Linux's; elsewhere the call fails harmlessly (EINVAL) and the pages stay small
 HUGE_FROM_BYTES = 4 << 20  # numpy's rule for its own arrays (it advises huge pages from 4 MiB)
 PAGE_BYTES = 4096
+
+
+def _declare_in_module(name: str, function_type: ir.FunctionType) -> None:
+    """Declare the external function ``name`` in the module around the insertion point, unless it is there."""
+    operation = ir.InsertionPoint.current.block.owner
+    while operation.name != "builtin.module":
+        operation = operation.parent
+    body = operation.regions[0].blocks[0]
+    if any("sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == name
+           for op in body.operations):
+        return
+    with ir.InsertionPoint.at_block_begin(body):
+        func.FuncOp(name, function_type, visibility="private")
 
 
 def declare_madvise() -> None:
@@ -314,7 +329,7 @@ def in_phases(phases: Sequence[tuple[ir.Value, Callable[[ir.Value, Any], None]]]
     parallel region of one worker per thread (``THREAD_COUNT``: the module must declare it), each worker with
     its own ``state = setup()`` (``teardown(state)`` after): a worker claims a phase's items from a shared
     counter (``each_claimed``), adds how many it ran to the phase's done count, and spins until that count
-    reaches ``count`` before it starts on the next phase.
+    reaches ``count`` before it starts on the next phase, yielding its CPU between looks (``SCHED_YIELD``).
 
     Why one region, not a parallel loop per phase: every region waits again
     for workers that sleep between calls (``KMP_BLOCKTIME=0``, torch's
@@ -322,9 +337,14 @@ def in_phases(phases: Sequence[tuple[ir.Value, Callable[[ir.Value, Any], None]]]
     either: the pool closes a region's team at its first one, and a worker
     that wakes late must still find work.  Here it joins wherever items are
     left.  A phase waits only for items already claimed, which workers are
-    running (none of them waits inside an item), so the spin is short and
-    cannot deadlock, even when the runtime runs every worker on one thread.
+    running (none of them waits inside an item), so the wait is short and
+    cannot deadlock, even when the runtime runs every worker on one thread;
+    the yield lets a worker that was preempted onto the waiting thread's CPU
+    finish its item (a pure spin made session 14's in-kernel barriers stall
+    for milliseconds behind a queued worker).
     """
+    if len(phases) > 1:
+        _declare_in_module(SCHED_YIELD, ir.FunctionType.get([], [ir.IntegerType.get_signless(32)]))
     i64 = ir.IntegerType.get_signless(64)
     zero = arith.constant(i64, 0)
     lines = _COUNTERS_PER_LINE
@@ -349,6 +369,7 @@ def in_phases(phases: Sequence[tuple[ir.Value, Callable[[ir.Value, Any], None]]]
                     scf.ConditionOp(arith.cmpi(arith.CmpIPredicate.ult,
                                                arith.index_castui(ir.IndexType.get(), finished), count), [])
                 with ir.InsertionPoint(wait.after.blocks.append()):
+                    func.call([ir.IntegerType.get_signless(32)], ir.FlatSymbolRefAttr.get(SCHED_YIELD), [])
                     scf.YieldOp([])
         teardown(state)
 
