@@ -70,7 +70,7 @@ GROUP = 16  # entries of a row per group at most (and at most the lanes): 8 and 
 LINE_READS = 2  # reads per row of an off-line B[j,k] from which copying it onto lines pays
 ROWS_PER_ITEM = 16  # rows (of S, or of B[j,k] to copy) a worker claims at a time
 PRIVATE_BYTES = 4 << 20  # the largest copy of B each worker makes for itself (``_ReadCopy``)
-PRIVATE_READS = 4  # reads of each copied row per worker (entries of S per row of B and worker) from which it does
+PRIVATE_READS = 4  # entries of S per row of B and worker from which each worker copies B for itself
 
 
 def native_sddmm(spec: KernelSpec, formats: dict[str, Format], shapes: dict[str, tuple[int | None, ...]],
@@ -127,12 +127,14 @@ class _ReadCopy:
     remote fetch, and a 2-thread SDDMM (4096^2 at 1%, K=64) took 0.41 ms,
     no faster than one thread, against 0.29-0.33 ms with a copy per worker;
     on one L3 the two measured the same within noise (0.23-0.26 shared,
-    0.24-0.28 private).
+    0.24-0.28 private).  With caches cold from a dense product timed in
+    between (the benchmark's regime) they were alike on either: 0.57-0.61 ms
+    shared and 0.58 private on one L3, 0.74 and 0.67-0.71 on two.
     """
 
     def __init__(self, needed: ir.Value, source: ir.Value, rows: ir.Value, inner: ir.Value, nnz: ir.Value,
                  element: ir.Type, step: int, fill: Callable[[ir.Value, ir.Value], None]):
-        c0 = _index(0)
+        self.c0 = _index(0)
         self.rows, self.inner, self.fill = rows, inner, fill
         self.matrix = dynamic_matrix(element)
         self.steps = arith.ceildivui(rows, _index(step))
@@ -146,7 +148,6 @@ class _ReadCopy:
         self.shared_needed = arith.andi(needed, arith.xori(self.private, true))
         self.shared = if_else(self.shared_needed, lambda: [self._alloc()],
                               lambda: [memref.cast(self.matrix, source)], [self.matrix])[0]
-        self.c0 = c0
 
     def _alloc(self) -> ir.Value:
         return memref.alloc(self.matrix, [self.rows, self.inner], [], alignment=LINE_BYTES)
