@@ -149,8 +149,13 @@ HUGE_FROM_BYTES = 4 << 20  # numpy's rule for its own arrays (it advises huge pa
 PAGE_BYTES = 4096
 
 
+def _declare(name: str, function_type: ir.FunctionType) -> None:
+    """Declare the external function ``name`` (private: resolved at link time) at the insertion point."""
+    func.FuncOp(name, function_type, visibility="private")
+
+
 def _declare_in_module(name: str, function_type: ir.FunctionType) -> None:
-    """Declare the external function ``name`` in the module around the insertion point, unless it is there."""
+    """``_declare`` in the module around the insertion point, unless ``name`` is there already."""
     operation = ir.InsertionPoint.current.block.owner
     while operation.name != "builtin.module":
         operation = operation.parent
@@ -159,15 +164,14 @@ def _declare_in_module(name: str, function_type: ir.FunctionType) -> None:
            for op in body.operations):
         return
     with ir.InsertionPoint.at_block_begin(body):
-        func.FuncOp(name, function_type, visibility="private")
+        _declare(name, function_type)
 
 
 def declare_madvise() -> None:
     """Declare libc's ``madvise`` at the insertion point (a module's body), for ``result_buffer``."""
     ptr = ir.Type.parse("!llvm.ptr")
     i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
-    declaration = func.FuncOp(MADVISE, ([ptr, i64, i32], [i32]))
-    declaration.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    _declare(MADVISE, ir.FunctionType.get([ptr, i64, i32], [i32]))
 
 
 def result_buffer(vector_type: ir.MemRefType, size: ir.Value) -> ir.Value:
@@ -348,10 +352,11 @@ def in_phases(phases: Sequence[tuple[ir.Value, Callable[[ir.Value, Any], None]]]
     i64 = ir.IntegerType.get_signless(64)
     zero = arith.constant(i64, 0)
     lines = _COUNTERS_PER_LINE
-    counters = memref.alloc(dynamic_vector(i64), [index(2 * lines * len(phases))], [], alignment=LINE_BYTES)
+    # a line per phase's claim counter, and one per done count of every phase but the last (none waits on it)
+    counters = memref.alloc(dynamic_vector(i64), [index((2 * len(phases) - 1) * lines)], [], alignment=LINE_BYTES)
     claimed = [index(2 * lines * p) for p in range(len(phases))]
-    done = [index(2 * lines * p + lines) for p in range(len(phases))]
-    for slot in claimed + done[:-1]:
+    done = [index(2 * lines * p + lines) for p in range(len(phases) - 1)]
+    for slot in claimed + done:
         memref.store(zero, counters, [slot])
     most = phases[0][0]
     for count, _ in phases[1:]:
@@ -434,7 +439,7 @@ def thread_count() -> ir.Value:
 
 def declare_thread_count() -> None:
     """Declare ``THREAD_COUNT`` at the insertion point (a module's body)."""
-    func.FuncOp(THREAD_COUNT, ir.FunctionType.get([], [ir.IndexType.get()]), visibility="private")
+    _declare(THREAD_COUNT, ir.FunctionType.get([], [ir.IndexType.get()]))
 
 
 def bisect(lo: ir.Value, hi: ir.Value, before: Callable[[ir.Value], ir.Value]) -> ir.Value:
