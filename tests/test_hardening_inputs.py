@@ -22,7 +22,7 @@ import pytest
 
 import sparse_mlir as sm
 from sparse_mlir.errors import DTypeError, FormatError, InvalidIndicesError, ShapeError, SparseMLIRError
-from sparse_mlir.formats import coo
+from sparse_mlir.formats import CSR, coo
 
 I32 = np.int32
 
@@ -459,6 +459,26 @@ def test_exported_library_refuses_a_position_spike(tmp_path):
               shapes={"A": (64, 64)})
     out = _run_spike(str(tmp_path / "spmv_spike.json"))
     assert out.count("refused:") == 2 and "good [1.0, 2.0]" in out, out
+
+
+@pytest.mark.parametrize("width", [32, 64])
+def test_a_fall_in_the_positions_is_refused_wherever_it_is(width):
+    """The vectorized position check (``c_entry.VECTORIZE``) sees a single fall at any offset: in its vector
+    body or in its scalar tail.  Each fall stays inside the buffers, so a missed one would be a wrong answer
+    here, not a wild read."""
+    rows = 150  # several 16-lane vectors of int32 positions, and a tail
+    kernel = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": CSR.with_widths(width, width)}, dtype="float64")
+    dtype = np.int32 if width == 32 else np.int64
+    good = np.arange(rows + 1, dtype=dtype)  # one entry a row
+    crd, values, x = np.zeros(rows, dtype), np.ones(rows), np.ones(rows)
+    assert kernel(A=sm.SparseTensor(CSR.with_widths(width, width), (rows, rows), (good, crd, values)), x=x).sum() \
+        == rows
+    for k in range(2, rows):  # every pair (k - 1, k) but the first and the last, which no in-bounds fall reaches
+        pos = good.copy()
+        pos[k] = k - 2
+        bad = sm.SparseTensor(CSR.with_widths(width, width), (rows, rows), (pos, crd, values), validate=False)
+        with pytest.raises(InvalidIndicesError, match="inconsistent level buffer lengths"):
+            kernel(A=bad, x=x)
 
 
 @pytest.mark.parametrize("content", [b"not a zip", b"PK\x03\x04" + bytes(40)])

@@ -35,6 +35,33 @@ def _disassembly(expression: str, fmt: str, cpu: str = "znver4") -> str:
                           check=True).stdout
 
 
+def _functions(code: str) -> dict[str, str]:
+    """Each function's disassembly by symbol (``llvm-objdump -d`` output)."""
+    out: dict[str, str] = {}
+    name = ""
+    for line in code.splitlines():
+        if line.endswith(">:"):
+            name = line.split("<", 1)[1][:-2]
+        out[name] = out.get(name, "") + line + "\n"
+    return out
+
+
+def _packed_float(code: str) -> list[str]:
+    """The instructions on whole registers of floating-point lanes (``vmulpd ymm``, ``vfmadd231ps zmm``...).
+
+    Integer vector instructions do not count: the C entry point's check of
+    the positions (``lowering.c_entry``) is vectorized in every kernel, and
+    a serial kernel is inlined into it.
+    """
+    packed = []
+    for line in code.splitlines():
+        fields = line.split("\t")  # address and bytes, mnemonic, operands
+        mnemonic = fields[1].strip() if len(fields) > 1 else ""
+        if mnemonic.endswith(("pd", "ps")) and ("ymm" in line or "zmm" in line):
+            packed.append(line)
+    return packed
+
+
 @pytest.mark.parametrize("expression, fmt", [("y[i] = A[i,j] * x[j]", "csr"), ("y[i] = A[i,j] * x[j]", "dcsr"),
                                              ("y[i] = 2 * A[i,j] * x[j]", "coo")])
 def test_the_spmv_kernels_load_x_without_gathers(expression, fmt):
@@ -45,7 +72,7 @@ def test_the_spmv_kernels_load_x_without_gathers(expression, fmt):
 
 def test_the_tiled_spmm_keeps_its_vectors():
     code = _disassembly("C[i,j] = A[i,k] * B[k,j]", "csr")
-    assert "zmm" in code and "vfmadd231pd" in code
+    assert any("vfmadd231pd" in line and "zmm" in line for line in _packed_float(code))
 
 
 @pytest.mark.parametrize("cpu", ["sapphirerapids", "znver5"])
@@ -58,9 +85,17 @@ def test_where_gathers_pay_long_rows_gather_x_a_register_at_a_time(fmt, cpu):
 @pytest.mark.parametrize("expression, fmt", [("y[i] = A[i,j] * x[j]", "coo"), ("y[i] = A[i,j] * x[j]", "csc"),
                                              ("y[j] = A[i,j] * x[i]", "csr")])
 def test_where_gathers_pay_runs_of_entries_and_scatters_stay_scalar(expression, fmt):
-    """LLVM's vectorizers stay off: no register wider than a scalar's in these kernels."""
+    """LLVM's vectorizers stay off: no floating-point instruction on a register wider than a scalar's."""
     code = _disassembly(expression, fmt, cpu="znver5")
-    assert "vfmadd" in code and "ymm" not in code and "zmm" not in code
+    assert "vfmadd" in code and not _packed_float(code)
+
+
+@pytest.mark.parametrize("cpu", ["znver4", "znver5"])
+def test_the_entry_point_checks_positions_a_vector_at_a_time(cpu):
+    """The C entry point's per-call check that positions never fall runs before the kernel on one thread; in a
+    kernel built scalar it is still vectorized (``c_entry.VECTORIZE``): a packed compare of 512-bit registers."""
+    entry = _functions(_disassembly("y[j] = A[i,j] * x[i]", "csr", cpu=cpu))["sparse_mlir_kernel"]
+    assert any("vpcmp" in line and "zmm" in line for line in entry.splitlines()), entry
 
 
 def test_where_gathers_pay_only_the_long_rows_gather():
