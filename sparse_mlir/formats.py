@@ -131,6 +131,11 @@ class LevelExpr:
         return f"d{self.dim}" + (f" {self.op} {self.factor}" if self.op else "")
 
 
+# ``Format.with_widths``' objects by structure, name and widths (the name is in the key: formats compare without it)
+_AT_WIDTHS: dict[tuple, Format] = {}
+_AT_WIDTHS_KEPT = 4096
+
+
 @dataclass(frozen=True, eq=False)
 class Format:
     """A storage format: levels, dimension-to-level map and index widths.
@@ -260,8 +265,26 @@ class Format:
         return replace(self, levels=levels, name=f"{self.name}-as-compressed")
 
     def with_widths(self, pos_width: int | None = None, crd_width: int | None = None) -> Format:
-        return replace(self, pos_width=self.pos_width if pos_width is None else pos_width,
-                       crd_width=self.crd_width if crd_width is None else crd_width)
+        """This format with other index widths (``None`` keeps one): ``self`` when they are its own, else the
+        same object for the same format and widths every time.  Formats are immutable, and a kernel takes an
+        operand whose format is the very object it was built for on its C-level call (``runtime.fast_call``):
+        ``CSR.with_widths(32, 32)`` as a new object equal to ``CSR`` cost the kernels that met both that call.
+        """
+        pos = self.pos_width if pos_width is None else pos_width
+        crd = self.crd_width if crd_width is None else crd_width
+        if pos == self.pos_width and crd == self.crd_width:
+            return self
+        if len(_AT_WIDTHS) >= _AT_WIDTHS_KEPT:  # a process making formats without end: start the table again
+            _AT_WIDTHS.clear()
+        _AT_WIDTHS.setdefault(self._widths_key(self.pos_width, self.crd_width), self)  # the way back gives self
+        key = self._widths_key(pos, crd)
+        found = _AT_WIDTHS.get(key)
+        if found is None:
+            found = _AT_WIDTHS.setdefault(key, replace(self, pos_width=pos, crd_width=crd))
+        return found
+
+    def _widths_key(self, pos_width: int, crd_width: int) -> tuple:
+        return self.levels, self.dim_to_lvl, self.name, pos_width, crd_width
 
     # -- printing --------------------------------------------------------------
     def encoding_text(self) -> str:

@@ -95,3 +95,17 @@ def test_shape_checks():
         sm.NM(2, 4).check_shape((4, 6))
     with pytest.raises(FormatError):
         sm.NM(5, 4)
+
+
+def test_the_same_widths_give_the_same_format_object():
+    """Kernels take an operand on their C-level call when its format is the very object they were built for, so
+    equal requests must not make new objects: the own widths give the format itself, others one object each."""
+    from sparse_mlir.formats import CSR, parse_format
+
+    assert CSR.with_widths(CSR.pos_width, CSR.crd_width) is CSR and CSR.with_widths() is CSR
+    wide = CSR.with_widths(64, 64)
+    assert wide is CSR.with_widths(64, 64) is CSR.with_widths(64).with_widths(None, 64)
+    assert wide == CSR.with_widths(64, 64) and (wide.pos_width, wide.crd_width) == (64, 64)
+    assert wide.with_widths(CSR.pos_width, CSR.crd_width) is CSR and wide.name == CSR.name
+    named = parse_format("csr")  # an equal format under its own name keeps that name at other widths
+    assert named.with_widths(64, 64).name == named.name

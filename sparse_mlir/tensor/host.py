@@ -523,14 +523,7 @@ def _wrap_scipy(matrix: Any, fmt: Format, index: tuple[np.ndarray, ...]) -> Spar
 
 
 def at_widths(fmt: Format, pos_width: int, crd_width: int) -> Format:
-    """``fmt.with_widths(...)``, remembered: building a ``Format`` costs microseconds, and each call with a
-    scipy operand asks for the same few.  ``fmt`` itself when the widths are its own, so a kernel's declared
-    format object comes back and its operand check is an identity test."""
-    if fmt.pos_width == pos_width and fmt.crd_width == crd_width:
-        return fmt
-    return _with_widths(fmt, pos_width, crd_width)
-
-
-@functools.lru_cache(maxsize=256)
-def _with_widths(fmt: Format, pos_width: int, crd_width: int) -> Format:
+    """``fmt.with_widths(...)``: ``fmt`` itself when the widths are its own, so a kernel's declared format object
+    comes back and its operand check is an identity test, else one remembered object per widths (building a
+    ``Format`` costs microseconds, and each call with a scipy operand asks for the same few)."""
     return fmt.with_widths(pos_width, crd_width)
