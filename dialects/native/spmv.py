@@ -19,6 +19,11 @@ row (every lane loaded, clamped, the lanes past the end selected away)
 short rows at 32-256 entries ahead, any locality, changed nothing (the
 out-of-order window already covers the random reads of ``x``, which are
 half the time: the same rows with local columns take half as long).
+Session 27, C prototypes against gcc's plain loop on mdual (2 threads,
+0.29 ms; torch's MKL 0.30 ms): eight rows a vector, a lane a row (masked
+gathers of coordinates, values and ``x``, one vector store of ``y``)
+1.85x slower; the plain loop without its values (an iso-valued matrix)
+only 10% faster, so the values' bytes are not what bounds it.
 
 Where vector gathers pay (``CpuTarget.fast_gathers``: recent Xeons, Zen 5)
 long rows instead take a vector register of entries at a time: a load of
