@@ -131,8 +131,11 @@ class LevelExpr:
         return f"d{self.dim}" + (f" {self.op} {self.factor}" if self.op else "")
 
 
-# ``Format.with_widths``' objects by structure, name and widths (the name is in the key: formats compare without it)
+# ``Format.with_widths``' objects: by (format, name, widths) asked, and by (levels, level expressions, name,
+# widths), so the same widths of one structure are one object whichever widths they are asked from.  The name is
+# in the keys because formats compare without it.
 _AT_WIDTHS: dict[tuple, Format] = {}
+_BY_STRUCTURE: dict[tuple, Format] = {}
 _AT_WIDTHS_KEPT = 4096
 
 
@@ -274,17 +277,17 @@ class Format:
         crd = self.crd_width if crd_width is None else crd_width
         if pos == self.pos_width and crd == self.crd_width:
             return self
-        if len(_AT_WIDTHS) >= _AT_WIDTHS_KEPT:  # a process making formats without end: start the table again
-            _AT_WIDTHS.clear()
-        _AT_WIDTHS.setdefault(self._widths_key(self.pos_width, self.crd_width), self)  # the way back gives self
-        key = self._widths_key(pos, crd)
-        found = _AT_WIDTHS.get(key)
+        asked = (self, self.name, pos, crd)  # a format hashes once (``__hash__``): this look-up is the per-call one
+        found = _AT_WIDTHS.get(asked)
         if found is None:
-            found = _AT_WIDTHS.setdefault(key, replace(self, pos_width=pos, crd_width=crd))
+            if len(_AT_WIDTHS) >= _AT_WIDTHS_KEPT:  # a process making formats without end: start the tables again
+                _AT_WIDTHS.clear()
+                _BY_STRUCTURE.clear()
+            structure = (self.levels, self.dim_to_lvl, self.name)
+            _BY_STRUCTURE.setdefault((*structure, self.pos_width, self.crd_width), self)  # the way back gives self
+            found = _BY_STRUCTURE.setdefault((*structure, pos, crd), replace(self, pos_width=pos, crd_width=crd))
+            _AT_WIDTHS[asked] = found
         return found
-
-    def _widths_key(self, pos_width: int, crd_width: int) -> tuple:
-        return self.levels, self.dim_to_lvl, self.name, pos_width, crd_width
 
     # -- printing --------------------------------------------------------------
     def encoding_text(self) -> str:

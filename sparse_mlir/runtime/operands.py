@@ -9,7 +9,7 @@ import numpy as np
 
 from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
 from sparse_mlir.formats import Format
-from sparse_mlir.tensor.host import SparseTensor, at_widths, share_scipy
+from sparse_mlir.tensor.host import SparseTensor, share_scipy
 
 __all__ = ["prepare", "check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
 
@@ -69,7 +69,7 @@ def sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype, tar
     if not isinstance(value, SparseTensor):
         raise OperandError(f"operand {name} is declared {declared}; pass a SparseTensor or a scipy.sparse "
                            f"matrix, got {type(value).__name__}")
-    if value.format is not declared and at_widths(value.format, declared.pos_width, declared.crd_width) != declared:
+    if value.format is not declared and value.format.with_widths(declared.pos_width, declared.crd_width) != declared:
         raise FormatError(f"operand {name} is declared {declared}, but the SparseTensor is {value.format}; "
                           f"convert it (e.g. SparseTensor.from_scipy(t.to_scipy(), '{declared}'))")
     if value.dtype != dtype:

@@ -23,7 +23,7 @@ from sparse_mlir.tensor import storage
 
 # ``SUPPORTED_DTYPES`` and ``check_dtype`` live in ``sparse_mlir.dtypes``; they stay importable from here
 __all__ = ["SparseTensor", "LevelBuffers", "SUPPORTED_DTYPES", "check_dtype", "DEVICES", "register_device",
-           "register_compile", "share_scipy", "at_widths"]
+           "register_compile", "share_scipy"]
 
 DEVICES = ("cpu", "cuda")
 
@@ -471,7 +471,7 @@ def share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
     Raises ``InvalidIndicesError`` for a broken structure.
     """
     layout = _scipy_layout(matrix)
-    if layout is None or (fmt is not layout[0] and at_widths(fmt, 32, 32) != layout[0]):
+    if layout is None or (fmt is not layout[0] and fmt.with_widths(32, 32) != layout[0]):
         return None
     index = layout[1]
     for b in index:
@@ -514,16 +514,9 @@ def _wrap_scipy(matrix: Any, fmt: Format, index: tuple[np.ndarray, ...]) -> Spar
         if row.dtype != col.dtype:
             return None
         buffers: tuple[np.ndarray, ...] = (np.array([0, row.size], dtype=row.dtype), row, col, data)
-        shared = at_widths(fmt, row.itemsize * 8, row.itemsize * 8)
+        shared = fmt.with_widths(row.itemsize * 8, row.itemsize * 8)
     else:
         buffers = (index[0], index[1], data)
-        shared = at_widths(fmt, index[0].itemsize * 8, index[1].itemsize * 8)
+        shared = fmt.with_widths(index[0].itemsize * 8, index[1].itemsize * 8)
     check_dtype(data.dtype, "scipy matrix values")
     return SparseTensor._trusted(shared, tuple(matrix.shape), buffers)
-
-
-def at_widths(fmt: Format, pos_width: int, crd_width: int) -> Format:
-    """``fmt.with_widths(...)``: ``fmt`` itself when the widths are its own, so a kernel's declared format object
-    comes back and its operand check is an identity test, else one remembered object per widths (building a
-    ``Format`` costs microseconds, and each call with a scipy operand asks for the same few)."""
-    return fmt.with_widths(pos_width, crd_width)
