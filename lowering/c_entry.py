@@ -5,15 +5,18 @@ whose memref descriptors are an MLIR convention.  This adds ``NAME(...)``
 taking raw pointers and sizes: it checks them (status codes instead of wild
 memory accesses), zero-fills a dense output, supplies the implicit positions
 of N:M operands, builds the descriptors on the stack, calls the kernel, and
-copies a sparse result's buffers into the caller's result struct.  The
-wrapper is generated as LLVM-dialect text because it is plain straight-line
-code over pointers, then parsed into the module.
+copies a sparse result's buffers into the caller's result struct.  It is
+plain code over pointers, added after the kernel is lowered, so it is built
+straight in the LLVM dialect, with the MLIR bindings' op builders.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 from mlir import ir
+from mlir.dialects import llvm
 
 from sparse_mlir.dialects.encoding import TYPE_NAMES
 from sparse_mlir.formats import LevelKind
@@ -38,121 +41,200 @@ INTERNAL_ERROR = 4  # a dense result not written in place: a compiler bug, never
 # still takes a loop that asks for it when it is switched off for the rest.
 VECTORIZE = "#llvm.loop_annotation<vectorize = <disable = false>>"
 
-_INT = {1: "i8", 2: "i16", 4: "i32", 8: "i64"}
+# LLVM's ``icmp`` predicates (``LLVM::ICmpPredicate``)
+_EQ, _NE, _SLT, _SGT = 0, 1, 2, 4
+# a ``getelementptr`` index taken from its dynamic operands rather than its constant ones
+_DYNAMIC_INDEX = -(2**31)
 
 
-def _llvm_type(dtype: np.dtype) -> str:
-    return TYPE_NAMES[dtype.name]
-
-
-def _descriptor_type(rank: int) -> str:
+def _descriptor_type(rank: int) -> ir.Type:
     if rank == 0:
-        return "!llvm.struct<(ptr, ptr, i64)>"
-    return f"!llvm.struct<(ptr, ptr, i64, array<{rank} x i64>, array<{rank} x i64>)>"
+        return ir.Type.parse("!llvm.struct<(ptr, ptr, i64)>")
+    return ir.Type.parse(f"!llvm.struct<(ptr, ptr, i64, array<{rank} x i64>, array<{rank} x i64>)>")
 
 
-class _Text:
-    """A tiny SSA text builder: fresh value names, blocks and the checks that branch to failure blocks."""
+class _Entry:
+    """One ``llvm.func`` being built: the block ops go into now, and a block per failure status (returning it),
+    made when a check first needs it.  Methods build one op each, at the end of the current block."""
 
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.count = 0
-        self.blocks = 0
-        self.codes: set[int] = set()
+    def __init__(self, func: llvm.LLVMFuncOp, arg_types: Sequence[ir.Type]) -> None:
+        self.func = func
+        self.block = func.body.blocks.append(*arg_types)
+        self.failures: dict[int, ir.Block] = {}
+        self.i1, self.i8 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(8)
+        self.i32, self.i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+        self.ptr = llvm.PointerType.get()
+        self._none = ir.Attribute.parse("#llvm.overflow<none>")
 
-    def __call__(self, op: str) -> str:
-        name = f"%v{self.count}"
-        self.count += 1
-        self.lines.append(f"  {name} = {op}")
-        return name
+    @property
+    def ip(self) -> ir.InsertionPoint:
+        return ir.InsertionPoint(self.block)
 
-    def stmt(self, op: str) -> None:
-        self.lines.append(f"  {op}")
+    # -- values ---------------------------------------------------------------------------------------------
+    def constant(self, value: int, type_: ir.Type | None = None) -> ir.Value:
+        type_ = type_ or self.i64
+        return llvm.ConstantOp(type_, ir.IntegerAttr.get(type_, value), ip=self.ip).result
 
-    def i64(self, value: int) -> str:
-        return self(f"llvm.mlir.constant({value} : i64) : i64")
+    def add(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return llvm.add(a, b, self._none, ip=self.ip)
 
-    def fail_if(self, bad: str, code: int) -> None:
-        self.codes.add(code)
-        self.blocks += 1
-        self.stmt(f"llvm.cond_br {bad}, ^fail{code}, ^ok{self.blocks}")
-        self.lines.append(f"^ok{self.blocks}:")
+    def mul(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return llvm.mul(a, b, self._none, ip=self.ip)
 
-    def back_edge(self, loop: str, arguments: str) -> None:
-        """The branch back to a loop header ``loop`` with ``arguments`` (``"%a, %b : i64, i1"``), marked for
-        LLVM's loop vectorizer (``VECTORIZE``)."""
-        self.stmt(f"llvm.br {loop}({arguments}) {{loop_annotation = {VECTORIZE}}}")
+    def sdiv(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return llvm.sdiv(a, b, ip=self.ip)
 
-    def ne(self, a: str, b: str) -> str:
-        return self(f'llvm.icmp "ne" {a}, {b} : i64')
+    def srem(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return llvm.srem(a, b, ip=self.ip)
 
-    def failure_blocks(self) -> list[str]:
-        out = []
-        for code in sorted(self.codes):
-            out += [f"^fail{code}:", f"  %status{code} = llvm.mlir.constant({code} : i32) : i32",
-                    f"  llvm.return %status{code} : i32"]
-        return out
+    def or_(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return llvm.or_(a, b, ip=self.ip)
+
+    def and_(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return llvm.and_(a, b, ip=self.ip)
+
+    def icmp(self, predicate: int, a: ir.Value, b: ir.Value) -> ir.Value:
+        return llvm.icmp(ir.IntegerAttr.get(self.i64, predicate), a, b, ip=self.ip)
+
+    def ne(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.icmp(_NE, a, b)
+
+    def null(self) -> ir.Value:
+        return llvm.mlir_zero(self.ptr, ip=self.ip)
+
+    def element(self, base: ir.Value, at: ir.Value | int, element: ir.Type) -> ir.Value:
+        """The address of ``base[at]`` for elements of ``element`` (``at`` a value or a constant)."""
+        dynamic, raw = ([at], [_DYNAMIC_INDEX]) if isinstance(at, ir.Value) else ([], [at])
+        return llvm.getelementptr(self.ptr, base, dynamic, raw, ir.TypeAttr.get(element), None, ip=self.ip)
+
+    def load(self, type_: ir.Type, address: ir.Value) -> ir.Value:
+        return llvm.load(type_, address, ip=self.ip)
+
+    def store(self, value: ir.Value, address: ir.Value) -> None:
+        llvm.store(value, address, ip=self.ip)
+
+    def alloca(self, type_: ir.Type) -> ir.Value:
+        return llvm.alloca(self.ptr, self.constant(1), ir.TypeAttr.get(type_), ip=self.ip)
+
+    def call(self, callee: str, arguments: Sequence[ir.Value], result: ir.Type | None = None) -> ir.Value | None:
+        op = llvm.CallOp(result, list(arguments), [], ir.DenseI32ArrayAttr.get([]),
+                         callee=ir.FlatSymbolRefAttr.get(callee), ip=self.ip)
+        return op.result if result is not None else None
+
+    # -- control flow ---------------------------------------------------------------------------------------
+    def new_block(self, *types: ir.Type) -> ir.Block:
+        return self.func.body.blocks.append(*types)
+
+    def branch(self, target: ir.Block, arguments: Sequence[ir.Value] = (), vectorize: bool = False) -> None:
+        """Branch to ``target``; ``vectorize``: a loop's back edge, marked for LLVM's loop vectorizer."""
+        annotation = ir.Attribute.parse(VECTORIZE) if vectorize else None
+        llvm.br(list(arguments), target, loop_annotation=annotation, ip=self.ip)
+
+    def fail_if(self, bad: ir.Value, code: int) -> None:
+        """Return status ``code`` when ``bad`` (an ``i1``); go on in a new block otherwise."""
+        ok = self.new_block()
+        llvm.cond_br(bad, [], [], self._failure(code), ok, ip=self.ip)
+        self.block = ok
+
+    def _failure(self, code: int) -> ir.Block:
+        block = self.failures.get(code)
+        if block is None:
+            block = self.failures[code] = self.new_block()
+            with ir.InsertionPoint(block):
+                llvm.return_(arg=llvm.ConstantOp(self.i32, ir.IntegerAttr.get(self.i32, code)).result)
+        return block
+
+    def loop(self, count: ir.Value, carried: Sequence[ir.Value],
+             body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+        """``for k in 0..count`` carrying ``carried`` (``body(k, values)`` returns the next ones), its back edge
+        marked for the vectorizer (``VECTORIZE``); returns the carried values at the end."""
+        header = self.new_block(self.i64, *[v.type for v in carried])
+        inside, after = self.new_block(), self.new_block()
+        self.branch(header, [self.constant(0), *carried])
+        self.block = header
+        k, values = header.arguments[0], list(header.arguments)[1:]
+        llvm.cond_br(self.icmp(_SLT, k, count), [], [], inside, after, ip=self.ip)
+        self.block = inside
+        following = self.add(k, self.constant(1))
+        self.branch(header, [following, *body(k, values)], vectorize=True)
+        self.block = after
+        return values
+
+    def ret(self, status: int) -> None:
+        llvm.return_(arg=self.constant(status, self.i32), ip=self.ip)
 
 
-def _load_index(t: _Text, base: str, at: str, dtype: np.dtype) -> str:
-    elt = _INT[dtype.itemsize]
-    addr = t(f"llvm.getelementptr {base}[{at}] : (!llvm.ptr, i64) -> !llvm.ptr, {elt}")
-    value = t(f"llvm.load {addr} : !llvm.ptr -> {elt}")
-    return value if elt == "i64" else t(f"llvm.sext {value} : {elt} to i64")
+def _llvm_type(dtype: np.dtype) -> ir.Type:
+    return ir.Type.parse(TYPE_NAMES[dtype.name])
 
 
-def _descriptor(t: _Text, ptr: str, sizes: list[str], one: str, zero: str) -> str:
-    """Store a row-major descriptor for ``ptr`` on the stack; return its address."""
-    dtype = _descriptor_type(len(sizes))
-    d = t(f"llvm.mlir.undef : {dtype}")
-    d = t(f"llvm.insertvalue {ptr}, {d}[0] : {dtype}")
-    d = t(f"llvm.insertvalue {ptr}, {d}[1] : {dtype}")
-    d = t(f"llvm.insertvalue {zero}, {d}[2] : {dtype}")
-    stride = one
-    strides: list[str] = []
+def _index_type(dtype: np.dtype) -> ir.Type:
+    return ir.IntegerType.get_signless(8 * dtype.itemsize)
+
+
+def _load_index(e: _Entry, base: ir.Value, at: ir.Value | int, dtype: np.dtype) -> ir.Value:
+    """``base[at]`` of an index buffer of ``dtype``, as an ``i64`` (sign-extended)."""
+    element = _index_type(dtype)
+    value = e.load(element, e.element(base, at, element))
+    return value if dtype.itemsize == 8 else llvm.sext(e.i64, value, ip=e.ip)
+
+
+def _descriptor(e: _Entry, pointer: ir.Value, sizes: list[ir.Value]) -> ir.Value:
+    """Store a row-major descriptor for ``pointer`` on the stack; return its address."""
+    type_ = _descriptor_type(len(sizes))
+    d = llvm.mlir_undef(type_, ip=e.ip)
+
+    def put(value: ir.Value, *position: int) -> ir.Value:
+        return llvm.insertvalue(d, value, ir.DenseI64ArrayAttr.get(list(position)), ip=e.ip)
+
+    d = put(pointer, 0)
+    d = put(pointer, 1)
+    d = put(e.constant(0), 2)
+    stride = e.constant(1)
+    strides: list[ir.Value] = []
     for size in reversed(sizes):
         strides.insert(0, stride)
-        stride = t(f"llvm.mul {stride}, {size} : i64")
+        stride = e.mul(stride, size)
     for k, (size, st) in enumerate(zip(sizes, strides)):
-        d = t(f"llvm.insertvalue {size}, {d}[3, {k}] : {dtype}")
-        d = t(f"llvm.insertvalue {st}, {d}[4, {k}] : {dtype}")
-    slot = t(f"llvm.alloca {one} x {dtype} : (i64) -> !llvm.ptr")
-    t.stmt(f"llvm.store {d}, {slot} : {dtype}, !llvm.ptr")
+        d = put(size, 3, k)
+        d = put(st, 4, k)
+    slot = e.alloca(type_)
+    e.store(d, slot)
     return slot
 
 
-def _sizes(t: _Text, op: OperandABI, args: dict[str, str]) -> list[str]:
+def _sizes(e: _Entry, op: OperandABI, args: dict[str, ir.Value]) -> list[ir.Value]:
     """Each dimension of ``op`` as an i64 value: compiled in, or its C parameter (checked by then)."""
-    return [t.i64(s) if s is not None else args[f"{op.name}_d{d}"] for d, s in enumerate(op.shape)]
+    return [e.constant(s) if s is not None else args[f"{op.name}_d{d}"] for d, s in enumerate(op.shape)]
 
 
-def _level_sizes(t: _Text, op: OperandABI, args: dict[str, str]) -> list[str]:
+def _level_sizes(e: _Entry, op: OperandABI, args: dict[str, ir.Value]) -> list[ir.Value]:
     """Each level's size as an i64 value (``Format.level_sizes`` at run time): a dimension, a dimension
     divided by its block (a multiple of it: checked by ``_check_blocks``) or the block itself."""
     fmt = op.format
     assert fmt is not None
-    dims = _sizes(t, op, args)
+    dims = _sizes(e, op, args)
     out = []
-    for e in fmt.dim_to_lvl:
-        if e.op == "floordiv":
-            out.append(t.i64(op.shape[e.dim] // e.factor) if op.shape[e.dim] is not None
-                       else t(f"llvm.sdiv {dims[e.dim]}, {t.i64(e.factor)} : i64"))
+    for x in fmt.dim_to_lvl:
+        if x.op == "floordiv":
+            out.append(e.constant(op.shape[x.dim] // x.factor) if op.shape[x.dim] is not None
+                       else e.sdiv(dims[x.dim], e.constant(x.factor)))
         else:
-            out.append(t.i64(e.factor) if e.op == "mod" else dims[e.dim])
+            out.append(e.constant(x.factor) if x.op == "mod" else dims[x.dim])
     return out
 
 
-def _check_blocks(t: _Text, op: OperandABI, args: dict[str, str]) -> None:
+def _check_blocks(e: _Entry, op: OperandABI, args: dict[str, ir.Value]) -> None:
     """``SIZE_MISMATCH`` unless each run-time dimension that the format tiles is a multiple of its block
     (N:M columns by ``m``, BSR rows and columns by the block's)."""
     assert op.format is not None
     for d, factor in op.format.block_factors.items():
         if op.shape[d] is None and factor > 1:
-            rest = t(f"llvm.srem {args[f'{op.name}_d{d}']}, {t.i64(factor)} : i64")
-            t.fail_if(t.ne(rest, t.i64(0)), SIZE_MISMATCH)
+            rest = e.srem(args[f"{op.name}_d{d}"], e.constant(factor))
+            e.fail_if(e.ne(rest, e.constant(0)), SIZE_MISMATCH)
 
 
-def _check_levels(t: _Text, op: OperandABI, args: dict[str, str], sizes: list[str], one: str) -> None:
+def _check_levels(e: _Entry, op: OperandABI, args: dict[str, ir.Value], sizes: list[ir.Value]) -> None:
     """Walk the levels as the kernel will, checking every buffer length against its parent's entries.
 
     ``args`` maps ``op``'s buffer names (``pos1``, ``pos1_len``...) to values, ``sizes`` are its level sizes.
@@ -160,25 +242,25 @@ def _check_levels(t: _Text, op: OperandABI, args: dict[str, str], sizes: list[st
     fmt = op.format
     assert fmt is not None
     dtypes = dict(op.buffers())
-    n = one
+    n = e.constant(1)
     for i, level in enumerate(fmt.levels):
         if level.kind is LevelKind.DENSE:
-            n = t(f"llvm.mul {n}, {sizes[i]} : i64")
+            n = e.mul(n, sizes[i])
             continue
         if level.kind is LevelKind.STRUCTURED:
-            n = t(f"llvm.mul {n}, {t.i64(level.n)} : i64")
-            t.fail_if(t.ne(args[f"crd{i}_len"], n), BAD_LEVELS)
+            n = e.mul(n, e.constant(level.n))
+            e.fail_if(e.ne(args[f"crd{i}_len"], n), BAD_LEVELS)
             continue
         if level.has_positions:
-            t.fail_if(t.ne(args[f"pos{i}_len"], t(f"llvm.add {n}, {one} : i64")), BAD_LEVELS)
-            _check_monotone(t, args[f"pos{i}"], n, dtypes[f"pos{i}"], one)
-            n = _load_index(t, args[f"pos{i}"], n, dtypes[f"pos{i}"])
-            t.fail_if(t(f'llvm.icmp "slt" {n}, {t.i64(0)} : i64'), BAD_LEVELS)
-        t.fail_if(t.ne(args[f"crd{i}_len"], n), BAD_LEVELS)
-    t.fail_if(t.ne(args["values_len"], n), BAD_LEVELS)
+            e.fail_if(e.ne(args[f"pos{i}_len"], e.add(n, e.constant(1))), BAD_LEVELS)
+            _check_monotone(e, args[f"pos{i}"], n, dtypes[f"pos{i}"])
+            n = _load_index(e, args[f"pos{i}"], n, dtypes[f"pos{i}"])
+            e.fail_if(e.icmp(_SLT, n, e.constant(0)), BAD_LEVELS)
+        e.fail_if(e.ne(args[f"crd{i}_len"], n), BAD_LEVELS)
+    e.fail_if(e.ne(args["values_len"], n), BAD_LEVELS)
 
 
-def _check_monotone(t: _Text, pos: str, n: str, dtype: np.dtype, one: str) -> None:
+def _check_monotone(e: _Entry, pos: ir.Value, n: ir.Value, dtype: np.dtype) -> None:
     """Fail with ``BAD_LEVELS`` unless ``pos[0] == 0`` and ``pos[k] <= pos[k + 1]`` for every ``k < n``.
 
     With the last position equal to the coordinate count (checked next), this
@@ -189,23 +271,17 @@ def _check_monotone(t: _Text, pos: str, n: str, dtype: np.dtype, one: str) -> No
     O(rows) at vector width, a small fraction of any kernel that reads
     those rows anyway.
     """
-    t.fail_if(t.ne(_load_index(t, pos, t.i64(0), dtype), t.i64(0)), BAD_LEVELS)
-    t.blocks += 1
-    loop, body, done = f"^mono{t.blocks}", f"^monobody{t.blocks}", f"^monodone{t.blocks}"
-    k, bad = f"%mk{t.blocks}", f"%mbad{t.blocks}"
-    t.stmt(f"llvm.br {loop}({t.i64(0)}, {t('llvm.mlir.constant(false) : i1')} : i64, i1)")
-    t.lines.append(f"{loop}({k}: i64, {bad}: i1):")
-    more = t(f'llvm.icmp "slt" {k}, {n} : i64')
-    t.stmt(f"llvm.cond_br {more}, {body}, {done}")
-    t.lines.append(f"{body}:")
-    following = t(f"llvm.add {k}, {one} : i64")
-    falls = t(f'llvm.icmp "slt" {_load_index(t, pos, following, dtype)}, {_load_index(t, pos, k, dtype)} : i64')
-    t.back_edge(loop, f"{following}, {t(f'llvm.or {bad}, {falls} : i1')} : i64, i1")
-    t.lines.append(f"{done}:")
-    t.fail_if(bad, BAD_LEVELS)
+    e.fail_if(e.ne(_load_index(e, pos, 0, dtype), e.constant(0)), BAD_LEVELS)
+
+    def step(k: ir.Value, carried: list[ir.Value]) -> list[ir.Value]:
+        falls = e.icmp(_SLT, _load_index(e, pos, e.add(k, e.constant(1)), dtype), _load_index(e, pos, k, dtype))
+        return [e.or_(carried[0], falls)]
+
+    (bad,) = e.loop(n, [e.constant(0, e.i1)], step)
+    e.fail_if(bad, BAD_LEVELS)
 
 
-def _implicit_positions(t: _Text, op: OperandABI, sizes: list[str], zero: str, one: str) -> tuple[str, str]:
+def _implicit_positions(e: _Entry, op: OperandABI, sizes: list[ir.Value]) -> tuple[ir.Value, ir.Value]:
     """malloc and fill the positions 0, n, 2n, ... of an N:M level; return (pointer, length).
 
     ``sizes`` are the operand's level sizes (``_level_sizes``): the groups are all but the last.
@@ -213,120 +289,24 @@ def _implicit_positions(t: _Text, op: OperandABI, sizes: list[str], zero: str, o
     fmt = op.format
     assert fmt is not None
     level = fmt.levels[-1]
-    groups = one
+    groups = e.constant(1)
     for size in sizes[:-1]:
-        groups = t(f"llvm.mul {groups}, {size} : i64")
+        groups = e.mul(groups, size)
     width = fmt.pos_width // 8 if fmt.pos_width else 8
-    elt = _INT[width]
-    length = t(f"llvm.add {groups}, {one} : i64")
-    ptr = t(f"llvm.call @malloc({t(f'llvm.mul {length}, {t.i64(width)} : i64')}) : (i64) -> !llvm.ptr")
-    t.fail_if(t(f'llvm.icmp "eq" {ptr}, {t("llvm.mlir.zero : !llvm.ptr")} : !llvm.ptr'), NULL_POINTER)
-    t.blocks += 1
-    loop, body, done = f"^loop{t.blocks}", f"^body{t.blocks}", f"^done{t.blocks}"
-    t.stmt(f"llvm.br {loop}({zero} : i64)")
-    index = f"%i{t.blocks}"
-    t.lines.append(f"{loop}({index}: i64):")
-    more = t(f'llvm.icmp "slt" {index}, {length} : i64')
-    t.stmt(f"llvm.cond_br {more}, {body}, {done}")
-    t.lines.append(f"{body}:")
-    value = t(f"llvm.mul {index}, {t.i64(level.n)} : i64")
-    if elt != "i64":
-        value = t(f"llvm.trunc {value} : i64 to {elt}")
-    addr = t(f"llvm.getelementptr {ptr}[{index}] : (!llvm.ptr, i64) -> !llvm.ptr, {elt}")
-    t.stmt(f"llvm.store {value}, {addr} : {elt}, !llvm.ptr")
-    t.back_edge(loop, f"{t(f'llvm.add {index}, {one} : i64')} : i64")
-    t.lines.append(f"{done}:")
-    return ptr, length
+    element = ir.IntegerType.get_signless(8 * width)
+    length = e.add(groups, e.constant(1))
+    pointer = e.call("malloc", [e.mul(length, e.constant(width))], e.ptr)
+    e.fail_if(e.icmp(_EQ, pointer, e.null()), NULL_POINTER)
 
+    def fill(k: ir.Value, _: list[ir.Value]) -> list[ir.Value]:
+        value = e.mul(k, e.constant(level.n))
+        if width != 8:
+            value = llvm.trunc(element, value, e._none, ip=e.ip)
+        e.store(value, e.element(pointer, k, element))
+        return []
 
-def wrapper_text(sig: Signature, kernel: str, zero_fill: bool = True) -> str:
-    """LLVM-dialect text of ``NAME`` (and ``NAME_free`` for sparse outputs), calling ``kernel``.
-
-    ``zero_fill=False`` is for kernels that store every element of their
-    dense output: the memset would be a wasted pass over it.
-    """
-    params = sig.params()
-    t = _Text()
-    args = {p.name: f"%a{i}" for i, p in enumerate(params)}
-    # noalias: the output never overlaps an input and inputs are only read, which lets LLVM vectorize
-    # the kernel's loops without run-time overlap checks once it is inlined here
-    header = ", ".join(f"{args[p.name]}: {'i64' if p.ctype == 'int64_t' else '!llvm.ptr {llvm.noalias}'}"
-                       for p in params)
-    zero, one = t.i64(0), t.i64(1)
-    null = t("llvm.mlir.zero : !llvm.ptr")
-    # 1. pointers: dense ones always, sparse buffers unless empty
-    for p in params:
-        if p.kind in ("data", "result"):
-            is_null = t(f'llvm.icmp "eq" {args[p.name]}, {null} : !llvm.ptr')
-            if p.kind == "data" and p.buffer:  # a sparse buffer may be NULL when empty
-                is_null = t(f"llvm.and {is_null}, {t.ne(args[p.name + '_len'], zero)} : i1")
-            t.fail_if(is_null, NULL_POINTER)
-    # 2. sizes given at run time: none negative, the static ones as compiled, the others equal wherever an index
-    # repeats, and a sparse input's a multiple of its format's blocks
-    for p in params:
-        if p.kind == "dim":
-            t.fail_if(t(f'llvm.icmp "slt" {args[p.name]}, {zero} : i64'), SIZE_MISMATCH)
-    for static, carriers in sig.extents().values():
-        dims = [args[f"{name}_d{d}"] for name, d in carriers]
-        reference = t.i64(static) if static is not None else (dims[0] if dims else None)
-        for dim in dims:
-            if dim != reference:
-                t.fail_if(t.ne(dim, reference), SIZE_MISMATCH)
-    sparse_inputs = [op for op in sig.inputs if op.sparse]
-    for op in sparse_inputs:
-        _check_blocks(t, op, args)
-    # 3. level buffers of sparse inputs
-    level_sizes = {op.name: _level_sizes(t, op, args) for op in sparse_inputs}
-    for op in sparse_inputs:
-        _check_levels(t, op, {p.buffer + ("_len" if p.kind == "len" else ""): args[p.name]
-                              for p in op.params(sig.name) if p.kind != "dim"}, level_sizes[op.name], one)
-    # 4. descriptors in the kernel's argument order
-    out = sig.output
-    if out.sparse:
-        _check_result_coordinates(t, sig, args)
-    if out.sparse:
-        n_results = len(out.format.codegen_format.buffer_names)
-        result = t(f"llvm.alloca {one} x !llvm.array<{5 * n_results} x i64> : (i64) -> !llvm.ptr")
-    else:
-        result = t(f"llvm.alloca {one} x {_descriptor_type(len(out.shape))} : (i64) -> !llvm.ptr")
-    slots: list[str] = []
-    temporaries: list[str] = []
-    for op, buf in sig.kernel_arguments():
-        if not op.sparse:
-            dims = [args[f"{op.name}_d{d}"] for d in range(len(op.shape))]
-            if op.output and zero_fill:
-                nbytes = t.i64(op.dtype.itemsize)
-                for dim in dims:
-                    nbytes = t(f"llvm.mul {nbytes}, {dim} : i64")
-                t.stmt(f'"llvm.intr.memset"({args[op.name]}, {t("llvm.mlir.constant(0 : i8) : i8")}, {nbytes}) '
-                       f"<{{isVolatile = false}}> : (!llvm.ptr, i8, i64) -> ()")
-            slots.append(_descriptor(t, args[op.name], dims, one, zero))
-        elif f"{op.name}_{buf}" in args:
-            slots.append(_descriptor(t, args[f"{op.name}_{buf}"], [args[f"{op.name}_{buf}_len"]], one, zero))
-        else:  # N:M positions
-            ptr, length = _implicit_positions(t, op, level_sizes[op.name], zero, one)
-            temporaries.append(ptr)
-            slots.append(_descriptor(t, ptr, [length], one, zero))
-    t.stmt(f"llvm.call @{kernel}({', '.join([result, *slots])}) : ({', '.join(['!llvm.ptr'] * (1 + len(slots)))}) "
-           f"-> ()")
-    # 5. results
-    if out.sparse:
-        inputs = [args[p.name] for p in params if p.kind == "data"] + temporaries
-        _copy_sparse_result(t, sig, result, args[out.name], inputs)
-    for ptr in temporaries:
-        t.stmt(f"llvm.call @free({ptr}) : (!llvm.ptr) -> ()")
-    if out.sparse:
-        _check_result_entries(t, sig, args[out.name])
-    if not out.sparse:
-        returned = t(f"llvm.load {t(f'llvm.getelementptr {result}[1] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr')} "
-                     f": !llvm.ptr -> !llvm.ptr")
-        t.fail_if(t(f'llvm.icmp "ne" {returned}, {args[out.name]} : !llvm.ptr'), INTERNAL_ERROR)
-    t.stmt(f"llvm.return {t('llvm.mlir.constant(0 : i32) : i32')} : i32")
-    body = "\n".join(t.lines + t.failure_blocks())
-    text = f"llvm.func @{sig.name}({header}) -> i32 {{\n{body}\n}}\n"
-    if out.sparse:
-        text += _free_text(sig)
-    return text
+    e.loop(length, [], fill)
+    return pointer, length
 
 
 def _largest(width: int) -> int | None:
@@ -335,7 +315,7 @@ def _largest(width: int) -> int | None:
     return None if dtype.itemsize == 8 else int(np.iinfo(dtype).max)
 
 
-def _check_result_coordinates(t: _Text, sig: Signature, args: dict[str, str]) -> None:
+def _check_result_coordinates(e: _Entry, sig: Signature, args: dict[str, ir.Value]) -> None:
     """``RESULT_OVERFLOW`` before the kernel runs when a sparse result's coordinates could not fit its
     coordinate width: a level that stores coordinates over a dimension longer than the width holds would wrap
     them (a silently wrong result)."""
@@ -344,40 +324,38 @@ def _check_result_coordinates(t: _Text, sig: Signature, args: dict[str, str]) ->
     if largest is None:
         return
     extents = sig.extents()
-    for e, level in zip(out.format.dim_to_lvl, out.format.levels):
+    for x, level in zip(out.format.dim_to_lvl, out.format.levels):
         if level.kind is LevelKind.DENSE:
             continue
-        static, carriers = extents[out.index[e.dim]]
+        static, carriers = extents[out.index[x.dim]]
         if static is not None:
-            size = t.i64(static)
+            size = e.constant(static)
         elif carriers:
             name, d = carriers[0]
             size = args[f"{name}_d{d}"]
         else:
             continue  # sized by nothing at run time: not a shape this signature can take
-        t.fail_if(t(f'llvm.icmp "sgt" {size}, {t.i64(largest + 1)} : i64'), RESULT_OVERFLOW)
+        e.fail_if(e.icmp(_SGT, size, e.constant(largest + 1)), RESULT_OVERFLOW)
 
 
-def _check_result_entries(t: _Text, sig: Signature, target: str) -> None:
+def _check_result_entries(e: _Entry, sig: Signature, target: ir.Value) -> None:
     """``RESULT_OVERFLOW`` after the kernel ran when the result has more entries than its position width
     holds (its positions wrapped): the result's buffers are released first, so nothing leaks."""
     largest = _largest(sig.output.format.pos_width)
     if largest is None:
         return
     k = len(sig.result_buffers())
-    entries = t(f"llvm.load {t(f'llvm.getelementptr {target}[{2 * (k - 1) + 1}] : (!llvm.ptr) -> !llvm.ptr, i64')} "
-                f": !llvm.ptr -> i64")
-    t.blocks += 1
-    overflow, fits = f"^overflow{t.blocks}", f"^fits{t.blocks}"
-    too_many = t(f'llvm.icmp "sgt" {entries}, {t.i64(largest)} : i64')
-    t.stmt(f"llvm.cond_br {too_many}, {overflow}, {fits}")
-    t.lines.append(f"{overflow}:")
-    t.stmt(f"llvm.call @{sig.name}_free({target}) : (!llvm.ptr) -> ()")
-    t.stmt(f"llvm.return {t(f'llvm.mlir.constant({RESULT_OVERFLOW} : i32) : i32')} : i32")
-    t.lines.append(f"{fits}:")
+    entries = e.load(e.i64, e.element(target, 2 * (k - 1) + 1, e.i64))
+    overflow, fits = e.new_block(), e.new_block()
+    llvm.cond_br(e.icmp(_SGT, entries, e.constant(largest)), [], [], overflow, fits, ip=e.ip)
+    e.block = overflow
+    e.call(f"{sig.name}_free", [target])
+    e.ret(RESULT_OVERFLOW)
+    e.block = fits
 
 
-def _copy_sparse_result(t: _Text, sig: Signature, result: str, target: str, inputs: list[str]) -> None:
+def _copy_sparse_result(e: _Entry, sig: Signature, result: ir.Value, target: ir.Value,
+                        inputs: list[ir.Value]) -> None:
     """Result struct: (data, len) per buffer, then the malloc-ed pointers ``NAME_free`` releases.
 
     The sparsifier may hand back an input buffer as a result buffer (a copy
@@ -387,58 +365,150 @@ def _copy_sparse_result(t: _Text, sig: Signature, result: str, target: str, inpu
     buffers = sig.result_buffers()
     k = len(buffers)
     for i, (_, dtype) in enumerate(buffers):
-        word = lambda w: t(f"llvm.getelementptr {result}[{5 * i + w}] : (!llvm.ptr) -> !llvm.ptr, i64")  # noqa: E731
-        allocated = t(f"llvm.load {word(0)} : !llvm.ptr -> !llvm.ptr")
-        aligned = t(f"llvm.load {word(1)} : !llvm.ptr -> !llvm.ptr")
-        offset = t(f"llvm.load {word(2)} : !llvm.ptr -> i64")
-        size = t(f"llvm.load {word(3)} : !llvm.ptr -> i64")
-        data = t(f"llvm.getelementptr {aligned}[{offset}] : (!llvm.ptr, i64) -> !llvm.ptr, {_llvm_type(dtype)}")
-        aliased = t("llvm.mlir.constant(false) : i1")
-        for ptr in inputs:
-            same = t(f'llvm.icmp "eq" {allocated}, {ptr} : !llvm.ptr')
-            aliased = t(f"llvm.or {aliased}, {same} : i1")
-        t.blocks += 1
-        copy, keep = f"^copy{t.blocks}", f"^keep{t.blocks}"
-        t.stmt(f"llvm.cond_br {aliased}, {copy}, {keep}({allocated}, {data} : !llvm.ptr, !llvm.ptr)")
-        t.lines.append(f"{copy}:")
-        nbytes = t(f"llvm.mul {size}, {t.i64(dtype.itemsize)} : i64")
-        fresh = t(f"llvm.call @malloc({t(f'llvm.add {nbytes}, {t.i64(1)} : i64')}) : (i64) -> !llvm.ptr")
-        t.stmt(f'"llvm.intr.memcpy"({fresh}, {data}, {nbytes}) <{{isVolatile = false}}> '
-               f": (!llvm.ptr, !llvm.ptr, i64) -> ()")
-        t.stmt(f"llvm.br {keep}({fresh}, {fresh} : !llvm.ptr, !llvm.ptr)")
-        allocated, data = f"%kept_alloc{t.blocks}", f"%kept_data{t.blocks}"
-        t.lines.append(f"{keep}({allocated}: !llvm.ptr, {data}: !llvm.ptr):")
-        for slot, value, vtype in ((2 * i, data, "!llvm.ptr"), (2 * i + 1, size, "i64"),
-                                   (2 * k + i, allocated, "!llvm.ptr")):
-            addr = t(f"llvm.getelementptr {target}[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
-            t.stmt(f"llvm.store {value}, {addr} : {vtype}, !llvm.ptr")
+        def word(w: int, i: int = i) -> ir.Value:
+            return e.element(result, 5 * i + w, e.i64)
+
+        allocated = e.load(e.ptr, word(0))
+        aligned = e.load(e.ptr, word(1))
+        offset = e.load(e.i64, word(2))
+        size = e.load(e.i64, word(3))
+        data = e.element(aligned, offset, _llvm_type(dtype))
+        aliased = e.constant(0, e.i1)
+        for pointer in inputs:
+            aliased = e.or_(aliased, e.icmp(_EQ, allocated, pointer))
+        copy, keep = e.new_block(), e.new_block(e.ptr, e.ptr)
+        llvm.cond_br(aliased, [], [allocated, data], copy, keep, ip=e.ip)
+        e.block = copy
+        nbytes = e.mul(size, e.constant(dtype.itemsize))
+        fresh = e.call("malloc", [e.add(nbytes, e.constant(1))], e.ptr)
+        llvm.intr_memcpy(fresh, data, nbytes, False, ip=e.ip)
+        e.branch(keep, [fresh, fresh])
+        e.block = keep
+        allocated, data = keep.arguments[0], keep.arguments[1]
+        for slot, value in ((2 * i, data), (2 * i + 1, size), (2 * k + i, allocated)):
+            e.store(value, e.element(target, slot, e.i64))
 
 
-def _free_text(sig: Signature) -> str:
+def _add_free(module: ir.Module, sig: Signature) -> None:
+    """``NAME_free(result*)``: free each malloc-ed block of a sparse result and clear its pointer."""
     k = len(sig.result_buffers())
-    lines = [f"llvm.func @{sig.name}_free(%r: !llvm.ptr) {{", "  %null = llvm.mlir.zero : !llvm.ptr",
-             "  %isnull = llvm.icmp \"eq\" %r, %null : !llvm.ptr", "  llvm.cond_br %isnull, ^done, ^free",
-             "^free:"]
+    with ir.InsertionPoint(module.body):
+        func = llvm.LLVMFuncOp(f"{sig.name}_free", ir.TypeAttr.get(ir.Type.parse("!llvm.func<void (ptr)>")))
+    e = _Entry(func, [llvm.PointerType.get()])
+    result = e.block.arguments[0]
+    free, done = e.new_block(), e.new_block()
+    llvm.cond_br(e.icmp(_EQ, result, e.null()), [], [], done, free, ip=e.ip)
+    e.block = free
     for i in range(k):
-        lines += [f"  %p{i} = llvm.getelementptr %r[{2 * k + i}] : (!llvm.ptr) -> !llvm.ptr, i64",
-                  f"  %b{i} = llvm.load %p{i} : !llvm.ptr -> !llvm.ptr",
-                  f"  llvm.call @free(%b{i}) : (!llvm.ptr) -> ()",
-                  f"  llvm.store %null, %p{i} : !llvm.ptr, !llvm.ptr"]
-    lines += ["  llvm.br ^done", "^done:", "  llvm.return", "}"]
-    return "\n".join(lines) + "\n"
+        slot = e.element(result, 2 * k + i, e.i64)
+        e.call("free", [e.load(e.ptr, slot)])
+        e.store(e.null(), slot)
+    e.branch(done)
+    e.block = done
+    llvm.return_(ip=e.ip)
+
+
+def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool) -> None:
+    """``NAME(...)``, calling ``kernel``.
+
+    ``zero_fill=False`` is for kernels that store every element of their
+    dense output: the memset would be a wasted pass over it.
+    """
+    params = sig.params()
+    ptr, i64 = llvm.PointerType.get(), ir.IntegerType.get_signless(64)
+    types = [i64 if p.ctype == "int64_t" else ptr for p in params]
+    # noalias: the output never overlaps an input and inputs are only read, which lets LLVM vectorize
+    # the kernel's loops without run-time overlap checks once it is inlined here
+    noalias = ir.DictAttr.get({"llvm.noalias": ir.UnitAttr.get()})
+    arg_attrs = ir.ArrayAttr.get([noalias if t == ptr else ir.DictAttr.get({}) for t in types])
+    signature = ir.Type.parse(f"!llvm.func<i32 ({', '.join(str(t) for t in types)})>")
+    with ir.InsertionPoint(module.body):
+        func = llvm.LLVMFuncOp(sig.name, ir.TypeAttr.get(signature), arg_attrs=arg_attrs)
+    e = _Entry(func, types)
+    args = {p.name: e.block.arguments[i] for i, p in enumerate(params)}
+    zero = e.constant(0)
+    null = e.null()
+    # 1. pointers: dense ones always, sparse buffers unless empty
+    for p in params:
+        if p.kind in ("data", "result"):
+            is_null = e.icmp(_EQ, args[p.name], null)
+            if p.kind == "data" and p.buffer:  # a sparse buffer may be NULL when empty
+                is_null = e.and_(is_null, e.ne(args[p.name + "_len"], zero))
+            e.fail_if(is_null, NULL_POINTER)
+    # 2. sizes given at run time: none negative, the static ones as compiled, the others equal wherever an index
+    # repeats, and a sparse input's a multiple of its format's blocks
+    for p in params:
+        if p.kind == "dim":
+            e.fail_if(e.icmp(_SLT, args[p.name], zero), SIZE_MISMATCH)
+    for static, carriers in sig.extents().values():
+        dims = [args[f"{name}_d{d}"] for name, d in carriers]
+        reference = e.constant(static) if static is not None else (dims[0] if dims else None)
+        for dim in dims:
+            if dim != reference:
+                e.fail_if(e.ne(dim, reference), SIZE_MISMATCH)
+    sparse_inputs = [op for op in sig.inputs if op.sparse]
+    for op in sparse_inputs:
+        _check_blocks(e, op, args)
+    # 3. level buffers of sparse inputs
+    level_sizes = {op.name: _level_sizes(e, op, args) for op in sparse_inputs}
+    for op in sparse_inputs:
+        _check_levels(e, op, {p.buffer + ("_len" if p.kind == "len" else ""): args[p.name]
+                              for p in op.params(sig.name) if p.kind != "dim"}, level_sizes[op.name])
+    # 4. descriptors in the kernel's argument order
+    out = sig.output
+    if out.sparse:
+        _check_result_coordinates(e, sig, args)
+        n_results = len(out.format.codegen_format.buffer_names)
+        result = e.alloca(ir.Type.parse(f"!llvm.array<{5 * n_results} x i64>"))
+    else:
+        result = e.alloca(_descriptor_type(len(out.shape)))
+    slots: list[ir.Value] = []
+    temporaries: list[ir.Value] = []
+    for op, buf in sig.kernel_arguments():
+        if not op.sparse:
+            dims = [args[f"{op.name}_d{d}"] for d in range(len(op.shape))]
+            if op.output and zero_fill:
+                nbytes = e.constant(op.dtype.itemsize)
+                for dim in dims:
+                    nbytes = e.mul(nbytes, dim)
+                llvm.intr_memset(args[op.name], e.constant(0, e.i8), nbytes, False, ip=e.ip)
+            slots.append(_descriptor(e, args[op.name], dims))
+        elif f"{op.name}_{buf}" in args:
+            slots.append(_descriptor(e, args[f"{op.name}_{buf}"], [args[f"{op.name}_{buf}_len"]]))
+        else:  # N:M positions
+            pointer, length = _implicit_positions(e, op, level_sizes[op.name])
+            temporaries.append(pointer)
+            slots.append(_descriptor(e, pointer, [length]))
+    e.call(kernel, [result, *slots])
+    # 5. results
+    if out.sparse:
+        inputs = [args[p.name] for p in params if p.kind == "data"] + temporaries
+        _copy_sparse_result(e, sig, result, args[out.name], inputs)
+    for pointer in temporaries:
+        e.call("free", [pointer])
+    if out.sparse:
+        _check_result_entries(e, sig, args[out.name])
+    else:
+        returned = e.load(ptr, e.element(result, 1, ptr))
+        e.fail_if(e.icmp(_NE, returned, args[out.name]), INTERNAL_ERROR)
+    e.ret(0)
 
 
 def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool = True) -> None:
-    """Parse the wrapper into ``module`` (an LLVM-dialect module that defines ``kernel``)."""
-    n_args = 1 + len(sig.kernel_arguments())
-    # declarations make the wrapper verify on its own; the ones the module already has are dropped
-    decls = (f"llvm.func @{kernel}({', '.join(['!llvm.ptr'] * n_args)})\n"
-             "llvm.func @malloc(i64) -> !llvm.ptr\nllvm.func @free(!llvm.ptr)\n")
-    wrapper = ir.Module.parse(decls + wrapper_text(sig, kernel, zero_fill))
+    """Add ``NAME`` (and ``NAME_free`` for a sparse output) to ``module``, an LLVM-dialect module that defines
+    ``kernel``, declaring ``malloc`` and ``free`` unless it has them."""
     defined = {_symbol(op) for op in module.body.operations}
-    for op in list(wrapper.body.operations):
-        if _symbol(op) not in defined:
-            module.body.append(op.operation)
+    with ir.Location.unknown(module.context):
+        with ir.InsertionPoint(module.body):
+            for name, signature in (("malloc", "!llvm.func<ptr (i64)>"), ("free", "!llvm.func<void (ptr)>")):
+                if name not in defined:
+                    llvm.LLVMFuncOp(name, ir.TypeAttr.get(ir.Type.parse(signature)))
+            if kernel not in defined:  # a module with nothing else in it (the IR tests): the kernel declared
+                arguments = ", ".join(["ptr"] * (1 + len(sig.kernel_arguments())))
+                llvm.LLVMFuncOp(kernel, ir.TypeAttr.get(ir.Type.parse(f"!llvm.func<void ({arguments})>")))
+        _add_entry(module, sig, kernel, zero_fill)
+        if sig.output.sparse:
+            _add_free(module, sig)
 
 
 def _symbol(op: ir.OpView) -> str:

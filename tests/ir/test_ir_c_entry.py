@@ -1,7 +1,8 @@
 """IR of the plain C entry point (``lowering/c_entry.py``): argument checks, descriptors, the call, results.
 
-The wrapper is LLVM-dialect text parsed next to declarations of what it calls,
-so each case checks that it verifies on its own and holds what its contract says.
+The wrapper is built with the LLVM dialect's op builders into a module that
+declares only the kernel it calls, so each case checks that it verifies on its
+own and holds what its contract says.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 from ir_helpers import cpu_shapes, op_counts, planned, verified
 from mlir import ir
 from sparse_mlir.abi.c_signature import BAD_LEVELS, NULL_POINTER, SIZE_MISMATCH, Signature
-from sparse_mlir.lowering.c_entry import wrapper_text
+from sparse_mlir.lowering.c_entry import add_c_entry_point
 
 pytestmark = pytest.mark.usefixtures("mlir_context")  # every module here is built in-process
 
@@ -28,10 +29,9 @@ CASES = [  # expression, formats, extents
 def _wrapper(expression: str, formats: dict, extents: dict, zero_fill: bool = True) -> tuple[ir.Module, Signature]:
     spec = planned(expression, formats, "float64")
     sig = Signature.from_spec(spec, spec.formats, cpu_shapes(spec, extents), "entry")
-    n_args = 1 + len(sig.kernel_arguments())
-    decls = (f"llvm.func @{KERNEL}({', '.join(['!llvm.ptr'] * n_args)})\n"
-             "llvm.func @malloc(i64) -> !llvm.ptr\nllvm.func @free(!llvm.ptr)\n")
-    return verified(ir.Module.parse(decls + wrapper_text(sig, KERNEL, zero_fill))), sig
+    module = ir.Module.create(ir.Location.unknown())
+    add_c_entry_point(module, sig, KERNEL, zero_fill)
+    return verified(module), sig
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation | None:
