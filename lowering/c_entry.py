@@ -81,6 +81,9 @@ class _Entry:
     def mul(self, a: ir.Value, b: ir.Value) -> ir.Value:
         return llvm.mul(a, b, self._none, ip=self.ip)
 
+    def trunc(self, type_: ir.Type, value: ir.Value) -> ir.Value:
+        return llvm.trunc(type_, value, self._none, ip=self.ip)
+
     def sdiv(self, a: ir.Value, b: ir.Value) -> ir.Value:
         return llvm.sdiv(a, b, ip=self.ip)
 
@@ -301,7 +304,7 @@ def _implicit_positions(e: _Entry, op: OperandABI, sizes: list[ir.Value]) -> tup
     def fill(k: ir.Value, _: list[ir.Value]) -> list[ir.Value]:
         value = e.mul(k, e.constant(level.n))
         if width != 8:
-            value = llvm.trunc(element, value, e._none, ip=e.ip)
+            value = e.trunc(element, value)
         e.store(value, e.element(pointer, k, element))
         return []
 
