@@ -411,11 +411,16 @@ def _add_free(module: ir.Module, sig: Signature) -> None:
     llvm.return_(ip=e.ip)
 
 
-def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool) -> None:
+def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool, unread: frozenset[int]) -> None:
     """``NAME(...)``, calling ``kernel``.
 
     ``zero_fill=False`` is for kernels that store every element of their
-    dense output: the memset would be a wasted pass over it.
+    dense output: the memset would be a wasted pass over it.  ``unread``
+    are the kernel arguments (by position) the kernel never reads: implicit
+    N:M positions among them are passed empty, not built.  Building them
+    was a ``malloc`` and a fill of a position per group on every call: 16
+    MiB for a 4096^2 weight at 2:4 (256 MiB at 16384^2), though no time
+    that could be measured there (N=32: 2.80-3.14 ms either way; session 27).
     """
     params = sig.params()
     ptr, i64 = llvm.PointerType.get(), ir.IntegerType.get_signless(64)
@@ -467,7 +472,7 @@ def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool) 
         result = e.alloca(_descriptor_type(len(out.shape)))
     slots: list[ir.Value] = []
     temporaries: list[ir.Value] = []
-    for op, buf in sig.kernel_arguments():
+    for position, (op, buf) in enumerate(sig.kernel_arguments()):
         if not op.sparse:
             dims = [args[f"{op.name}_d{d}"] for d in range(len(op.shape))]
             if op.output and zero_fill:
@@ -478,6 +483,8 @@ def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool) 
             slots.append(_descriptor(e, args[op.name], dims))
         elif f"{op.name}_{buf}" in args:
             slots.append(_descriptor(e, args[f"{op.name}_{buf}"], [args[f"{op.name}_{buf}_len"]]))
+        elif position in unread:  # N:M positions the kernel computes instead
+            slots.append(_descriptor(e, null, [zero]))
         else:  # N:M positions
             pointer, length = _implicit_positions(e, op, level_sizes[op.name])
             temporaries.append(pointer)
@@ -497,9 +504,11 @@ def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool) 
     e.ret(0)
 
 
-def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool = True) -> None:
+def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool = True,
+                      unread: frozenset[int] = frozenset()) -> None:
     """Add ``NAME`` (and ``NAME_free`` for a sparse output) to ``module``, an LLVM-dialect module that defines
-    ``kernel``, declaring ``malloc`` and ``free`` unless it has them."""
+    ``kernel``, declaring ``malloc`` and ``free`` unless it has them.  ``unread``: the positions of the kernel
+    arguments it never reads (``lowering.cpu.unread_arguments``)."""
     defined = {_symbol(op) for op in module.body.operations}
     with ir.Location.unknown(module.context):
         with ir.InsertionPoint(module.body):
@@ -509,7 +518,7 @@ def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str, zero_fill:
             if kernel not in defined:  # a module with nothing else in it (the IR tests): the kernel declared
                 arguments = ", ".join(["ptr"] * (1 + len(sig.kernel_arguments())))
                 llvm.LLVMFuncOp(kernel, ir.TypeAttr.get(ir.Type.parse(f"!llvm.func<void ({arguments})>")))
-        _add_entry(module, sig, kernel, zero_fill)
+        _add_entry(module, sig, kernel, zero_fill, unread)
         if sig.output.sparse:
             _add_free(module, sig)
 

@@ -101,15 +101,28 @@ def lower_to_llvm(module: ir.Module, sig: Signature, options: CpuOptions) -> dic
 def loops_to_llvm(module: ir.Module, sig: Signature) -> str:
     """The back half: a bufferized ``func @kernel`` over memrefs -> LLVM dialect with the C entry point."""
     zero_fill = not fills_output(module)
+    unread = unread_arguments(module)
     _run(module, TO_LLVM, "llvm")
     try:
-        add_c_entry_point(module, sig, f"_mlir_ciface_{KERNEL_NAME}", zero_fill)
+        add_c_entry_point(module, sig, f"_mlir_ciface_{KERNEL_NAME}", zero_fill, unread)
     except Exception as exc:  # a malformed wrapper is a bug here, reported with its diagnostics
         raise LoweringError("the C entry point did not parse", stage="llvm", target="cpu",
                             diagnostics=str(exc)) from exc
     rewrites.export_only(module, {sig.name, f"{sig.name}_free"})
     rewrites.allow_contraction(module)
     return str(module)
+
+
+def unread_arguments(module: ir.Module) -> frozenset[int]:
+    """The positions of the kernel function's arguments that nothing in it uses (``func @kernel`` over memrefs,
+    before it is lowered to LLVM): buffers the C entry point need not build, such as the implicit positions of
+    an N:M operand, which the hand-scheduled N:M kernels compute instead of reading (``dialects.native.spmm``).
+    """
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.operation.attributes["sym_name"]).value == KERNEL_NAME:
+            entry = op.operation.regions[0].blocks[0]
+            return frozenset(i for i, argument in enumerate(entry.arguments) if not list(argument.uses))
+    return frozenset()
 
 
 def build_library(module: ir.Module, sig: Signature, out_path: Path, options: CpuOptions) -> dict[str, str]:

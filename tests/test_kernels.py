@@ -255,6 +255,26 @@ def test_hand_scheduled_kernels_overwrite_a_stale_out_buffer(rng, expr, fmt, n):
     assert "llvm.intr.memset" not in kernel.ir["llvm"]
 
 
+def _entry_point(llvm_text: str) -> str:
+    """The C entry point's function in a kernel's LLVM-dialect stage (``kernel.ir["llvm"]``)."""
+    return llvm_text[llvm_text.index("llvm.func @sparse_mlir_kernel"):]
+
+
+def test_nm_positions_are_built_only_for_kernels_that_read_them(rng):
+    """The hand-scheduled N:M SpMM computes where each row's entries start, so its C entry point passes the
+    implicit positions empty (they were a malloc and a fill of a position per group on every call); a
+    sparsified N:M kernel reads them, and gets them built."""
+    a = prune_nm(rng.standard_normal((64, 64)).astype(np.float32), 2, 4)
+    A = sm.SparseTensor.from_dense(a, "2:4")
+    spmm = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "2:4"}, dtype="float32")
+    B = random_values(rng, (64, 8), "float32")
+    np.testing.assert_allclose(spmm(A=A, B=B), a @ B, rtol=1e-5, atol=1e-5)
+    assert "@malloc(" not in _entry_point(spmm.ir["llvm"])
+    sparsified = sm.compile("C[i,j] = A[i,j] * 2", formats={"A": "2:4"}, dtype="float32")
+    np.testing.assert_allclose(sparsified(A=A), 2 * a)
+    assert "sparse_tensor" in sparsified.ir["input"] and "@malloc(" in _entry_point(sparsified.ir["llvm"])
+
+
 @pytest.mark.parametrize("nm", [(2, 4), (1, 4), (3, 8)])
 @pytest.mark.parametrize("n", [3, 37, 128])
 @pytest.mark.parametrize("axis", [0, 1])
