@@ -106,7 +106,7 @@ def loops_to_llvm(module: ir.Module, sig: Signature) -> str:
     try:
         add_c_entry_point(module, sig, f"_mlir_ciface_{KERNEL_NAME}", zero_fill, unread)
     except Exception as exc:  # a malformed wrapper is a bug here, reported with its diagnostics
-        raise LoweringError("the C entry point did not parse", stage="llvm", target="cpu",
+        raise LoweringError("the C entry point could not be built", stage="llvm", target="cpu",
                             diagnostics=str(exc)) from exc
     rewrites.export_only(module, {sig.name, f"{sig.name}_free"})
     rewrites.allow_contraction(module)
