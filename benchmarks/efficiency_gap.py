@@ -660,7 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     text = [(f"STREAM add bandwidth: {bandwidth / 1e9:.1f} GB/s; threads: {knobs.num_threads()}; "
              f"peak RSS {peak / 2**20:.0f} MiB"),
             f"before the workloads: {core_latency.describe(latency_before)}; after: "
-            f"{core_latency.describe(latency_after)}", "", table(results, bandwidth), "", "| target | status | measured |",
+            f"{core_latency.describe(latency_after)}", "", table(results, bandwidth), "",
+            "| target | status | measured |",
             "|---|---|---|"]
     text += [f"| {name} | {'met' if ok else 'MISSED' if ok is not None else 'not run'} | {value} |"
              for name, ok, value in targets]

@@ -133,18 +133,24 @@ class _Entry:
         annotation = ir.Attribute.parse(VECTORIZE) if vectorize else None
         llvm.br(list(arguments), target, loop_annotation=annotation, ip=self.ip)
 
+    def branch_if(self, condition: ir.Value, then: ir.Block, otherwise: ir.Block,
+                  otherwise_arguments: Sequence[ir.Value] = ()) -> None:
+        """Branch to ``then`` when ``condition`` (an ``i1``), else to ``otherwise`` with its arguments."""
+        llvm.cond_br(condition, [], list(otherwise_arguments), then, otherwise, ip=self.ip)
+
     def fail_if(self, bad: ir.Value, code: int) -> None:
         """Return status ``code`` when ``bad`` (an ``i1``); go on in a new block otherwise."""
         ok = self.new_block()
-        llvm.cond_br(bad, [], [], self._failure(code), ok, ip=self.ip)
+        self.branch_if(bad, self._failure(code), ok)
         self.block = ok
 
     def _failure(self, code: int) -> ir.Block:
         block = self.failures.get(code)
         if block is None:
             block = self.failures[code] = self.new_block()
-            with ir.InsertionPoint(block):
-                llvm.return_(arg=llvm.ConstantOp(self.i32, ir.IntegerAttr.get(self.i32, code)).result)
+            current, self.block = self.block, block
+            self.ret(code)
+            self.block = current
         return block
 
     def loop(self, count: ir.Value, carried: Sequence[ir.Value],
@@ -156,7 +162,7 @@ class _Entry:
         self.branch(header, [self.constant(0), *carried])
         self.block = header
         k, values = header.arguments[0], list(header.arguments)[1:]
-        llvm.cond_br(self.icmp(_SLT, k, count), [], [], inside, after, ip=self.ip)
+        self.branch_if(self.icmp(_SLT, k, count), inside, after)
         self.block = inside
         following = self.add(k, self.constant(1))
         self.branch(header, [following, *body(k, values)], vectorize=True)
@@ -350,7 +356,7 @@ def _check_result_entries(e: _Entry, sig: Signature, target: ir.Value) -> None:
     k = len(sig.result_buffers())
     entries = e.load(e.i64, e.element(target, 2 * (k - 1) + 1, e.i64))
     overflow, fits = e.new_block(), e.new_block()
-    llvm.cond_br(e.icmp(_SGT, entries, e.constant(largest)), [], [], overflow, fits, ip=e.ip)
+    e.branch_if(e.icmp(_SGT, entries, e.constant(largest)), overflow, fits)
     e.block = overflow
     e.call(f"{sig.name}_free", [target])
     e.ret(RESULT_OVERFLOW)
@@ -380,7 +386,7 @@ def _copy_sparse_result(e: _Entry, sig: Signature, result: ir.Value, target: ir.
         for pointer in inputs:
             aliased = e.or_(aliased, e.icmp(_EQ, allocated, pointer))
         copy, keep = e.new_block(), e.new_block(e.ptr, e.ptr)
-        llvm.cond_br(aliased, [], [allocated, data], copy, keep, ip=e.ip)
+        e.branch_if(aliased, copy, keep, [allocated, data])
         e.block = copy
         nbytes = e.mul(size, e.constant(dtype.itemsize))
         fresh = e.call("malloc", [e.add(nbytes, e.constant(1))], e.ptr)
@@ -400,7 +406,7 @@ def _add_free(module: ir.Module, sig: Signature) -> None:
     e = _Entry(func, [llvm.PointerType.get()])
     result = e.block.arguments[0]
     free, done = e.new_block(), e.new_block()
-    llvm.cond_br(e.icmp(_EQ, result, e.null()), [], [], done, free, ip=e.ip)
+    e.branch_if(e.icmp(_EQ, result, e.null()), done, free)
     e.block = free
     for i in range(k):
         slot = e.element(result, 2 * k + i, e.i64)

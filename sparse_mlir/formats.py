@@ -277,7 +277,9 @@ class Format:
         crd = self.crd_width if crd_width is None else crd_width
         if pos == self.pos_width and crd == self.crd_width:
             return self
-        asked = (self, self.name, pos, crd)  # a format hashes once (``__hash__``): this look-up is the per-call one
+        # the per-call look-up: a format hashes once (``__hash__``), so this key hashes in 0.12 us where the
+        # structure's (levels and level expressions, hashed each time) took 0.33 (session 27)
+        asked = (self, self.name, pos, crd)
         found = _AT_WIDTHS.get(asked)
         if found is None:
             if len(_AT_WIDTHS) >= _AT_WIDTHS_KEPT:  # a process making formats without end: start the tables again

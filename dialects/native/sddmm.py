@@ -231,8 +231,8 @@ def _body(pos: ir.Value, crd: ir.Value, val: ir.Value, a: ir.Value, b: ir.Value,
 
     def dots(i: ir.Value, js: list[ir.Value], bt: ir.Value) -> ir.Value:
         """Row ``i`` of A times rows ``js`` of ``bt`` (the ``_ReadCopy``; a power of two of them, at most
-        ``lanes``): lane ``e`` of the result is entry ``e``'s dot product.  Each loaded vector of A serves every entry; each entry has
-        one vector accumulator, all summed at once by ``lane_sums``."""
+        ``lanes``): lane ``e`` of the result is entry ``e``'s dot product.  Each loaded vector of A serves every
+        entry; each entry has one vector accumulator, all summed at once by ``lane_sums``."""
 
         def chunk(read: Callable[[ir.Value, ir.Value, ir.Value], ir.Value], vectors: int = 1) -> Callable:
             def step(kk: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
