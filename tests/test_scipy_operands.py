@@ -152,3 +152,40 @@ def test_a_matrix_passed_again_is_checked_again(rng):
     other = sp.csr_array(dense[:, ::-1])
     matrix.indptr, matrix.indices, matrix.data = other.indptr, other.indices, other.data  # new arrays: new wrapper
     np.testing.assert_array_equal(kernel(A=matrix, x=x), dense[:, ::-1] @ x)
+
+
+@pytest.mark.parametrize("kind", ["csr", "csc", "bsr", "coo"])
+def test_big_endian_indices_are_copied_not_read_as_native(kind):
+    """numpy reads a big-endian index right, so scipy and the bounds checks accept it; a kernel reads its bytes:
+    shared, index 256 was 65536 (a wrong sum here, a read far outside a shorter ``x``)."""
+    n = (512 << 8) + 1
+    matrix = sp.csr_matrix((np.array([2.0, 3.0]), np.array([256, 512], np.int32), np.array([0, 2], np.int32)),
+                           shape=(1, n))
+    matrix = matrix.asformat(kind, copy=True) if kind != "bsr" else matrix.tobsr(blocksize=(1, 1))
+    matrix.sum_duplicates()
+    if kind == "coo":
+        matrix.coords = tuple(b.astype(">i4") for b in matrix.coords)
+    else:
+        matrix.indices = matrix.indices.astype(">i4")
+    x = np.zeros(n)
+    x[256], x[512], x[256 << 8], x[512 << 8] = 1.0, 10.0, 1000.0, 10000.0  # the indices and them byte-swapped
+    fmt = {"csr": sm.CSR, "csc": sm.CSC, "bsr": sm.BSR(1, 1), "coo": sm.COO}[kind]
+    assert share_scipy(matrix, fmt) is None
+    if kind in ("csr", "bsr", "coo"):
+        np.testing.assert_array_equal(sm.compile(SPMV, formats={"A": fmt})(A=matrix, x=x), [32.0])
+    tensor = sm.SparseTensor.from_scipy(matrix)
+    assert all(b.dtype.isnative for b in tensor.buffers)
+    np.testing.assert_array_equal(tensor.to_dense(), matrix.toarray())
+
+
+@pytest.mark.parametrize("kind", ["csr", "csc", "bsr"])
+@pytest.mark.parametrize("to", [None, "csr", "csc", "coo"])
+def test_mixed_index_widths_convert(rng, kind, to):
+    """int64 positions with int32 coordinates (scipy computes with them) made scipy's ``tocoo`` raise a bare
+    ``ValueError`` in ``from_scipy``'s copy."""
+    dense = random_sparse(rng, (8, 9), 0.4, "float64")
+    matrix = sp.csr_matrix(dense).asformat(kind) if kind != "bsr" else sp.bsr_matrix(dense, blocksize=(2, 3))
+    matrix.indptr = matrix.indptr.astype(np.int64)
+    assert matrix.indices.dtype == np.int32
+    tensor = sm.SparseTensor.from_scipy(matrix, to)
+    np.testing.assert_array_equal(tensor.to_dense(), dense)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +15,9 @@ import scipy.sparse as sp
 from support.data import DTYPES, prune_nm, random_sparse
 
 import sparse_mlir as sm
-from sparse_mlir.errors import FormatError, OperandError
+from sparse_mlir.errors import DTypeError, FormatError, OperandError
 from sparse_mlir.formats import coo, sparse_vector
-from sparse_mlir.io.matrix_files import load_any, read_smtx, save_any
+from sparse_mlir.io.matrix_files import load_any, read_matrix, read_mtx, read_npz, read_smtx, save_any
 from sparse_mlir.io.smt import MAGIC, load_tensor, save_tensor
 
 DLMC = Path(sm.__file__).parent / "data" / "dlmc_attention_q_0.9.smtx.gz"  # a real pruned pattern, shipped
@@ -307,3 +309,96 @@ def test_dispatch_errors(rng, tmp_path):
         save_any(np.eye(3), tmp_path / "t.npz")
     save_any(t3, tmp_path / "t.smt")
     assert_same(load_any(tmp_path / "t.smt"), t3)
+
+
+# -- writers never lose the file they replace; readers refuse what would change or blow up ----------------------
+
+@pytest.mark.parametrize("suffix", [".mtx", ".mtx.gz", ".npz", ".smtx"])
+@pytest.mark.parametrize("bad", [[[1.0, 2.0]], "3-d"])
+def test_a_failed_write_leaves_the_old_file(tmp_path, suffix, bad):
+    """The writers opened (and truncated) the target before looking at what they were given."""
+    path = tmp_path / f"keep{suffix}"
+    path.write_bytes(b"precious\n" * 10)
+    if bad == "3-d":
+        bad = sm.SparseTensor.from_dense(np.ones((2, 2, 2)), coo(3))
+    with pytest.raises((OperandError, FormatError)):
+        save_any(bad, path, pattern_only=True)
+    assert path.read_bytes() == b"precious\n" * 10
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("suffix", [".mtx", ".mtx.gz", ".npz", ".smtx"])
+def test_float16_tensors_are_written_through_float32(tmp_path, suffix):
+    t = sm.SparseTensor.from_coo([[0, 1], [1, 0]], np.array([1.5, 2.5], np.float16), (2, 2), "csr")
+    path = tmp_path / f"m{suffix}"
+    save_any(t, path, pattern_only=True)
+    loaded = load_any(path).to_dense()
+    if suffix == ".smtx":
+        assert (loaded != 0).tolist() == [[False, True], [True, False]]
+    else:
+        np.testing.assert_array_equal(loaded, t.to_dense().astype(np.float32))
+    with pytest.raises(DTypeError, match="float16"):
+        t.to_scipy()
+
+
+def test_a_tiny_mtx_cannot_ask_for_huge_row_positions(tmp_path):
+    """A 69-byte file announcing 2 * 10^9 rows took 8 GB and 19 s; 10^15 rows asked numpy for 7 PiB."""
+    for rows in (2_000_000_000, 10 ** 15):
+        path = tmp_path / "tall.mtx"
+        path.write_text(f"%%MatrixMarket matrix coordinate real general\n{rows} 1 1\n1 1 1.0\n")
+        with pytest.raises(FormatError, match="row positions"):
+            read_mtx(path)
+    path.write_text("%%MatrixMarket matrix coordinate real general\n1000000 1 1\n1 1 1.0\n")
+    assert read_mtx(path).shape == (1000000, 1)  # a tall, nearly empty matrix of a sane size still reads
+
+
+def _npz(path, members, method=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", method) as z:
+        for name, data in members.items():
+            z.writestr(name + ".npy", data)
+
+
+def _npy(array=None, shape=None):
+    if shape is None:
+        buf = io.BytesIO()
+        np.save(buf, array)
+        return buf.getvalue()
+    header = f"{{'descr': '<f8', 'fortran_order': False, 'shape': {shape!r}, }}"
+    header += " " * (63 - (len(header) + 10) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(16)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"data": _npy(shape=(1 << 44,))}, "announces"),  # numpy allocated 128 TiB before reading the member
+    ({"format": _npy(np.array("dok"))}, "NotImplementedError"),
+    ({"format": _npy(np.array(5))}, "AttributeError"),
+])
+def test_crafted_npz_members_are_format_errors(tmp_path, edit, message):
+    good = sp.random(4, 4, density=0.5, format="csr", random_state=0)
+    members = {"format": _npy(np.array("csr")), "shape": _npy(np.array([4, 4])), "data": _npy(good.data),
+               "indices": _npy(good.indices), "indptr": _npy(good.indptr)}
+    path = tmp_path / "m.npz"
+    _npz(path, {**members, **edit})
+    with pytest.raises(FormatError, match=message):
+        read_npz(path)
+    _npz(path, members, zipfile.ZIP_DEFLATED)
+    raw = bytearray(path.read_bytes())
+    start = raw.find(b"data.npy") + len("data.npy") + 5
+    raw[start:start + 20] = bytes(b ^ 0xFF for b in raw[start:start + 20])  # a corrupt deflate stream
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError):
+        read_npz(path)
+
+
+def test_read_matrix_refuses_casts_that_change_values(tmp_path):
+    path = tmp_path / "m.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate complex general\n2 2 1\n1 1 0.0 5.0\n")
+    with pytest.raises(DTypeError, match="complex"):
+        read_matrix(path)  # numpy dropped the imaginary part, with a warning
+    path.write_text("%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 1 3000000000\n")
+    with pytest.raises(DTypeError, match="3000000000"):
+        read_matrix(path, "int32")  # came back as -1294967296
+    path.write_text("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 2.5\n")
+    with pytest.raises(DTypeError, match="2.5"):
+        read_matrix(path, "int64")
+    assert read_matrix(path, "float32").dtype == np.float32  # rounding a float is what a float32 read means

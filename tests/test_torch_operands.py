@@ -77,3 +77,20 @@ def test_exported_kernels_take_torch_tensors_too(matrix, tmp_path):
     b = torch.randn(20, 4)
     got = loaded(A=torch.from_numpy(matrix.toarray()).to_sparse_csr(), B=b)
     np.testing.assert_allclose(got.numpy(), matrix @ b.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["coo row past the end", "coo row -1", "csr crow past nnz", "csr crow too short"])
+def test_torch_sparse_tensors_with_broken_invariants_are_invalid_indices(case):
+    """Built with ``check_invariants=False``; these reached scipy's constructors, which raised bare ``ValueError``s
+    (a negative COO row went through ``coalesce`` folded into another entry's linear index first)."""
+    kernel = sm.compile("y[i] = A[i,k] * x[k]", formats={"A": "csr"}, dtype="float64")
+    one, two = torch.tensor([1.0], dtype=torch.float64), torch.tensor([1.0, 2.0], dtype=torch.float64)
+    a = {"coo row past the end": lambda: torch.sparse_coo_tensor(torch.tensor([[5], [0]]), one, (3, 3),
+                                                                  check_invariants=False),
+         "coo row -1": lambda: torch.sparse_coo_tensor(torch.tensor([[-1], [0]]), one, (3, 3), check_invariants=False),
+         "csr crow past nnz": lambda: torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 9]), torch.tensor([0, 1]), two,
+                                                              (3, 3), check_invariants=False),
+         "csr crow too short": lambda: torch.sparse_csr_tensor(torch.tensor([0, 2]), torch.tensor([0, 1]), two, (3, 3),
+                                                               check_invariants=False)}[case]()
+    with pytest.raises(InvalidIndicesError, match="operand A"):
+        kernel(A=a, x=torch.ones(3, dtype=torch.float64))

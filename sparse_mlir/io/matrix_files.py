@@ -8,16 +8,20 @@ the file name so tools need not care which, and ``.smt`` (see
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
 import warnings
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from sparse_mlir.dtypes import check_dtype
-from sparse_mlir.errors import FormatError, OperandError
+from sparse_mlir.errors import DTypeError, FormatError, OperandError
+from sparse_mlir.files import open_atomically
 from sparse_mlir.formats import Format, as_format
 from sparse_mlir.io.smt import load_tensor, save_tensor
 from sparse_mlir.tensor.host import SparseTensor
@@ -149,7 +153,30 @@ def _mtx_header(f: IO[bytes], path: Any) -> tuple[bytes, int, int]:
         smallest = 4 if field == "complex" else 2
     if max(rows, cols) > np.iinfo(np.int64).max - 1:
         raise FormatError(f"{path}: a {rows} x {cols} matrix is past 64-bit indices")
+    _check_positions_fit(rows, entries * smallest, path)
     return b"".join(head), entries, smallest
+
+
+# bytes of CSR row positions any file may ask for, however short; past that, at most
+# _POSITION_BYTES_PER_BODY_BYTE per byte its entries take at least (a matrix far taller than its entries is refused)
+_FREE_POSITION_BYTES = 256 << 20
+_POSITION_BYTES_PER_BODY_BYTE = 64
+
+
+def _check_positions_fit(rows: int, body_bytes: int, path: Any) -> None:
+    """The one allocation the length of the body does not bound: the CSR result's position per row (a 75-byte
+    file announcing 10^15 rows asked numpy for 7 PiB, one announcing 2 * 10^9 took 8 GB and 19 s).  Allowed up to
+    ``_FREE_POSITION_BYTES``, or ``_POSITION_BYTES_PER_BODY_BYTE`` times the least the entries take, and never
+    past the memory free now."""
+    need = (rows + 1) * 8
+    try:
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        free = 1 << 40
+    allowed = min(max(_FREE_POSITION_BYTES, _POSITION_BYTES_PER_BODY_BYTE * body_bytes), free)
+    if need > allowed:
+        raise FormatError(f"{path}: {rows} rows need {need >> 20} MiB of CSR row positions, more than the "
+                          f"{allowed >> 20} MiB a file of {body_bytes} bytes of entries may ask for")
 
 
 def read_mtx(path: Any) -> Any:
@@ -158,7 +185,9 @@ def read_mtx(path: Any) -> Any:
     The banner and size line are checked, and the body must be long enough
     for the entries they announce (and no longer than they can take) before
     scipy parses it, so a count cannot make the reader allocate more than
-    the file holds; anything malformed raises ``FormatError``.
+    the file holds, and the row count against that and the memory free
+    (``_check_positions_fit``: the CSR result holds a position per row);
+    anything malformed raises ``FormatError``.
     """
     import io
 
@@ -189,26 +218,51 @@ def read_matrix(path: Any, dtype: str = "float64") -> Any:
     if ".smtx" in name:
         return read_smtx(path, dtype)
     if ".mtx" in name:
-        return read_mtx(path).astype(check_dtype(dtype, "matrix values"))
+        return _cast_values(read_mtx(path), check_dtype(dtype, "matrix values"), path)
     raise FormatError(f"{path}: unknown matrix file type (expected .mtx or .smtx, optionally .gz)")
+
+
+def _cast_values(matrix: Any, dtype: np.dtype, path: Any) -> Any:
+    """``matrix`` with values of ``dtype``, refusing what the cast would change past rounding: complex values
+    (numpy drops the imaginary part with a warning) and values an integer dtype cannot hold (3000000000 as
+    int32 came back as -1294967296)."""
+    data = matrix.data
+    if np.iscomplexobj(data):
+        raise DTypeError(f"{path}: the file holds complex values; kernels take {dtype} (real) ones")
+    if dtype.kind == "i":
+        with np.errstate(invalid="ignore"):
+            cast = data.astype(dtype)
+        inexact = cast != data
+        if inexact.any():
+            raise DTypeError(f"{path}: value {data[np.argmax(inexact)].item()!r} is not an {dtype} integer")
+    return matrix.astype(dtype)
 
 
 # -- writers ----------------------------------------------------------------------------------------
 
-def _open_write(path: Any) -> IO[bytes]:
-    """A binary file for writing; gzip (with a fixed mtime, so output is reproducible) if it ends in .gz."""
-    name = str(path)
-    return gzip.GzipFile(name, "wb", mtime=0) if name.endswith(".gz") else open(name, "wb")
+@contextlib.contextmanager
+def _open_write(path: Any) -> Iterator[IO[bytes]]:
+    """A binary file for writing that replaces ``path`` only once all of it is written (``open_atomically``: a
+    writer that fails halfway leaves an existing file as it was); gzip (with a fixed mtime and the target's
+    name in its header, so output is reproducible) if it ends in .gz."""
+    target = Path(path)
+    with open_atomically(target, mode=0o666) as raw:  # permissions as open(path, "wb") gives them
+        if target.name.endswith(".gz"):
+            with gzip.GzipFile(filename=target.name, mode="wb", fileobj=raw, mtime=0) as f:
+                yield f
+        else:
+            yield raw
 
 
 def _as_scipy(matrix: Any, what: str) -> Any:
-    """A scipy matrix for a writer that only knows 2-d matrices."""
+    """A scipy matrix for a writer that only knows 2-d matrices: float16 values widened to float32, which holds
+    each one exactly (scipy.sparse has no float16)."""
     import scipy.sparse as sp
 
     if isinstance(matrix, SparseTensor):
         if matrix.ndim != 2:
             raise FormatError(f"{what} holds 2-d matrices, got a {matrix.ndim}-d tensor (save it as .smt)")
-        return matrix.to_scipy()
+        return (matrix.astype("float32") if matrix.dtype == np.float16 else matrix).to_scipy()
     if sp.issparse(matrix):
         return matrix
     raise OperandError(f"{what} writer expects a SparseTensor or a scipy.sparse matrix, got {type(matrix).__name__}")
@@ -236,34 +290,80 @@ def write_mtx(matrix: Any, path: Any) -> None:
     """Write a 2-d matrix as Matrix Market (``scipy.io.mmwrite``), gzip if ``.gz``.
 
     Every stored entry is written (no symmetry folding), so the pattern
-    survives a round trip; values read back as float64 or int64.
+    survives a round trip; values read back as float64 or int64 (float16
+    ones are written through float32, exactly).
     """
     import scipy.io
 
+    converted = _as_scipy(matrix, ".mtx")
     with _open_write(path) as f:
-        scipy.io.mmwrite(f, _as_scipy(matrix, ".mtx"), symmetry="general")
+        scipy.io.mmwrite(f, converted, symmetry="general")
 
 
 def read_npz(path: Any) -> Any:
-    """A scipy sparse matrix saved with ``scipy.sparse.save_npz`` (no pickles; a bad file is a ``FormatError``)."""
+    """A scipy sparse matrix saved with ``scipy.sparse.save_npz`` (no pickles; a bad file is a ``FormatError``).
+
+    Every member's array header is checked against the bytes the member can hold first (``_check_npz_members``):
+    numpy allocates what a header announces before reading a zip member.
+    """
     import zipfile
 
     import scipy.sparse as sp
 
     try:
+        _check_npz_members(path)
         return sp.load_npz(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, FormatError):
         raise
-    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError, OSError, EOFError,
+            UnicodeDecodeError, zlib.error, zipfile.BadZipFile) as exc:  # np.load, load_npz, zipfile (encrypted)
         raise FormatError(f"{path}: not a scipy sparse .npz file ({type(exc).__name__}: {exc})") from exc
 
 
+# numpy writes members stored or deflated; deflate expands a byte into at most 1032 (its longest match per code)
+_NPZ_EXPANSION = {0: 1, 8: 1032}  # zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED
+
+
+def _check_npz_members(path: Any) -> None:
+    """Refuse a member whose ``.npy`` header announces more bytes than the member can decompress to (a 300-byte
+    file announcing 2**44 float64 made numpy ask for 128 TiB), or that is compressed otherwise than numpy
+    writes it."""
+    import zipfile
+
+    size = os.path.getsize(path)
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            expansion = _NPZ_EXPANSION.get(info.compress_type)
+            if expansion is None:
+                raise FormatError(f"{path}: member {info.filename!r} is compressed with method "
+                                  f"{info.compress_type}; numpy writes members stored or deflated")
+            most = min(info.file_size, min(info.compress_size, size) * expansion)
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in ((1, 0), (2, 0), (3, 0)):
+                    raise FormatError(f"{path}: member {info.filename!r} has .npy version {version}")
+                reader = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+                          np.lib.format.read_array_header_2_0)
+                shape, _, dtype = reader(member)
+            announced = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if announced > most:
+                raise FormatError(f"{path}: member {info.filename!r} announces a {shape} array of {dtype} "
+                                  f"({announced} bytes), more than its {most} bytes can hold")
+
+
 def write_npz(matrix: Any, path: Any, compressed: bool = True) -> None:
-    """Write a 2-d matrix with ``scipy.sparse.save_npz`` (to ``path`` exactly: no ``.npz`` is appended)."""
+    """Write a 2-d matrix with ``scipy.sparse.save_npz`` (to ``path`` exactly: no ``.npz`` is appended).
+
+    float16 values are stored as float32 (scipy has no float16) and read back as such.  Like every writer
+    here, it replaces an existing file only once the new one is whole.
+    """
     import scipy.sparse as sp
 
-    with open(path, "wb") as f:
-        sp.save_npz(f, _as_scipy(matrix, ".npz"), compressed=compressed)
+    converted = _as_scipy(matrix, ".npz")
+    with _open_write(path) as f:
+        sp.save_npz(f, converted, compressed=compressed)
 
 
 # -- dispatch by file name --------------------------------------------------------------------------

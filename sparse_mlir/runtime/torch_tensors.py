@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sparse_mlir.errors import DTypeError, FormatError, OperandError
+from sparse_mlir.errors import DTypeError, FormatError, InvalidIndicesError, OperandError
 from sparse_mlir.tensor.device import cupy
 
 __all__ = ["call_with_torch", "from_torch", "to_torch"]
@@ -74,10 +74,11 @@ def from_torch(name: str, tensor: Any, torch: Any, *, writable: bool = False) ->
     if tensor.layout == torch.sparse_csr:
         buffers = (tensor.values(), tensor.col_indices(), tensor.crow_indices())
     elif tensor.layout == torch.sparse_coo:
-        tensor = tensor.coalesce()  # sorted, duplicates summed: what a COO operand must be
         if tensor.ndim != 2:
             raise FormatError(f"operand {name} is a {tensor.ndim}-d sparse COO tensor; sparse operands from torch "
                               f"are matrices")
+        _check_coo_bounds(name, tensor)
+        tensor = tensor.coalesce()  # sorted, duplicates summed: what a COO operand must be
         buffers = (tensor.values(), tensor.indices()[0], tensor.indices()[1])
     else:
         raise FormatError(f"operand {name} has layout {tensor.layout}; torch sparse operands are sparse_csr or "
@@ -87,11 +88,29 @@ def from_torch(name: str, tensor: Any, torch: Any, *, writable: bool = False) ->
         import cupyx.scipy.sparse as module
     else:
         import scipy.sparse as module
-    if tensor.layout == torch.sparse_csr:
-        return module.csr_matrix((arrays[0], arrays[1], arrays[2]), shape=tuple(tensor.shape))
-    if cuda:
-        return module.coo_matrix((arrays[0], (arrays[1], arrays[2])), shape=tuple(tensor.shape))
-    return _coalesced_coo(arrays, tuple(tensor.shape))
+    try:  # scipy's constructors check the structure first (a tensor built with check_invariants=False)
+        if tensor.layout == torch.sparse_csr:
+            return module.csr_matrix((arrays[0], arrays[1], arrays[2]), shape=tuple(tensor.shape))
+        if cuda:
+            return module.coo_matrix((arrays[0], (arrays[1], arrays[2])), shape=tuple(tensor.shape))
+        return _coalesced_coo(arrays, tuple(tensor.shape))
+    except (ValueError, IndexError, TypeError) as exc:
+        layout = str(tensor.layout).removeprefix("torch.")
+        raise InvalidIndicesError(f"operand {name} is a torch {layout} tensor with invalid indices: {exc}") from None
+
+
+def _check_coo_bounds(name: str, tensor: Any) -> None:
+    """Refuse coordinates outside the shape before ``coalesce``, which folds them into linear indices (row 5 of
+    3 rows, or -1, came out as some other in-range entry or as scipy's bare ``ValueError``)."""
+    indices = tensor._indices()  # uncoalesced: ``indices()`` refuses them
+    if indices.numel() == 0:
+        return
+    low = indices.amin(dim=1).tolist()
+    high = indices.amax(dim=1).tolist()
+    for dim, (lo, hi, size) in enumerate(zip(low, high, tensor.shape)):
+        if lo < 0 or hi >= size:
+            raise InvalidIndicesError(f"operand {name}: torch COO tensor has a coordinate in [{lo}, {hi}] along "
+                                      f"dimension {dim}, outside [0, {size})")
 
 
 def _coalesced_coo(arrays: list[Any], shape: tuple[int, ...]) -> Any:

@@ -224,7 +224,7 @@ class SparseTensor(LevelBuffers):
         if shared is not None and shared.format == fmt:
             return shared
         _check_scipy_structure(matrix)
-        coo = matrix.tocoo()
+        coo = _native_indices(matrix).tocoo()
         return cls.from_coo(np.vstack([coo.row, coo.col]), coo.data, matrix.shape, fmt)
 
     # -- views ------------------------------------------------------------------
@@ -255,6 +255,9 @@ class SparseTensor(LevelBuffers):
             raise FormatError(f"to_scipy(kind=...) is 'array' or 'matrix', got {kind!r}")
         if self.ndim != 2:
             raise FormatError(f"to_scipy needs a 2-d tensor, got {self.ndim}-d")
+        if self.dtype == np.float16:  # scipy.sparse refuses it with a bare ValueError
+            raise DTypeError("scipy.sparse has no float16 matrices; convert the values first "
+                             "(t.astype('float32').to_scipy(): float32 holds every float16 exactly)")
         csr, csc, bsr, coo_type = ((sp.csr_array, sp.csc_array, sp.bsr_array, sp.coo_array) if kind == "array" else
                                    (sp.csr_matrix, sp.csc_matrix, sp.bsr_matrix, sp.coo_matrix))
         fmt, b = self.format, self.buffers
@@ -475,7 +478,7 @@ def share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
         return None
     index = layout[1]
     for b in index:
-        if type(b) is not np.ndarray or b.dtype.kind != "i" or b.itemsize not in (4, 8):
+        if type(b) is not np.ndarray or b.dtype not in _SHARED_INDEX_DTYPES:
             return None
     _check_scipy_structure(matrix, layout)
     if not matrix.has_canonical_format:  # scipy's flag: computed once, after the bounds checks made that safe
@@ -503,6 +506,27 @@ def share_scipy(matrix: Any, fmt: Format) -> SparseTensor | None:
 # in place are seen (and the indices checked again) on the next call; an entry leaves with its matrix.  (scipy
 # matrices are unhashable, so this cannot be a WeakKeyDictionary.)
 _wrapped: dict[int, tuple[Any, ...]] = {}
+
+
+# index dtypes a kernel reads as they are: native byte order only (a big-endian int32 passes ``kind == "i"``
+# and numpy's bounds checks, which read it right, and a kernel would then read its bytes swapped)
+_SHARED_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _native_indices(matrix: Any) -> Any:
+    """``matrix``, or a shallow copy of it whose index arrays are native int64 when they are not all native
+    int32/int64 of one width: scipy's own conversions refuse mixed widths (``tocoo`` raises a ``ValueError``
+    on int64 ``indptr`` with int32 ``indices``) and keep a foreign byte order."""
+    layout = _scipy_layout(matrix)
+    if layout is None:
+        return matrix
+    index = layout[1]
+    if all(b.dtype in _SHARED_INDEX_DTYPES for b in index) and index[0].dtype == index[1].dtype:
+        return matrix
+    first, second = (b.astype(np.int64) for b in index)
+    if matrix.format == "coo":
+        return type(matrix)((matrix.data, (first, second)), shape=matrix.shape)
+    return type(matrix)((matrix.data, second, first), shape=matrix.shape)
 
 
 def _wrap_scipy(matrix: Any, fmt: Format, index: tuple[np.ndarray, ...]) -> SparseTensor | None:
