@@ -29,6 +29,7 @@ from sparse_mlir.abi.c_signature import (
     Signature,
 )
 from sparse_mlir.dtypes import index_dtype
+from sparse_mlir.errors import FormatError
 
 __all__ = ["add_c_entry_point", "INTERNAL_ERROR"]
 
@@ -516,6 +517,10 @@ def add_c_entry_point(module: ir.Module, sig: Signature, kernel: str, zero_fill:
     ``kernel``, declaring ``malloc`` and ``free`` unless it has them.  ``unread``: the positions of the kernel
     arguments it never reads (``lowering.cpu.unread_arguments``)."""
     defined = {_symbol(op) for op in module.body.operations}
+    clash = sorted({sig.name, f"{sig.name}_free"} & (defined | {"malloc", "free", kernel}))
+    if clash:  # mlir-translate would fail on the redefinition with a page of IR, never naming it
+        raise FormatError(f"export name {sig.name!r}: {clash[0]!r} is a function of the kernel's own code; "
+                          f"choose another name")
     with ir.Location.unknown(module.context):
         with ir.InsertionPoint(module.body):
             for name, signature in (("malloc", "!llvm.func<ptr (i64)>"), ("free", "!llvm.func<void (ptr)>")):

@@ -22,7 +22,7 @@ def check_dtype(dtype: Any, what: str) -> np.dtype:
     """Return ``dtype`` as a numpy dtype, or raise ``DTypeError`` if kernels cannot use it."""
     try:
         dt = np.dtype(dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # ("f8", -1) and repeated field names raise ValueError
         raise DTypeError(f"{what}: {dtype!r} is not a dtype") from exc
     if dt not in SUPPORTED_DTYPES:
         raise DTypeError(f"{what} has dtype {dt}; supported: {', '.join(map(str, SUPPORTED_DTYPES))}")

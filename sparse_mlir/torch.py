@@ -26,6 +26,8 @@ the layer's recipe, with a warning saying what was kept.
 
 from __future__ import annotations
 
+import math
+
 import logging
 import re
 import warnings
@@ -192,7 +194,7 @@ class SparseLinear(nn.Module):
 
     @activation.setter
     def activation(self, name: str | None) -> None:
-        if name is not None and name not in ACTIVATIONS:
+        if name is not None and (not isinstance(name, str) or name not in ACTIVATIONS):
             raise OperandError(f"activation must be None or one of {', '.join(sorted(ACTIVATIONS))}, got {name!r}")
         self._activation = name
 
@@ -292,7 +294,13 @@ class SparseLinear(nn.Module):
 
     def _repruned(self, prefix: str, dense: Any) -> tuple[np.ndarray, ...]:
         """A dense checkpoint weight pruned by this layer's recipe, with a warning saying what was kept."""
-        if not isinstance(dense, torch.Tensor) or tuple(dense.shape) != (self.out_features, self.in_features):
+        if not isinstance(dense, torch.Tensor):
+            raise OperandError(f"{prefix}weight: the checkpoint's dense weight must be a tensor, got "
+                               f"{type(dense).__name__}")
+        if dense.device.type == "meta" or dense.is_complex() or dense.layout != torch.strided:
+            raise OperandError(f"{prefix}weight: a dense weight to prune must hold real values in a strided tensor, "
+                               f"got a {dense.dtype} {dense.layout} tensor on {dense.device}")
+        if tuple(dense.shape) != (self.out_features, self.in_features):
             raise ShapeError(f"{prefix}weight: the checkpoint's dense weight has shape "
                              f"{tuple(getattr(dense, 'shape', ()))}, this SparseLinear is "
                              f"({self.out_features}, {self.in_features})")
@@ -341,8 +349,9 @@ class SparseLinear(nn.Module):
         """``x`` as rows of ``in_features``, the weight's values and the bias, once all three are checked for this
         layer's kernels (CPU, dtype, sizes)."""
         values, bias = self._checked_weight()
-        if not isinstance(x, torch.Tensor):
-            raise OperandError(f"SparseLinear takes a torch.Tensor, got {type(x).__name__}")
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+            raise OperandError(f"SparseLinear takes a dense torch.Tensor, got "
+                               f"{x.layout if isinstance(x, torch.Tensor) else type(x).__name__}")
         if not x.is_cpu:
             raise DeviceError(f"SparseLinear runs on the CPU in this build; the input or weight is on {x.device}")
         if x.dtype != values.dtype:
@@ -350,7 +359,7 @@ class SparseLinear(nn.Module):
                                f"cast the input, or the layer with .float() / .double()")
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise OperandError(f"expected inputs with {self.in_features} features, got shape {tuple(x.shape)}")
-        return x.reshape(-1, self.in_features), values, bias
+        return x.reshape(math.prod(x.shape[:-1]), self.in_features), values, bias  # -1 is ambiguous for 0 features
 
     def _checked_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight's values and the bias, checked for this layer's kernels (CPU, dtype, sizes).  Parameters and

@@ -335,3 +335,11 @@ def _tall_block_spmm():
     b = np.arange(21.0).reshape(3, 7)
     k = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "bsr16x1"})
     return k(A=sm.SparseTensor.from_dense(a, "bsr16x1"), B=b), a @ b
+
+
+@pytest.mark.parametrize("dtype", [("f8", -1), [("a", "f8"), ("a", "f8")], {"names": ["a"], "formats": ["f8"],
+                                                                           "offsets": [-1]}])
+def test_dtypes_numpy_cannot_make_are_dtype_errors(dtype):
+    """numpy raises ValueError for these (the check only caught its TypeError)."""
+    with pytest.raises(DTypeError, match="is not a dtype"):
+        sm.compile(SPMV, formats={"A": "csr"}, dtype=dtype)

@@ -168,3 +168,18 @@ def test_compile_builds_a_shape_generic_kernel_without_shapes():
     assert "compiled for every size (shape-generic)" in out and "stages: input, sparsified, mapped, llvm" in out
     out = cli("compile", SPARSIFIED_SPMV_T, "--format", "A=csr").stdout  # the sparsifier's
     assert "planned" in out and "once per sparse shape" in out
+
+
+def test_export_without_a_name_works_and_bad_npy_weights_are_one_line_errors(tmp_path):
+    """The default ``--name kernel`` was the kernel's own internal function: every export without ``--name``
+    failed in mlir-translate.  An object or truncated ``.npy`` to prune was a Python traceback."""
+    out = cli("export", "y[i] = A[i,j] * x[j]", "--format", "A=csr", "-o", str(tmp_path)).stdout
+    assert (tmp_path / "sparse_kernel.h").exists() and "sparse_kernel" in out
+    import numpy as np
+
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (tmp_path / "short.npy").write_bytes(b"\x93NUMPY\x01\x00\xff\xff{")
+    for name in ("objects.npy", "short.npy"):
+        result = cli("prune", str(tmp_path / name), str(tmp_path / "o.npz"), "--sparsity", "0.5", check=False)
+        assert result.returncode != 0 and "Traceback" not in result.stderr
+        assert result.stderr.startswith("sparse-mlir: error:") and "not a .npy file" in result.stderr

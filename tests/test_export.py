@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from support.data import random_sparse
 
 import sparse_mlir as sm
-from sparse_mlir.errors import FormatError, ShapeError
+from sparse_mlir.errors import FormatError, OptionError, ShapeError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,3 +135,38 @@ def test_threaded_export_names_its_runtime(tmp_path, rng):
     b = rng.standard_normal((32, 300)).astype(np.float32)
     got = sm.load_kernel(paths["manifest"])(A=sm.SparseTensor.from_dense(a, "csr"), B=b)
     np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, why", [("exp", "C runtime"), ("memset", "C runtime"), ("malloc", "C runtime"),
+                                       ("kernel", "kernel's own code"), ("int", "reserved"), ("_mlir_x", "reserved"),
+                                       ("omp_get_num_threads", "reserved")])
+def test_export_names_the_code_or_the_c_runtime_take_are_refused(tmp_path, name, why):
+    """``exp`` exported fine and then called itself where the kernel computes exp (wrong results from C);
+    ``kernel`` and ``malloc`` failed in mlir-translate with a page of IR; ``int`` made a header that does not
+    compile."""
+    k = sm.compile("y[i] = exp(x[i])", dtype="float64")
+    with pytest.raises(FormatError, match=why):
+        sm.export(k, tmp_path / "out", name, shapes={"x": (4,)})
+    written = list((tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
+    assert written == []
+
+
+def test_export_returns_every_file_it_writes_and_refuses_a_folder_that_is_a_file(tmp_path):
+    k = sm.compile("y[i] = A[i,j] * x[j]", formats={"A": "csr"})
+    paths = sm.export(k, tmp_path / "out", "spmv")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in paths.values())
+    assert paths["source"].read_text().startswith("module")  # NAME.mlir was written and not reported
+    (tmp_path / "a_file").write_text("x")
+    for folder in (tmp_path / "a_file", tmp_path / "a_file" / "below"):
+        with pytest.raises(OptionError, match="cannot be made"):
+            sm.export(k, folder, "spmv")
+
+
+@pytest.mark.parametrize("shape", [(-1, 4), (4.7, 4), (True, 4), "44", 4, None, (2 ** 64, 4)])
+def test_export_and_specialize_refuse_shapes_that_are_not_sizes(tmp_path, shape):
+    """-1, 4.7 (built as 4) and True were exported (a header saying ``-1x4``); 4 and None were bare TypeErrors."""
+    k = sm.compile("y[i] = A[i,j] * x[j] + A[i,j]", formats={"A": "csr"})  # sparsified: built per shape
+    with pytest.raises(ShapeError):
+        sm.export(k, tmp_path / "out", "spmv", shapes={"A": shape})
+    with pytest.raises(ShapeError):
+        k.specialize({"A": shape})

@@ -9,6 +9,7 @@ import scipy.sparse as sp
 import sparse_mlir as sm
 from sparse_mlir import prune
 from sparse_mlir.tools.cli import main
+from sparse_mlir.errors import PatternError, ShapeError, SparseMLIRError
 
 
 @pytest.fixture
@@ -85,3 +86,49 @@ def test_cli_prune_refuses_conflicting_or_malformed_options(tmp_path, capsys, op
     code, _, err = cli(capsys, "prune", str(tmp_path / "w.npy"), str(tmp_path / "p.smt"), *options)
     assert code == 2 and ("conflicts" in err or "--scope" in err or "RxC" in err)
     assert not (tmp_path / "p.smt").exists()
+
+
+# -- options that were truncated or let through (an attacker's audit, session 28) ----------------------------------
+
+def _calibrated(rng, features=16):
+    return prune.Calibration.from_activations(rng.standard_normal((64, features)))
+
+
+@pytest.mark.parametrize("call", [
+    lambda w, c: prune.admm(w, c, sparsity=0.5, gradual=0.5),  # int(0.5) == 0: no mask step, nothing pruned
+    lambda w, c: prune.admm(w, c, sparsity=0.5, rho=float("nan")),
+    lambda w, c: prune.admm(w, c, sparsity=0.5, rho=float("inf")),
+    lambda w, c: prune.sparsegpt(w, c, sparsity=0.5, block_columns=float("inf")),
+    lambda w, c: prune.block(w, 0.5, (2.9, 4)),  # pruned as 2x4
+    lambda w, c: prune.block(w, 0.5, (4,)),
+    lambda w, c: prune.n_m(w, 2.9, 4),  # pruned as 2:4
+    lambda w, c: prune.n_m(w, float("inf"), 4),
+    lambda w, c: prune.satisfies_n_m(w, 2, 0),  # ZeroDivisionError
+    lambda w, c: prune.wanda(w, None, sparsity=0.5),  # AttributeError
+    lambda w, c: prune.Calibration(float("nan")),
+    lambda w, c: prune.magnitude([[1.0, 2.0], [3.0]], 0.5),  # a ragged list: numpy's ValueError
+])
+def test_pruning_options_that_are_not_what_they_say_are_refused(rng, call):
+    w = rng.standard_normal((8, 16))
+    with pytest.raises(SparseMLIRError):
+        call(w, _calibrated(rng))
+
+
+@pytest.mark.parametrize("pruner", [
+    lambda w, c: prune.magnitude(w, 0.5),
+    lambda w, c: prune.sparsegpt(w, c, sparsity=0.5),  # one NaN weight came back as a row of 8 stored NaNs
+    lambda w, c: prune.wanda(w, c, pattern="2:4"),
+])
+def test_weights_that_are_not_finite_are_refused(rng, pruner):
+    w = rng.standard_normal((8, 16))
+    w[3, 5] = np.nan
+    with pytest.raises(PatternError, match=r"nan at \(3, 5\)"):
+        pruner(w, _calibrated(rng))
+
+
+def test_activations_whose_gram_overflows_are_refused_and_leave_the_calibration_as_it_was(rng):
+    calibration = _calibrated(rng, 2)
+    gram = calibration.gram.copy()
+    with pytest.raises(ShapeError, match="overflow"):
+        calibration.update(np.array([[1e200, 1e200]]))  # sparsegpt then raised scipy's bare ValueError
+    np.testing.assert_array_equal(calibration.gram, gram)

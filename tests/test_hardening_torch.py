@@ -107,3 +107,22 @@ def test_the_buffers_are_the_weight():
     with torch.no_grad():
         net[2].weight_values.mul_(2)
     assert torch.allclose(outputs(net), 2 * before)
+
+
+def test_sparse_linear_edges_are_refused_by_name_or_work():
+    """An audit's finds: ``activation=["gelu"]`` was a bare TypeError, a sparse input a RuntimeError from deep in
+    the forward, a Linear with no input features could not reshape its input, and a dense checkpoint weight on
+    the meta device or with complex values (its imaginary part silently dropped) was pruned."""
+    from sparse_mlir.errors import OperandError
+    from sparse_mlir.torch import SparseLinear
+
+    layer = SparseLinear.from_linear(torch.nn.Linear(8, 4), sparsity=0.5)
+    with pytest.raises(OperandError, match="activation"):
+        SparseLinear.from_linear(torch.nn.Linear(8, 4), sparsity=0.5).activation = ["gelu"]
+    with pytest.raises(OperandError, match="dense"):
+        layer(torch.randn(3, 8).to_sparse())
+    for weight in (torch.empty(4, 8, device="meta"), torch.randn(4, 8, dtype=torch.complex64)):
+        with pytest.raises(OperandError, match="real values"):
+            layer.load_state_dict({"weight": weight, "bias": torch.zeros(4)})
+    empty = SparseLinear.from_linear(torch.nn.Linear(0, 4), sparsity=0.5)
+    torch.testing.assert_close(empty(torch.randn(3, 0)), empty.bias.detach().expand(3, 4))

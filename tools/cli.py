@@ -20,7 +20,7 @@ from sparse_mlir.compiler.driver import TARGETS
 from sparse_mlir.errors import SparseMLIRError
 from sparse_mlir.export.artifacts import export
 from sparse_mlir.files import checkout_root
-from sparse_mlir.io.matrix_files import file_kind, load_any, save_any
+from sparse_mlir.io.matrix_files import file_kind, load_any, read_npy, save_any
 from sparse_mlir.io.smt import save_tensor
 from sparse_mlir.knobs import knobs
 from sparse_mlir.runtime import fast_call
@@ -187,7 +187,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     _check_prune_options(args)
-    weights = np.load(args.input) if args.input.endswith(".npy") else load_any(args.input)
+    weights = read_npy(args.input) if args.input.endswith(".npy") else load_any(args.input)
     if args.pattern:
         n, _, m = args.pattern.partition(":")
         tensor, mask = prune.n_m(weights, int(n), int(m), format=args.format)
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=_Help)
     _kernel_args(p)
     p.add_argument("-o", "--output", default=".", help="output folder")
-    p.add_argument("--name", default="kernel", help="C function name")
+    p.add_argument("--name", default="sparse_kernel", help="C function name (and the files' stem)")
     p.add_argument("--cpu", default="x86-64-v2", help="instruction set: x86-64-v2 (portable), x86-64-v3, native, ...")
     p.add_argument("--threads", action="store_true", help="OpenMP-threaded kernel (needs libiomp5 or libomp)")
     p.set_defaults(func=cmd_export)

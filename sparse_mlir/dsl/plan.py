@@ -33,7 +33,7 @@ from sparse_mlir.dtypes import check_dtype
 from sparse_mlir.errors import DSLError, DTypeError, FormatError
 from sparse_mlir.formats import Dense, Format, as_format
 
-__all__ = ["Stage", "KernelSpec", "plan"]
+__all__ = ["RESERVED_IN_C", "Stage", "KernelSpec", "plan"]
 
 # f(0) == 0 for these, so a sparse argument keeps the result sparse
 _ZERO_PRESERVING = {"relu", "abs", "sqrt", "gelu"}
@@ -376,7 +376,7 @@ def _ranks(tree: Assignment, expression: str) -> dict[str, int]:
 # make from them; a collision there compiled a wrong kernel (``_t0`` read the planner's temporary instead of the
 # input) or failed deep in lowering (``A`` and ``A_d0``: "the C entry point did not parse").
 _CALL_KEYWORDS = frozenset({"out", "self"})  # Kernel.__call__(self, out=None, **operands)
-_C_RESERVED = frozenset("""
+RESERVED_IN_C = frozenset("""
     auto break case char const continue default do double else enum extern float for goto if inline int long
     register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while
     alignas alignof bool false true nullptr static_assert thread_local typeof typeof_unqual constexpr
@@ -406,7 +406,7 @@ def _check_names(tree: Assignment, expression: str) -> None:
         if name in _CALL_KEYWORDS and acc is not tree.output:
             raise DSLError(f"input name {name!r} is taken by the kernel call (kernel({name}=...) would not pass "
                            f"an operand); rename the tensor", expression, acc.column)
-        if name in _C_RESERVED:
+        if name in RESERVED_IN_C:
             raise DSLError(f"tensor name {name!r} is reserved in C or C++, where it names a parameter of the "
                            f"kernel's entry point and exported headers; rename the tensor", expression, acc.column)
     for name, acc in first.items():

@@ -26,7 +26,7 @@ from sparse_mlir.formats import Format, as_format
 from sparse_mlir.io.smt import load_tensor, save_tensor
 from sparse_mlir.tensor.host import SparseTensor
 
-__all__ = ["read_matrix", "read_smtx", "read_mtx", "read_npz", "write_smtx", "write_mtx", "write_npz",
+__all__ = ["read_matrix", "read_smtx", "read_mtx", "read_npy", "read_npz", "write_smtx", "write_mtx", "write_npz",
            "load_any", "save_any", "file_kind"]
 
 
@@ -320,6 +320,32 @@ def read_npz(path: Any) -> Any:
         raise FormatError(f"{path}: not a scipy sparse .npz file ({type(exc).__name__}: {exc})") from exc
 
 
+def read_npy(path: Any) -> np.ndarray:
+    """A dense array saved with ``numpy.save`` (no pickles); its header is checked against the file's length first
+    (numpy allocates what the header announces), and a bad file is a ``FormatError``."""
+    try:
+        with open(path, "rb") as f:
+            _npy_header(f, os.fstat(f.fileno()).st_size, path, "the file")
+        return np.load(path, allow_pickle=False)
+    except (FileNotFoundError, FormatError):
+        raise
+    except (ValueError, TypeError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: not a .npy file ({type(exc).__name__}: {exc})") from exc
+
+
+def _npy_header(f: IO[bytes], most: int, path: Any, what: str) -> None:
+    """Read a ``.npy`` header from ``f``, refusing an array of more bytes than ``most`` (what holds it can)."""
+    version = np.lib.format.read_magic(f)
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise FormatError(f"{path}: {what} has .npy version {version}")
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = reader(f)
+    announced = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if announced > most:
+        raise FormatError(f"{path}: {what} announces a {shape} array of {dtype} ({announced} bytes), more than "
+                          f"its {most} bytes can hold")
+
+
 # numpy writes members stored or deflated; deflate expands a byte into at most 1032 (its longest match per code)
 _NPZ_EXPANSION = {0: 1, 8: 1032}  # zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED
 
@@ -341,16 +367,7 @@ def _check_npz_members(path: Any) -> None:
                                   f"{info.compress_type}; numpy writes members stored or deflated")
             most = min(info.file_size, min(info.compress_size, size) * expansion)
             with archive.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                if version not in ((1, 0), (2, 0), (3, 0)):
-                    raise FormatError(f"{path}: member {info.filename!r} has .npy version {version}")
-                reader = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
-                          np.lib.format.read_array_header_2_0)
-                shape, _, dtype = reader(member)
-            announced = int(np.prod(shape, dtype=object)) * dtype.itemsize
-            if announced > most:
-                raise FormatError(f"{path}: member {info.filename!r} announces a {shape} array of {dtype} "
-                                  f"({announced} bytes), more than its {most} bytes can hold")
+                _npy_header(member, most, path, f"member {info.filename!r}")
 
 
 def write_npz(matrix: Any, path: Any, compressed: bool = True) -> None:

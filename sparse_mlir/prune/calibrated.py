@@ -23,13 +23,14 @@ keeps the weights' dtype.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import scipy.linalg
 
-from sparse_mlir.errors import DTypeError, PatternError, ShapeError
+from sparse_mlir.errors import DTypeError, OperandError, PatternError, ShapeError
 from sparse_mlir.formats import Format
 from sparse_mlir.prune.masks import (
     Pattern,
@@ -38,6 +39,7 @@ from sparse_mlir.prune.masks import (
     pattern_of,
     select,
     weights_array,
+    whole_number,
 )
 from sparse_mlir.tensor.host import SparseTensor
 
@@ -69,9 +71,7 @@ class Calibration:
     target_total: np.ndarray | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if int(self.features) < 1:
-            raise ShapeError(f"a calibration needs at least one input feature, got {self.features}")
-        self.features = int(self.features)
+        self.features = whole_number(self.features, "a calibration's input features")
         self.gram = np.zeros((self.features, self.features), dtype=np.float64)
         self.total = np.zeros(self.features, dtype=np.float64)
 
@@ -98,10 +98,15 @@ class Calibration:
             if self.cross is None:
                 self.cross = np.zeros_like(self.gram)
                 self.target_total = np.zeros_like(self.total)
-            self.cross += t.T @ x
-            self.target_total += t.sum(axis=0)
-        self.gram += x.T @ x
-        self.total += x.sum(axis=0)
+            with np.errstate(over="ignore"):  # refused below, by name
+                cross, target_total = self.cross + t.T @ x, self.target_total + t.sum(axis=0)
+        with np.errstate(over="ignore"):
+            gram, total = self.gram + x.T @ x, self.total + x.sum(axis=0)
+        if not (np.isfinite(gram).all() and (target is None or np.isfinite(cross).all())):
+            raise ShapeError("calibration activations this large overflow their Gram matrix (float64); scale them")
+        if target is not None:
+            self.cross, self.target_total = cross, target_total
+        self.gram, self.total = gram, total
         self.samples += x.shape[0]
         return self
 
@@ -128,6 +133,14 @@ class Calibration:
                              f"calibration has {self.features}")
 
 
+def _check_calibration(calibration: Any, weights: np.ndarray) -> None:
+    """A ``Calibration`` of these weights' input features, with samples (``None`` was a bare ``AttributeError``)."""
+    if not isinstance(calibration, Calibration):
+        raise OperandError(f"calibration must be a Calibration (Calibration.from_activations(inputs)), got "
+                           f"{type(calibration).__name__}")
+    calibration.check(weights)
+
+
 def _activations(activations: Any) -> np.ndarray:
     if hasattr(activations, "detach"):  # a torch tensor: its values, on the host
         activations = activations.detach().cpu().numpy()
@@ -148,7 +161,7 @@ def wanda(weights: Any, calibration: Calibration, *, sparsity: float | None = No
     """Prune by ``|W| * ||X_i||``: unstructured per row (the paper's choice; ``scope="global"`` too), N:M
     (``pattern="2:4"``) or whole blocks (``block=`` with ``sparsity=``).  Kept weights are not changed."""
     w = weights_array(weights)
-    calibration.check(w)
+    _check_calibration(calibration, w)
     chosen = pattern_of(sparsity=sparsity, pattern=pattern, block=block, scope=scope)
     scores = np.abs(w.astype(np.float64)) * calibration.feature_norms[None, :]
     if chosen.kind == "block":
@@ -173,7 +186,7 @@ def sparsegpt(weights: Any, calibration: Calibration, *, sparsity: float | None 
     tensor and the mask.
     """
     w, chosen, start = _prepared(weights, calibration, damp, sparsity=sparsity, pattern=pattern, block=block)
-    step = _block_columns(chosen, int(block_columns), w.shape[1])
+    step = _block_columns(chosen, whole_number(block_columns, "block_columns"), w.shape[1])
     updated, mask = _sweep(start, calibration.gram, chosen, step, damp)
     if refit:
         updated = _refit(start, calibration.gram, mask, damp)
@@ -196,12 +209,12 @@ def admm(weights: Any, calibration: Calibration, *, sparsity: float | None = Non
     at 2:4 from 0.899 (SparseGPT, refitted) to 0.906, at 50% from 0.945 to
     0.953, at 90% from 0.593 to 0.660.
     """
-    if not 0 < gradual <= iterations or rho <= 0:
-        raise PatternError(f"admm needs 0 < gradual <= iterations and rho > 0, got gradual={gradual}, "
+    iterations, gradual = whole_number(iterations, "iterations"), whole_number(gradual, "gradual")
+    if gradual > iterations or not _positive_finite(rho):
+        raise PatternError(f"admm needs 0 < gradual <= iterations and a finite rho > 0, got gradual={gradual}, "
                            f"iterations={iterations}, rho={rho}")
     w, chosen, start = _prepared(weights, calibration, damp, sparsity=sparsity, pattern=pattern, block=block)
-    mask = _admm_mask(start, calibration.gram, chosen, damp, iterations=int(iterations), gradual=int(gradual),
-                      rho=float(rho))
+    mask = _admm_mask(start, calibration.gram, chosen, damp, iterations=iterations, gradual=gradual, rho=float(rho))
     return _stored(w, _refit(start, calibration.gram, mask, damp), mask, chosen, format)
 
 
@@ -211,7 +224,7 @@ def _prepared(weights: Any, calibration: Calibration, damp: float, **pattern: An
     w = weights_array(weights)
     if not np.issubdtype(w.dtype, np.floating):
         raise DTypeError(f"pruning with weight updates needs floating-point weights, got {w.dtype}")
-    calibration.check(w)
+    _check_calibration(calibration, w)
     chosen = pattern_of(scope="row", **pattern)
     chosen.check(w.shape)
     if not 0 < damp < 1:
@@ -229,9 +242,14 @@ def _stored(w: np.ndarray, updated: np.ndarray, mask: np.ndarray, chosen: Patter
     return apply_mask(updated.astype(w.dtype), mask, chosen.default_format() if format is None else format), mask
 
 
+def _positive_finite(value: Any) -> bool:
+    try:
+        return bool(0 < float(value) < math.inf)
+    except (TypeError, ValueError):
+        return False
+
+
 def _block_columns(pattern: Pattern, block_columns: int, cols: int) -> int:
-    if block_columns < 1:
-        raise PatternError(f"block_columns must be positive, got {block_columns}")
     unit = pattern.m if pattern.kind == "n:m" else pattern.block[1] if pattern.kind == "block" else 1
     return min(cols, max(unit, block_columns // unit * unit))
 
@@ -410,11 +428,14 @@ def corrected_bias(weights: Any, pruned: Any, bias: Any, calibration: Calibratio
     """
     w = weights_array(weights).astype(np.float64)
     kept = weights_array(pruned).astype(np.float64)
-    calibration.check(w)
+    _check_calibration(calibration, w)
     if kept.shape != w.shape:
         raise ShapeError(f"the pruned weights have shape {kept.shape}, the weights {w.shape}")
-    b = np.zeros(w.shape[0]) if bias is None else np.asarray(
-        bias.detach().cpu().numpy() if hasattr(bias, "detach") else bias, dtype=np.float64)
+    try:
+        b = np.zeros(w.shape[0]) if bias is None else np.asarray(
+            bias.detach().cpu().numpy() if hasattr(bias, "detach") else bias, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise OperandError(f"the bias must be numbers, got {type(bias).__name__}") from None
     if b.shape != (w.shape[0],):
         raise ShapeError(f"the bias has shape {b.shape}, the layer has {w.shape[0]} outputs")
     # the dense layer's mean output on its dense inputs, less the pruned layer's on the inputs it gets

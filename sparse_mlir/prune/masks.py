@@ -8,13 +8,15 @@ the caller passed in is modified.
 
 from __future__ import annotations
 
+import operator
+
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sparse_mlir.dtypes import check_dtype
-from sparse_mlir.errors import PatternError, ShapeError
+from sparse_mlir.errors import OperandError, PatternError, ShapeError
 from sparse_mlir.formats import BSR, CSR, NM, Format, as_format
 from sparse_mlir.tensor.host import SparseTensor
 
@@ -46,6 +48,20 @@ class Pattern:
                                f"got {shape}")
 
 
+def whole_number(value: Any, what: str, least: int = 1) -> int:
+    """``value`` as an int of at least ``least``, or ``PatternError`` naming ``what``: an int or numpy integer,
+    not a bool or a float (``block=(2.9, 4)`` was pruned as 2x4, ``gradual=0.5`` as 0: no pruning at all)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise PatternError(f"{what} must be a whole number, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise PatternError(f"{what} must be a whole number, got {value!r}") from None
+    if number < least:
+        raise PatternError(f"{what} must be at least {least}, got {number}")
+    return number
+
+
 def check_sparsity(sparsity: Any) -> float:
     try:
         value = float(sparsity)
@@ -75,10 +91,9 @@ def pattern_of(*, sparsity: float | None = None, pattern: str | tuple[int, int] 
         raise PatternError("say what to prune: sparsity= (unstructured, or with block=) or pattern= (N:M)")
     s = check_sparsity(sparsity)
     if block is not None:
-        bm, bn = (int(v) for v in block)
-        if bm < 1 or bn < 1:
-            raise PatternError(f"block sizes must be positive, got {block}")
-        return Pattern("block", s, block=(bm, bn))
+        if isinstance(block, (str, bytes)) or not hasattr(block, "__len__") or len(block) != 2:
+            raise PatternError(f"block is (rows, columns) of a tile, got {block!r}")
+        return Pattern("block", s, block=(whole_number(block[0], "block rows"), whole_number(block[1], "block columns")))
     if scope not in ("global", "row"):
         raise PatternError(f"scope must be 'global' or 'row', got {scope!r}")
     return Pattern("unstructured", s, scope=scope)
@@ -86,9 +101,12 @@ def pattern_of(*, sparsity: float | None = None, pattern: str | tuple[int, int] 
 
 def _n_m(pattern: str | tuple[int, int]) -> tuple[int, int]:
     try:
-        n, m = (int(v) for v in (pattern.split(":") if isinstance(pattern, str) else pattern))
+        parts = [int(v) if isinstance(v, str) else v for v in (pattern.split(":") if isinstance(pattern, str)
+                                                                else pattern)]
+        n, m = parts
     except (TypeError, ValueError):
         raise PatternError(f"pattern is N:M like '2:4', got {pattern!r}") from None
+    n, m = whole_number(n, "N of N:M"), whole_number(m, "M of N:M")
     if not 0 < n <= m:
         raise PatternError(f"N:M pruning needs 0 < n <= m, got {n}:{m}")
     return n, m
@@ -100,10 +118,16 @@ def weights_array(weights: Any) -> np.ndarray:
         weights = weights.to_dense()
     elif hasattr(weights, "toarray") and hasattr(weights, "nnz"):  # a scipy sparse matrix or array
         weights = weights.toarray()
-    array = np.asarray(weights)
+    try:
+        array = np.asarray(weights)
+    except (TypeError, ValueError) as exc:  # a ragged list
+        raise OperandError(f"weights must be a 2-d array of numbers ({exc})") from None
     if array.ndim != 2:
         raise ShapeError(f"pruning works on 2-d weights, got shape {array.shape}")
     check_dtype(array.dtype, "weights")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():  # ranks and refits would spread it (a row of NaNs)
+        row, col = np.argwhere(~np.isfinite(array))[0]
+        raise PatternError(f"weights hold {array[row, col]} at ({row}, {col}); prune finite weights")
     return array
 
 
@@ -150,6 +174,7 @@ def apply_mask(weights: Any, mask: Any, format: Format | str = CSR) -> SparseTen
 def satisfies_n_m(weights: Any, n: int, m: int) -> bool:
     """Whether every group of ``m`` consecutive entries in each row has at most ``n`` nonzeros."""
     array = weights.to_dense() if isinstance(weights, SparseTensor) else np.asarray(weights)
+    n, m = whole_number(n, "n", least=0), whole_number(m, "m")
     if array.ndim != 2 or array.shape[1] % m:
         return False
     counts = (array != 0).reshape(array.shape[0], -1, m).sum(axis=2)

@@ -23,6 +23,7 @@ from typing import Any
 
 from sparse_mlir.abi.c_signature import Signature
 from sparse_mlir.errors import NotCompiledError, ShapeError
+from sparse_mlir.tensor.storage import check_shape
 
 __all__ = ["Kernel", "operand_table", "extent_sources", "check_shapes_given"]
 
@@ -97,6 +98,8 @@ def check_shapes_given(spec: Any, shapes: Mapping[str, tuple[int, ...]], needed:
                        ) -> dict[str, tuple[int, ...]]:
     """``shapes`` as int tuples, checked: no unknown operand, ranks right, sparse shapes fit their formats,
     every name in ``needed`` present (``ShapeError`` naming what is wrong)."""
+    if not isinstance(shapes, Mapping):
+        raise ShapeError(f"shapes must map operand names to shapes, got {type(shapes).__name__}")
     if unknown := sorted(set(shapes) - set(spec.inputs) - {spec.output}):
         raise ShapeError(f"shapes names {', '.join(map(repr, unknown))}, which is not an operand of "
                          f"{spec.expression!r}")
@@ -104,7 +107,7 @@ def check_shapes_given(spec: Any, shapes: Mapping[str, tuple[int, ...]], needed:
         raise ShapeError(f"give shapes for {', '.join(missing)}")
     checked = {}
     for name, shape in shapes.items():
-        shape = tuple(int(s) for s in shape)
+        shape = check_shape(shape)  # integers (4.7 was truncated to 4, -1 and True taken), below 2**63
         if len(shape) != spec.ranks[name]:
             raise ShapeError(f"{name} has {spec.ranks[name]} dimensions, but its shape is {shape}")
         if spec.is_sparse(name):
