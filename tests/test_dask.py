@@ -302,3 +302,26 @@ def test_workers_with_the_compiler_share_the_disk_cache(rng):
         np.testing.assert_allclose((a @ x).compute(), m @ x)
         (state,) = client.run(_worker_state).values()
     assert state["stats"]["compiled"] == 0 and state["stats"]["loaded"] >= 1
+
+
+def test_bad_chunks_operands_and_solver_breakdowns_are_refused(sync):
+    """An attacker's audit: a 0-row chunk was dropped by dask's concatenate and the blocks paired with the wrong
+    rows ("Missing dependency"); CG divided by zero on a matrix that is not positive definite and reported a
+    complex right-hand side "converged" with its imaginary part dropped; a list operand was an AttributeError."""
+    from sparse_mlir.errors import DTypeError, OperandError
+
+    m = sp.random(10, 8, density=0.4, format="csr", random_state=0)
+    for chunks in ((6, 0, 4), (2.5, 7.5), True, "3"):
+        with pytest.raises(ShapeError, match="chunks"):
+            RowShardedMatrix.from_scipy(m, chunks)
+    assert RowShardedMatrix.from_scipy(m, np.int64(4)).layout.row_chunks == (4, 4, 2)
+    with pytest.raises(OperandError, match="numpy or Dask"):
+        RowShardedMatrix.from_scipy(m, 4) @ [1.0] * 8
+    square = sp.csr_matrix((3, 3))
+    with pytest.raises(OperandError, match="positive definite"):
+        cg(RowShardedMatrix.from_scipy(square, 2), np.ones(3))
+    p = poisson3d(3)
+    with pytest.raises(DTypeError, match="complex128"):
+        cg(RowShardedMatrix.from_scipy(p, 7), np.ones(27) * (1 + 1j))
+    exact = cg(RowShardedMatrix.from_scipy(p, 7), np.ones(27), rtol=0.0)
+    assert exact.converged and exact.residual == 0.0  # rtol=0 reached an exact zero, then divided by it

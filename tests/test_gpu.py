@@ -676,3 +676,47 @@ def test_cupyx_operands_and_skewed_rows_on_the_device(rng):
     kernel = sm.compile("y[i] = A[i,j]*x[j]", formats={"A": "csr"}, dtype="float32", target="cuda")
     got = kernel(A=csp.csr_matrix(a), x=cp.asarray(x))
     np.testing.assert_allclose(cp.asnumpy(got), a @ x, rtol=1e-4, atol=1e-3)
+
+
+def test_gpu_out_may_not_overlap_an_operand(monkeypatch):
+    """``GpuFunction`` zeroes ``out`` before an accumulating kernel: ``out=B`` zeroed the caller's ``B`` and the
+    kernel read zeros.  The CPU path always refused it."""
+    import support.fake_cupy as fake_cupy
+
+    from sparse_mlir.errors import OperandError
+
+    fake_cupy.install(monkeypatch)
+    a = sp.random(8, 8, density=0.4, format="csr", dtype=np.float32, random_state=0)
+    memory = fake_cupy.device(np.arange(128, dtype=np.float32) + 1)
+    b = memory[:64].reshape(8, 8)
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csc"}, dtype="float32", target="cuda")
+    operand = sm.SparseTensor.from_scipy(a, "csc").to("cuda")
+    for out in (b, memory[32:96].reshape(8, 8)):  # the same array; one that overlaps half of it
+        with pytest.raises(OperandError, match="overlaps operand B"):
+            kernel(A=operand, B=b, out=out)
+    assert np.asarray(memory).all()  # untouched
+    kernel(A=operand, B=b, out=memory[64:].reshape(8, 8))  # right after B: no overlap
+    kernel(A=operand, B=b, out=fake_cupy.device(np.zeros((8, 8), np.float32)))  # a separate array is fine
+
+
+def test_device_nm_offsets_follow_the_format_and_cupyx_buffers_must_agree(monkeypatch):
+    """m > 128 stored offsets as int8 (150 read back as -106) under a format of 32-bit offsets; m = 0 divided by
+    zero; a cupyx CSR with fewer values than column indices was taken (a kernel reads past the values)."""
+    import support.fake_cupy as fake_cupy
+
+    from sparse_mlir.errors import FormatError, InvalidIndicesError
+    from sparse_mlir.tensor.device import DeviceSparseTensor
+
+    fake_cupy.install(monkeypatch)
+    dense = np.zeros((2, 400), np.float32)
+    dense[0, 150], dense[1, 205] = 1.0, 2.0
+    t = DeviceSparseTensor.from_dense_nm(fake_cupy.device(dense), 2, 200)
+    assert t.buffers[0].dtype == np.dtype(f"int{t.format.crd_width}")
+    np.testing.assert_array_equal(t.to("cpu").to_dense(), dense)
+    with pytest.raises(FormatError):
+        DeviceSparseTensor.from_dense_nm(fake_cupy.device(dense), 2, 0)
+    a = sp.random(30, 20, density=0.3, format="csr", dtype=np.float32, random_state=1)
+    short = fake_cupy.FakeSparseMatrix(a)
+    short.data = short.data[:-3]
+    with pytest.raises(InvalidIndicesError, match="values"):
+        DeviceSparseTensor.from_cupyx(short)

@@ -157,3 +157,20 @@ def test_gradual_pruning_reaches_the_last_sparsity_and_a_failure_leaves_the_mode
                 {"sparsities": (0.5, 1.0), "steps": (1, 1)}, {"steps": (1, -1)}):
         with pytest.raises(OperandError):
             minilm.prune_gradually(copy.deepcopy(model), **bad)
+
+
+def test_sentences_must_be_a_list_of_strings_and_finetune_options_finite():
+    """A bare string was embedded one character a sentence (and calibrated on characters); ``lr=inf`` trained
+    every weight to NaN in place and returned without an error; ``cosine`` broadcast one row against four.
+    All are refused before the model is touched."""
+    from sparse_mlir.errors import ShapeError
+
+    with pytest.raises(OperandError, match="single str"):
+        minilm.embed(None, "A man is eating food.")
+    with pytest.raises(OperandError, match="strings"):
+        minilm.embed(None, ["a sentence", None])
+    for options in ({"lr": float("inf")}, {"lr": float("nan")}, {"steps": 2.5}):
+        with pytest.raises(OperandError, match="finetune needs"):
+            minilm.finetune(None, None, ["a sentence"], **options)
+    with pytest.raises(ShapeError, match="matching rows"):
+        minilm.cosine(np.ones((4, 3)), np.ones((1, 3)))

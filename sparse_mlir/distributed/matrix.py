@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,14 +55,21 @@ def row_bounds(nrows: int, chunks: int | tuple[int, ...] | None) -> list[tuple[i
     """``(r0, r1)`` of each row block: ``chunks`` rows per block, explicit block sizes, or 4 even blocks."""
     if chunks is None:
         chunks = max(1, math.ceil(nrows / 4))
-    if isinstance(chunks, int):
+    if isinstance(chunks, (int, np.integer)) and not isinstance(chunks, (bool, np.bool_)):
+        chunks = int(chunks)
         if chunks < 1:
             raise ShapeError(f"chunks must be a positive number of rows, got {chunks}")
         sizes = [min(chunks, nrows - r) for r in range(0, nrows, chunks)] or [0]
     else:
-        sizes = [int(s) for s in chunks]
-        if sum(sizes) != nrows or min(sizes, default=0) < 0:
-            raise ShapeError(f"row chunks {tuple(sizes)} do not add up to the {nrows} rows")
+        try:
+            sizes = [operator.index(s) for s in chunks if not isinstance(s, (bool, np.bool_))]
+            if len(sizes) != len(chunks):
+                raise TypeError
+        except TypeError:
+            raise ShapeError(f"chunks must be a number of rows or a sequence of block sizes, got {chunks!r}") from None
+        # an empty block of a matrix with rows was dropped by dask's concatenate, pairing blocks with wrong rows
+        if sum(sizes) != nrows or min(sizes, default=0) < (1 if nrows else 0):
+            raise ShapeError(f"row chunks {tuple(sizes)} must be positive and add up to the {nrows} rows")
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
     return list(zip(starts[:-1], starts[1:]))
 
@@ -124,6 +132,9 @@ class RowShardedMatrix:
         """Split a scipy matrix into row blocks; each is converted to a SparseTensor once, on a worker."""
         from dask import delayed
 
+        if not hasattr(matrix, "tocsr"):
+            raise OperandError(f"from_scipy takes a scipy.sparse matrix, got {type(matrix).__name__} "
+                               f"(scipy.sparse.csr_matrix(dense) makes one)")
         csr = matrix.tocsr()
         dtype = check_dtype(dtype if dtype is not None else csr.dtype, "sharded matrix")
         rows = row_bounds(csr.shape[0], chunks)
@@ -169,12 +180,18 @@ class RowShardedMatrix:
                 raise ShapeError("from_blocks needs dtype= when the blocks' dtypes are not all known and equal")
             dtype = dtypes.pop()
         dtype = check_dtype(dtype, "sharded matrix")
-        rows = row_bounds(sum(row_sizes), tuple(row_sizes))
+        if len(row_sizes) != len(chunks):
+            raise ShapeError(f"row_sizes gives {len(row_sizes)} sizes for {len(chunks)} blocks")
+        try:
+            nrows = sum(operator.index(s) for s in row_sizes)
+        except TypeError:
+            raise ShapeError(f"row_sizes must be whole numbers of rows, got {row_sizes!r}") from None
+        rows = row_bounds(nrows, tuple(row_sizes))
         formats = tuple(_existing_format(c, r1 - r0, ncols) for c, (r0, r1) in zip(chunks, rows))
         tag = _unique("sm-block")
         parts = [delayed(B.as_block, pure=False)(k, rows[k], (0, ncols), formats[k], dtype, c,
                                                   dask_key_name=f"{tag}-{k}") for k, c in enumerate(chunks)]
-        layout = Layout((sum(row_sizes), ncols), tuple(rows), ((0, ncols),) * len(rows), formats)
+        layout = Layout((nrows, ncols), tuple(rows), ((0, ncols),) * len(rows), formats)
         return cls(_stack(parts, layout, dtype), layout, dtype, ship=ship)
 
     @classmethod
@@ -287,8 +304,9 @@ class ColumnShardedMatrix:
     """
 
     def __init__(self, rows: RowShardedMatrix, split_every: int = 2):
-        if split_every < 2:
-            raise OperandError(f"split_every must be at least 2, got {split_every}")
+        if isinstance(split_every, (bool, np.bool_)) or not isinstance(split_every, (int, np.integer)) \
+                or split_every < 2:
+            raise OperandError(f"split_every must be a whole number of at least 2, got {split_every!r}")
         self.rows = rows
         self.split_every = split_every
 
@@ -422,7 +440,11 @@ def _meta(ndim: int, dtype: np.dtype, target: str) -> Any:
 
 
 def _one_chunk_across(value: Any) -> Any:
-    """A Dask operand rechunked to one chunk along every axis but the first (blocks take whole rows of it)."""
+    """A Dask operand rechunked to one chunk along every axis but the first (blocks take whole rows of it); a
+    dense operand must be a numpy or Dask array (a list was a bare ``AttributeError``)."""
+    if not (hasattr(value, "dask") or isinstance(value, (np.ndarray, np.generic, int, float))):
+        raise OperandError(f"dense operands of a sharded matrix are numpy or Dask arrays (or scalars), got "
+                           f"{type(value).__name__}")
     if hasattr(value, "dask") and value.ndim > 1 and any(len(c) > 1 for c in value.chunks[1:]):
         return value.rechunk({axis: -1 for axis in range(1, value.ndim)})
     return value

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sparse_mlir.errors import ShapeError
+from sparse_mlir.errors import DTypeError, OperandError, OptionError, ShapeError
 from sparse_mlir.distributed.matrix import RowShardedMatrix
 
 __all__ = ["CGResult", "cg", "dot", "axpy", "poisson3d"]
@@ -114,11 +115,18 @@ def cg(A: RowShardedMatrix, b: Any, *, rtol: float = 1e-8, maxiter: int | None =
     """
     import dask.array as da
 
+    if not isinstance(A, RowShardedMatrix):
+        raise OperandError(f"cg takes a RowShardedMatrix, got {type(A).__name__} (RowShardedMatrix.from_scipy)")
     n = A.shape[0]
     if A.shape[0] != A.shape[1] or np.shape(b) != (n,):
         raise ShapeError(f"cg needs a square matrix and a right-hand side of its size, got {A.shape} and "
                          f"{np.shape(b)}")
-    maxiter = 10 * n if maxiter is None else maxiter
+    b_dtype = np.dtype(getattr(b, "dtype", None) or np.asarray(b).dtype)
+    if not np.can_cast(b_dtype, A.dtype, "same_kind"):  # a complex b lost its imaginary part, "converged"
+        raise DTypeError(f"cg's right-hand side is {b_dtype}, the matrix {A.dtype}; it would not cast exactly")
+    if not 0 <= rtol < math.inf:  # NaN too
+        raise OptionError(f"cg's rtol must be a finite number >= 0, got {rtol}")
+    maxiter = 10 * n if maxiter is None else _whole(maxiter, "maxiter")
     start = time.perf_counter()
     chunks = (A.layout.row_chunks,)
     r = (b.rechunk(chunks) if hasattr(b, "dask") else da.from_array(np.asarray(b, A.dtype), chunks=chunks))
@@ -126,21 +134,36 @@ def cg(A: RowShardedMatrix, b: Any, *, rtol: float = 1e-8, maxiter: int | None =
     x, r = _persist(x, r)
     rho = dot(r, r)
     bnorm = math.sqrt(rho)
+    if not math.isfinite(bnorm):
+        raise OperandError("cg's right-hand side holds NaN or infinity")
     if bnorm == 0.0:
         return CGResult(x.compute(), 0, 0.0, True, time.perf_counter() - start)
     p, iterations, rho_old = None, 0, rho
-    while math.sqrt(rho) >= rtol * bnorm and iterations < maxiter:
+    while rho > 0 and math.sqrt(rho) >= rtol * bnorm and iterations < maxiter:  # rho == 0: solved exactly
         p = r if p is None else axpy(r, rho / rho_old, p)
         q = A @ p
         p, q = _persist(p, q)
-        alpha = rho / dot(p, q)
+        curvature = dot(p, q)
+        if not curvature > 0:  # p^T A p <= 0 (or NaN): A is not positive definite, and alpha would divide by it
+            raise OperandError(f"cg needs a symmetric positive definite matrix: p^T A p = {curvature:g} at "
+                               f"iteration {iterations + 1}")
+        alpha = rho / curvature
         x, r = _persist(axpy(x, alpha, p), axpy(r, -alpha, q))
         rho_old, rho = rho, dot(r, r)
         iterations += 1
         if callback is not None:
             callback(iterations, math.sqrt(rho) / bnorm)
     residual = math.sqrt(rho) / bnorm
-    return CGResult(x.compute(), iterations, residual, residual < rtol, time.perf_counter() - start)
+    return CGResult(x.compute(), iterations, residual, residual < rtol or rho == 0, time.perf_counter() - start)
+
+
+def _whole(value: Any, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise OptionError(f"cg's {what} must be a whole number, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise OptionError(f"cg's {what} must be a whole number, got {value!r}") from None
 
 
 def poisson3d(n: int, dtype: Any = np.float64) -> Any:

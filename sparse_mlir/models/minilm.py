@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from sparse_mlir import prune
-from sparse_mlir.errors import OperandError
+from sparse_mlir.errors import OperandError, ShapeError
 from sparse_mlir.models import sentences as generated_text
 from sparse_mlir.tensor.host import SparseTensor
 from sparse_mlir.torch import SparseFeedForward, SparseLinear
@@ -79,11 +80,27 @@ def encoder_linears(model: Any) -> dict[str, nn.Linear | SparseLinear]:
 
 def embed(model: Any, sentences: Sequence[str]) -> np.ndarray:
     """Normalized sentence embeddings, as sentence-transformers computes them (``model.encode``)."""
-    return model.encode(list(sentences), convert_to_numpy=True, batch_size=64, show_progress_bar=False)
+    texts = _sentences(sentences)
+    return model.encode(texts, convert_to_numpy=True, batch_size=64, show_progress_bar=False)
+
+
+def _sentences(sentences: Any, what: str = "sentences") -> list[str]:
+    """``sentences`` as a list of strings; a bare string is refused (it was taken as one sentence per character)."""
+    if isinstance(sentences, (str, bytes)):
+        raise OperandError(f"{what} must be a sequence of strings, got a single {type(sentences).__name__}: wrap it "
+                           f"in a list")
+    texts = list(sentences)
+    if not all(isinstance(text, str) for text in texts):
+        raise OperandError(f"{what} must all be strings, got {sorted({type(t).__name__ for t in texts})}")
+    return texts
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean cosine similarity of matching rows."""
+    """Mean cosine similarity of matching rows (two embedding matrices of one shape)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim != 2 or a.shape != b.shape:
+        raise ShapeError(f"cosine compares matching rows of two (sentences, features) arrays, got {a.shape} and "
+                         f"{b.shape}")
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     b = b / np.linalg.norm(b, axis=1, keepdims=True)
     return float(np.mean(np.sum(a * b, axis=1)))
@@ -184,7 +201,7 @@ def prune_encoder(model: Any, method: str = "magnitude", *, sparsity: float | No
                 weights[name], _ = prune.by_magnitude(dense_weights(name), pattern_spec)
                 biases[name] = bias_of(name)
         else:
-            texts = calibration_sentences() if calibration is None else list(calibration)
+            texts = calibration_sentences() if calibration is None else _sentences(calibration, "calibration")
             if not texts:
                 raise OperandError("calibrated pruning needs some calibration sentences")
             # the unpruned model runs alongside: each layer is fitted to the dense model's outputs (targets)
@@ -285,8 +302,13 @@ def finetune(student: Any, teacher: Any, sentences: Sequence[str], *, steps: int
     ``SparseLinear`` layers through their stored values only (the sparse
     training path), so the pruning mask stays what it was.  Returns each step's loss.
     """
-    if steps < 1 or batch < 1 or not sentences or not 0 <= warmup < 1 or lr <= 0:
-        raise OperandError("finetune needs steps >= 1, batch >= 1, some sentences, 0 <= warmup < 1 and lr > 0")
+    sentences = _sentences(sentences)
+    whole = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (steps, batch))
+    if not whole or steps < 1 or batch < 1 or not sentences or not 0 <= warmup < 1 or not 0 < lr < math.inf:
+        # lr=inf trained every weight to NaN in place and returned without an error
+        raise OperandError(f"finetune needs whole steps >= 1 and batch >= 1, some sentences, 0 <= warmup < 1 and a "
+                           f"finite lr > 0, got steps={steps!r}, batch={batch!r}, {len(sentences)} sentences, "
+                           f"warmup={warmup!r}, lr={lr!r}")
     optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=lr)
     rise = max(1, round(warmup * steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -446,7 +468,7 @@ def prune_gradually(model: Any, method: str = "admm", *, sparsities: Sequence[fl
         raise OperandError("prune_gradually needs a model whose encoder Linear layers are all dense nn.Linear")
     original = copy.deepcopy(model)
     teacher = original if teacher is None else teacher
-    texts = training_sentences(model=teacher) if sentences is None else list(sentences)
+    texts = training_sentences(model=teacher) if sentences is None else _sentences(sentences)
     try:
         for index, (sparsity, count) in enumerate(zip(sparsities, steps)):
             if index:

@@ -93,7 +93,8 @@ def pattern_of(*, sparsity: float | None = None, pattern: str | tuple[int, int] 
     if block is not None:
         if isinstance(block, (str, bytes)) or not hasattr(block, "__len__") or len(block) != 2:
             raise PatternError(f"block is (rows, columns) of a tile, got {block!r}")
-        return Pattern("block", s, block=(whole_number(block[0], "block rows"), whole_number(block[1], "block columns")))
+        rows, cols = whole_number(block[0], "block rows"), whole_number(block[1], "block columns")
+        return Pattern("block", s, block=(rows, cols))
     if scope not in ("global", "row"):
         raise PatternError(f"scope must be 'global' or 'row', got {scope!r}")
     return Pattern("unstructured", s, scope=scope)

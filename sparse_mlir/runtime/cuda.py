@@ -137,7 +137,7 @@ class CudaKernel(Kernel):
         function = self.function(formats, shapes)
         if self._pattern_source is not None:
             return function(args, None, shapes[spec.output])
-        return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.output_dtype),
+        return function(args, checked_device_output(spec.output, out, shapes[spec.output], spec.output_dtype, args),
                         shapes[spec.output])
 
     def specialize(self, shapes: Mapping[str, tuple[int, ...]], *, fixed: bool = False) -> CudaKernel:

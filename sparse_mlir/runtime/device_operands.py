@@ -64,8 +64,11 @@ def _sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype) ->
     return value
 
 
-def checked_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-    """``out`` checked (``GpuFunction`` zeroes it when its kernels accumulate), or ``None``."""
+def checked_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype,
+                          args: dict[str, Any]) -> Any:
+    """``out`` checked, or ``None``: it must not overlap an operand of ``args``, because ``GpuFunction`` zeroes it
+    before the launch when its kernels accumulate (``out=B`` zeroed the caller's ``B`` and the kernel read
+    zeros)."""
     if out is None:
         return None
     if not _is_cupy_array(out):
@@ -76,6 +79,22 @@ def checked_device_output(name: str, out: Any, shape: tuple[int, ...], dtype: np
         raise ShapeError(f"out= has shape {tuple(out.shape)}, but {name} has shape {shape}")
     if not out.flags.c_contiguous:
         raise OperandError("out= must be C-contiguous")
+    first, end = _device_span(out)
+    for operand, value in args.items():
+        buffers = value.buffers if isinstance(value, DeviceSparseTensor) else (value,)
+        if any(b_first < end and first < b_end for b_first, b_end in map(_device_span, buffers)):
+            raise OperandError(f"out= overlaps operand {operand}; pass a separate array")
     return out
+
+
+def _device_span(array: Any) -> tuple[int, int]:
+    """The device bytes ``[first, end)`` a CuPy array can reach, from its pointer, shape and strides (what
+    ``numpy.may_share_memory`` compares on the host)."""
+    start = int(array.data.ptr)
+    if array.size == 0:
+        return start, start
+    low = sum((n - 1) * s for n, s in zip(array.shape, array.strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(array.shape, array.strides) if s > 0)
+    return start + low, start + high + array.itemsize
 
 

@@ -132,4 +132,4 @@ class LoadedCudaKernel(_Exported):
         shape = tuple(extents[i] if i in extents else s for i, s in zip(output.index, output.shape))
         if output.sparse:  # the SDDMM's CSR result: made by the function (out= is refused there)
             return self.function(args, out, shape)
-        return self.function(args, checked_device_output(output.name, out, shape, output.dtype), shape)
+        return self.function(args, checked_device_output(output.name, out, shape, output.dtype, args), shape)

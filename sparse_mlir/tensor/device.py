@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from sparse_mlir.dtypes import check_dtype, index_dtype
 from sparse_mlir.errors import DeviceError, FormatError, InvalidIndicesError, PatternError
 from sparse_mlir.formats import CSR, NM, Format, parse_format
 from sparse_mlir.tensor.host import LevelBuffers, SparseTensor, register_device
@@ -75,7 +76,15 @@ class DeviceSparseTensor(LevelBuffers):
                               f"as {fmt}; convert with .tocsr()")
         rows, cols = matrix.shape
         indptr, indices, data = matrix.indptr, matrix.indices, matrix.data
+        if any(b.ndim != 1 for b in (indptr, indices, data)) or any(
+                np.dtype(b.dtype) not in (np.int32, np.int64) for b in (indptr, indices)):
+            raise InvalidIndicesError(f"cupyx CSR buffers must be 1-d, with int32 or int64 indices; got indptr "
+                                      f"{indptr.dtype}{tuple(indptr.shape)}, indices {indices.dtype}"
+                                      f"{tuple(indices.shape)}, data {tuple(data.shape)}")
+        check_dtype(data.dtype, "cupyx CSR values")
         nnz = int(indices.size)
+        if data.size != nnz:  # a kernel would read values past the end
+            raise InvalidIndicesError(f"cupyx CSR matrix has {nnz} column indices but {data.size} values")
         if indptr.size != rows + 1:
             raise InvalidIndicesError(f"indptr has {indptr.size} entries, expected {rows + 1}")
         steps = cp.diff(indptr)
@@ -105,7 +114,8 @@ class DeviceSparseTensor(LevelBuffers):
 
     @classmethod
     def from_dense_nm(cls, array: Any, n: int = 2, m: int = 4, *, prune: bool = False) -> DeviceSparseTensor:
-        """Compress a 2-d CuPy array to ``NM(n, m)`` on the device: values plus 8-bit in-group offsets.
+        """Compress a 2-d CuPy array to ``NM(n, m)`` on the device: values plus in-group offsets (8-bit up to
+        ``m = 128``, as ``NM`` stores them).
 
         Each group of ``m`` along a row keeps its nonzeros (in order, padded
         with stored zeros to ``n``); a group with more than ``n`` raises
@@ -113,6 +123,7 @@ class DeviceSparseTensor(LevelBuffers):
         ``n`` largest magnitudes instead (ties: the first).
         """
         cp = cupy()
+        fmt = NM(n, m)  # checks n and m first (m=0 was a ZeroDivisionError below)
         if array.ndim != 2 or array.shape[1] % m:
             raise FormatError(f"NM({n},{m}) needs a 2-d array with a multiple of {m} columns, got {array.shape}")
         rows, cols = array.shape
@@ -126,8 +137,9 @@ class DeviceSparseTensor(LevelBuffers):
             keep = cp.argsort(groups == 0, axis=2, kind="stable")[:, :, :n]  # nonzeros first, in order
         offsets = cp.sort(keep, axis=2)
         values = cp.take_along_axis(groups, offsets, axis=2).reshape(-1)
-        fmt = NM(n, m)
-        return cls(fmt, (rows, cols), (offsets.astype(cp.int8).reshape(-1), cp.ascontiguousarray(values)))
+        # offsets at the format's width: int8 held 150 as -106 where m > 128 (the format says 32 bits there)
+        offsets = offsets.astype(index_dtype(fmt.crd_width)).reshape(-1)
+        return cls(fmt, (rows, cols), (offsets, cp.ascontiguousarray(values)))
 
     def to(self, device: str) -> DeviceSparseTensor | SparseTensor:
         """``"cpu"``: a ``SparseTensor`` with host copies of the buffers; ``"cuda"``: ``self``."""
