@@ -447,3 +447,23 @@ def test_a_malformed_sparse_result_plan_is_refused_without_a_crash():
                        ((np.dtype("float64"), (), 3), ValueError)]:
         with pytest.raises(error):
             module.FastCall(*base, out)
+
+
+def test_a_plan_closed_while_its_call_runs_python_code_does_not_crash(rng, monkeypatch):
+    """The C call read the kernel's address and library after running Python code (``numpy.empty``, the thread
+    choice), where another thread (or a finalizer) may close the plan, which clears both: under eviction by two
+    threads that was a call through NULL.  Here the result's allocation closes the plan itself."""
+    kernel = sm.compile(SPMV, formats={"A": "csr"}, dtype="float64")
+    a, x = sp.csr_array(random_sparse(rng, (40, 30), 0.2, "float64")), random_values(rng, 30, "float64")
+    empty = np.empty
+
+    def closing_empty(*args, **kwargs):
+        plan = getattr(getattr(kernel, "_last", None), "planner", None)
+        if plan is not None and plan.current is not None:
+            plan.current.close()
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(np, "empty", closing_empty)  # captured by the plan the first call builds
+    kernel(A=a, x=x)
+    for _ in range(3):
+        np.testing.assert_allclose(kernel(A=a, x=x), a @ x, rtol=1e-12)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import pickle
 import struct
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import sparse_mlir as sm
 from sparse_mlir.errors import DTypeError, FormatError, InvalidIndicesError, ShapeError, SparseMLIRError
@@ -516,3 +518,65 @@ def test_odd_buffers_raise_precise_errors(buffers, error):
 def test_convert_reports_a_missing_input_without_a_traceback(tmp_path):
     out = _cli("convert", str(tmp_path / "missing.smt"), str(tmp_path / "y.smt"))
     assert out.returncode == 2 and "No such file" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- what a kernel trusts cannot change after the check (an attacker's audit, session 28) -------------------------
+
+SPMV_CSR = "y[i] = A[i,j] * x[j]"
+
+
+def test_a_tensor_keeps_copies_of_the_index_buffers_it_checked():
+    """``from_buffers`` shared the caller's coordinates; setting one to 2**30 afterwards crashed the SpMV."""
+    pos, crd, val = np.array([0, 1, 2], np.int32), np.array([0, 1], np.int32), np.array([1.0, 2.0])
+    a = sm.SparseTensor.from_buffers("csr", (2, 2), (pos, crd, val))
+    crd[1], pos[1] = 1 << 30, 5
+    np.testing.assert_array_equal(sm.compile(SPMV_CSR, formats={"A": "csr"})(A=a, x=np.ones(2)), [1.0, 2.0])
+    val[0] = 7.0  # values are shared, as documented: they only change the numbers
+    assert a.values[0] == 7.0
+
+
+def test_a_checked_tensor_cannot_be_changed_and_a_lying_subclass_is_checked_again():
+    """``A.shape = (2, 2)`` on a checked (2, 4M) tensor, or a subclass whose ``shape`` property says so, made the
+    kernel read 4M past ``x``; pickling still round-trips (checked again on load)."""
+    m = 4_000_000
+    a = sm.SparseTensor.from_buffers("csr", (2, m), (np.array([0, 1, 2], np.int32), np.array([0, m - 1], np.int32),
+                                                     np.array([1.0, 2.0])))
+    for name, value in (("shape", (2, 2)), ("buffers", ()), ("format", sm.CSC), ("dtype", np.float32)):
+        with pytest.raises(AttributeError, match="cannot be changed"):
+            setattr(a, name, value)
+
+    class Lying(sm.SparseTensor):
+        __slots__ = ()
+
+        @property
+        def shape(self):
+            return (2, 2)
+
+    lying = Lying.from_buffers("csr", (2, m), tuple(a.buffers))
+    with pytest.raises(ShapeError):
+        sm.compile(SPMV_CSR, formats={"A": "csr"})(A=lying, x=np.ones(2))
+    again = pickle.loads(pickle.dumps(a))
+    assert again.shape == a.shape and all(np.array_equal(x, y) for x, y in zip(again.buffers, a.buffers))
+
+
+def test_numpy_subclasses_are_checked_by_their_memory_and_huge_results_refused():
+    """A subclass's ``dtype`` or ``shape`` property that lies about its memory was read (and, as out=, written)
+    past the end; a result too large to allocate was numpy's MemoryError or ValueError."""
+
+    class LyingDtype(np.ndarray):
+        dtype = property(lambda self: np.dtype("float64"))
+
+    class LyingShape(np.ndarray):
+        shape = property(lambda self: (64,))
+
+    kernel = sm.compile(SPMV_CSR, formats={"A": "csr"})
+    a = sp.random(64, 64, density=0.1, format="csr", random_state=0)
+    with pytest.raises(DTypeError, match="int8"):
+        kernel(A=a, x=np.ones(64, np.int8).view(LyingDtype))
+    with pytest.raises(DTypeError, match="int8"):
+        kernel(A=a, x=np.ones(64), out=np.zeros(64, np.int8).view(LyingDtype))
+    with pytest.raises(ShapeError, match=r"\(16,\)"):
+        kernel(A=a, x=np.ones(64), out=np.zeros(16).view(LyingShape))
+    huge = sm.SparseTensor.from_coo([[0, 1], [0, 1]], [1.0, 2.0], (1 << 62, 4), "dcsr")
+    with pytest.raises(ShapeError, match="cannot be allocated"):
+        sm.compile(SPMV_CSR, formats={"A": "dcsr"})(A=huge, x=np.ones(4))

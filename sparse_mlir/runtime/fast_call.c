@@ -299,6 +299,11 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
     }
     PyObject *operands = args[0], *out = args[1];
     if (self->function == NULL || PyDict_GET_SIZE(operands) != self->noperands) Py_RETURN_NOTIMPLEMENTED;
+    /* taken now: Python code runs below (numpy.empty, the thread choice, a finalizer either may trigger) and may
+     * let another thread close the plan, which clears both (a call through NULL crashed an eviction test) */
+    void *function = self->function;
+    PyObject *keep = self->keep;
+    Py_INCREF(keep);  /* the library stays mapped until this call returns, even if the plan is closed meanwhile */
     Views v;
     v.count = 0;
     int64_t params[MAX_PARAMS];
@@ -355,7 +360,12 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
             PyObject *empty_args[2] = {shape, self->out_dtype};
             result = PyObject_Vectorcall(self->empty, empty_args, 2, NULL);
             Py_DECREF(shape);
-            if (result == NULL) goto fail;
+            if (result == NULL) {  /* too large to allocate: the Python path raises the ShapeError naming it */
+                if (!PyErr_ExceptionMatches(PyExc_MemoryError) && !PyErr_ExceptionMatches(PyExc_ValueError))
+                    goto fail;
+                PyErr_Clear();
+                goto decline;
+            }
             target = array_view(self, &v, result, self->out_dtype, 1);
             if (target == NULL) goto decline;
         } else {
@@ -379,9 +389,6 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
         if (report == NULL) goto fail;
         if (report == Py_None) Py_CLEAR(report);
     }
-    void *function = self->function;
-    PyObject *keep = self->keep;
-    Py_INCREF(keep);  /* the library stays mapped while the kernel runs, even if the plan is closed meanwhile */
     int32_t status;
     struct timespec start = {0, 0}, stop = {0, 0};
     int timed = report != NULL;
@@ -390,7 +397,6 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
     status = call_entry(function, params, n);
     if (timed) clock_gettime(CLOCK_MONOTONIC, &stop);
     Py_END_ALLOW_THREADS
-    Py_DECREF(keep);
     if (report != NULL) {  /* advisory: a failure is printed, never lost with the result the kernel made */
         if (status == 0) {
             PyObject *seconds = PyFloat_FromDouble((double)(stop.tv_sec - start.tv_sec)
@@ -406,14 +412,17 @@ static PyObject *FastCall_call(FastCall *self, PyObject *const *args, Py_ssize_t
     self->calls++;
     release_views(&v);
     if (self->out_buffers) result = sparse_result(self, words, extents);
+    Py_DECREF(keep);
     return result;
 decline:
     release_views(&v);
     Py_XDECREF(result);
+    Py_DECREF(keep);
     Py_RETURN_NOTIMPLEMENTED;
 fail:
     release_views(&v);
     Py_XDECREF(result);
+    Py_DECREF(keep);
     return NULL;
 }
 

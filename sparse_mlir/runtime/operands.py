@@ -9,9 +9,9 @@ import numpy as np
 
 from sparse_mlir.errors import DeviceError, DTypeError, FormatError, OperandError, ShapeError
 from sparse_mlir.formats import Format
-from sparse_mlir.tensor.host import SparseTensor, share_scipy
+from sparse_mlir.tensor.host import SparseTensor, exactly_tensor, share_scipy
 
-__all__ = ["prepare", "check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents"]
+__all__ = ["prepare", "check_names", "sparse_operand", "dense_operand", "dense_output", "check_extents", "new_array"]
 
 
 def _is_cupy(value: Any) -> bool:
@@ -69,6 +69,7 @@ def sparse_operand(name: str, value: Any, declared: Format, dtype: np.dtype, tar
     if not isinstance(value, SparseTensor):
         raise OperandError(f"operand {name} is declared {declared}; pass a SparseTensor or a scipy.sparse "
                            f"matrix, got {type(value).__name__}")
+    value = exactly_tensor(value)
     if value.format is not declared and value.format.with_widths(declared.pos_width, declared.crd_width) != declared:
         raise FormatError(f"operand {name} is declared {declared}, but the SparseTensor is {value.format}; "
                           f"convert it (e.g. SparseTensor.from_scipy(t.to_scipy(), '{declared}'))")
@@ -96,6 +97,7 @@ def dense_operand(name: str, value: Any, rank: int, dtype: np.dtype, target: str
                              f"scalar or 0-d array of {dtype}, got {type(value).__name__} {value!r}")
         else:
             raise OperandError(f"operand {name} must be a numpy array, got {type(value).__name__}")
+    value = _plain(value)
     if value.dtype != dtype:
         raise DTypeError(f"operand {name} has dtype {value.dtype}, the kernel's dtype is {dtype} "
                          f"(no implicit casts: use .astype)")
@@ -133,9 +135,10 @@ def dense_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype,
     ``out`` must not overlap an operand: kernels are compiled assuming it does not (``noalias``).
     """
     if out is None:
-        return np.empty(shape, dtype=dtype)
+        return new_array(shape, dtype, name)
     if not isinstance(out, np.ndarray):
         raise OperandError(f"out= must be a numpy array, got {type(out).__name__}")
+    out = _plain(out)  # a subclass is written through a plain view of its memory (and that view returned)
     if out.dtype != dtype:
         raise DTypeError(f"out= has dtype {out.dtype}, the kernel's dtype is {dtype}")
     if out.shape != shape:
@@ -147,6 +150,22 @@ def dense_output(name: str, out: Any, shape: tuple[int, ...], dtype: np.dtype,
         if any(np.may_share_memory(out, b) for b in buffers):
             raise OperandError(f"out= overlaps operand {operand}; pass a separate array")
     return out
+
+
+def _plain(array: np.ndarray) -> np.ndarray:
+    """``array`` as a plain ndarray over the same memory: what a kernel reads or writes.  A subclass may report
+    another ``dtype`` or ``shape`` than its memory has (a property), and every check must be of the memory:
+    one claiming float64 over int8 memory was read, and written, past its end."""
+    return array if type(array) is np.ndarray else np.ndarray.view(array, np.ndarray)
+
+
+def new_array(shape: tuple[int, ...], dtype: np.dtype, name: str) -> np.ndarray:
+    """``np.empty(shape, dtype)``, or a ``ShapeError`` naming the result when it cannot be allocated (a DCSR of
+    shape (2**40, 4) with two entries asked for an 8 TiB result: numpy's ``MemoryError`` or ``ValueError``)."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as exc:
+        raise ShapeError(f"the result {name} of shape {shape} ({dtype}) cannot be allocated: {exc}") from None
 
 
 def check_extents(sources: tuple[tuple[str, tuple[tuple[str, int], ...]], ...],

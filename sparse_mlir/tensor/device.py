@@ -46,16 +46,19 @@ class DeviceSparseTensor(LevelBuffers):
     __slots__ = ("format", "shape", "dtype", "buffers", "longest_row", "derived", "__weakref__")
 
     def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[Any, ...], longest_row: int | None = None):
-        self.format = fmt
-        self.shape = tuple(int(s) for s in shape)
-        self.buffers = buffers
-        self.dtype = np.dtype(buffers[-1].dtype)
-        # entries of the longest row (CSR), known when the tensor was checked: lets the runtime pick a
-        # row-splitting kernel for skewed rows without reading the device
-        self.longest_row = longest_row
-        # device data kernels derive from these buffers alone (the 2:4 wgmma metadata in the instruction's
-        # layout), made by the first call that needs it and kept while the buffers are the same
-        self.derived: dict = {}
+        held = {"format": fmt, "shape": tuple(int(s) for s in shape), "buffers": buffers,
+                "dtype": np.dtype(buffers[-1].dtype),
+                # entries of the longest row (CSR), known when the tensor was checked: lets the runtime pick a
+                # row-splitting kernel for skewed rows without reading the device
+                "longest_row": longest_row,
+                # device data kernels derive from these buffers alone (the 2:4 wgmma metadata in the instruction's
+                # layout), made by the first call that needs it and kept while the buffers are the same
+                "derived": {}}
+        for name, value in held.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # as a SparseTensor: what was checked stays so
+        raise AttributeError(f"a DeviceSparseTensor cannot be changed once checked ({name}); build a new one")
 
     @classmethod
     def from_host(cls, tensor: SparseTensor) -> DeviceSparseTensor:

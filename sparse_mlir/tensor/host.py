@@ -2,9 +2,14 @@
 
 A tensor validates its buffers once, when built, and holds them as read-only
 views, so kernels trust it afterwards: that is what makes passing a
-``SparseTensor`` the fast way to call a kernel.  Builders never modify what
-they are given; they share the caller's buffers when those already have the
-format's layout (documented zero-copy), and otherwise build new ones.
+``SparseTensor`` the fast way to call a kernel.  For that trust to hold, what
+was checked cannot change afterwards: the tensor's attributes cannot be set
+(``A.shape = ...`` on a checked tensor made a kernel read far outside it), and
+index buffers given from outside are copied, unless nobody can write them (a
+read-only mapped file), since the caller's own array stays writable (a
+coordinate changed after the check crashed the kernel).  Values are shared:
+changing them changes only the numbers a kernel computes with.  Builders never
+modify what they are given.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from sparse_mlir.formats import BSR, COO, CSC, CSR, Format, LevelKind, as_format
 from sparse_mlir.tensor import storage
 
 # ``SUPPORTED_DTYPES`` and ``check_dtype`` live in ``sparse_mlir.dtypes``; they stay importable from here
-__all__ = ["SparseTensor", "LevelBuffers", "SUPPORTED_DTYPES", "check_dtype", "DEVICES", "register_device",
+__all__ = ["SparseTensor", "LevelBuffers", "exactly_tensor", "SUPPORTED_DTYPES", "check_dtype", "DEVICES", "register_device",
            "register_compile", "share_scipy"]
 
 DEVICES = ("cpu", "cuda")
@@ -66,6 +71,22 @@ def _compile_kernel(expression: str, formats: dict[str, Format], dtype: np.dtype
 _matmul_kernels: dict[tuple, Any] = {}
 _MATVEC = "y[i] = A[i,k] * x[k]"
 _MATMUL = "C[i,j] = A[i,k] * B[k,j]"
+
+
+def _unchangeable(array: np.ndarray) -> bool:
+    """Whether nothing in this process can write ``array``'s memory: a read-only view of read-only memory that
+    is not a numpy array (whose holder may make it writeable again), such as a file mapped read-only or bytes."""
+    if array.flags.writeable:
+        return False
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, np.ndarray):
+        return False
+    try:
+        return memoryview(base).readonly
+    except TypeError:
+        return False
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -129,26 +150,43 @@ class SparseTensor(LevelBuffers):
                                       f"got {type(buffers).__name__}") from None
         if validate:
             _check_buffer_layout(fmt, buffers)
-        self.dtype = check_dtype(buffers[-1].dtype if buffers else None, "values")
+            # checked as the copies the tensor keeps (see the module's docstring)
+            buffers = (*(b if _unchangeable(b) else b.copy() for b in buffers[:-1]), *buffers[-1:])
+        dtype = check_dtype(buffers[-1].dtype if buffers else None, "values")
         if validate:
             storage.validate(fmt, shape, buffers)
-        self.format = fmt
-        self.shape = shape
-        self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
+        self._hold(fmt, shape, dtype, buffers)
 
     @classmethod
     def _trusted(cls, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
         """Wrap buffers a builder of this module has already checked (layout, bounds, dtype), skipping
         ``__init__``'s checks: what keeps a scipy operand's per-call cost at a few microseconds."""
         self = object.__new__(cls)
-        self.format, self.shape, self.dtype = fmt, shape, buffers[-1].dtype
-        self.buffers = tuple(_readonly(np.ascontiguousarray(b)) for b in buffers)
+        self._hold(fmt, shape, buffers[-1].dtype, buffers)
         return self
+
+    def _hold(self, fmt: Format, shape: tuple[int, ...], dtype: np.dtype, buffers: tuple[np.ndarray, ...]) -> None:
+        """Set the attributes, once (``__setattr__`` refuses it afterwards)."""
+        _set_format(self, fmt)
+        _set_shape(self, shape)
+        _set_dtype(self, dtype)
+        _set_buffers(self, tuple(_readonly(np.ascontiguousarray(b)) for b in buffers))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a SparseTensor cannot be changed once checked ({name}); build a new one")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a SparseTensor cannot be changed once checked ({name})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its format, shape and buffers, checked again when loaded (a pickle may come from anywhere)."""
+        return SparseTensor, (self.format, self.shape, self.buffers)
 
     # -- builders ---------------------------------------------------------------
     @classmethod
     def from_buffers(cls, fmt: Format | str, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
-        """Wrap level buffers (in ``fmt.buffer_names`` order) after validating them; no copy."""
+        """Wrap level buffers (in ``fmt.buffer_names`` order) after validating them: the values are shared, the
+        index buffers copied unless nothing can write them (see the module's docstring)."""
         return cls(as_format(fmt, len(shape)), shape, buffers)
 
     @classmethod
@@ -347,6 +385,20 @@ class SparseTensor(LevelBuffers):
     def __repr__(self) -> str:
         return f"SparseTensor(shape={self.shape}, format={self.format}, dtype={self.dtype}, nnz={self.nnz})"
 
+
+# the slots' own setters, which ``SparseTensor.__setattr__`` does not let anything else reach
+_set_format, _set_shape, _set_dtype, _set_buffers = (SparseTensor.__dict__[name].__set__
+                                                      for name in ("format", "shape", "dtype", "buffers"))
+
+
+def exactly_tensor(tensor: SparseTensor) -> SparseTensor:
+    """``tensor`` if it is exactly a ``SparseTensor``; a subclass's slots checked again into one, since its own
+    properties may report another shape or other buffers than were checked (a ``shape`` property made a kernel
+    read outside the buffers)."""
+    if type(tensor) is SparseTensor:
+        return tensor
+    slot = SparseTensor.__dict__
+    return SparseTensor(slot["format"].__get__(tensor), slot["shape"].__get__(tensor), slot["buffers"].__get__(tensor))
 
 _SCIPY_FORMATS = {"csr": CSR, "csc": CSC, "coo": COO}
 
