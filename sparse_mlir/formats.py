@@ -436,17 +436,18 @@ def parse_format(text: str, ndim: int | None = None) -> Format:
 
 
 def _parse(key: str, ndim: int | None) -> Format | None:
+    """Digits are ASCII ``[0-9]`` (``\\d`` took "bsr２x２" and "ds:١,0"; the DSL refuses such digits too)."""
     named = {"csr": CSR, "csc": CSC, "dcsr": DCSR, "dense": Dense, "sparse_vector": sparse_vector()}
     if key in named:
         return named[key]
-    if match := re.fullmatch(r"(coo|csf)(\d*)", key):
+    if match := re.fullmatch(r"(coo|csf)([0-9]*)", key):
         order = int(match.group(2) or ndim or (2 if match.group(1) == "coo" else 3))
         return coo(order) if match.group(1) == "coo" else csf(order)
-    if match := re.fullmatch(r"bsr(\d+)x(\d+)", key):
+    if match := re.fullmatch(r"bsr([0-9]+)x([0-9]+)", key):
         return BSR(int(match.group(1)), int(match.group(2)))
-    if match := re.fullmatch(r"(\d+):(\d+)", key):
+    if match := re.fullmatch(r"([0-9]+):([0-9]+)", key):
         return NM(int(match.group(1)), int(match.group(2)))
-    if match := re.fullmatch(r"([dsuqc]+)(?::(\d+(?:,\d+)*))?", key):
+    if match := re.fullmatch(r"([dsuqc]+)(?::([0-9]+(?:,[0-9]+)*))?", key):
         letters = match.group(1)
         if len(letters) > MAX_ORDER:
             raise FormatError(f"format {key!r} has {len(letters)} levels, more than {MAX_ORDER}; tensors have 1 to 3 "

@@ -6,7 +6,7 @@ import pytest
 
 import sparse_mlir as sm
 from sparse_mlir.errors import FormatError
-from sparse_mlir.formats import Format, Level, LevelExpr, LevelKind, coo, parse_format
+from sparse_mlir.formats import Format, Level, LevelExpr, LevelKind, as_format, coo, parse_format
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -109,3 +109,10 @@ def test_the_same_widths_give_the_same_format_object():
     assert wide.with_widths(CSR.pos_width, CSR.crd_width) is CSR and wide.name == CSR.name
     named = parse_format("csr")  # an equal format under its own name keeps that name at other widths
     assert named.with_widths(64, 64).name == named.name
+
+
+@pytest.mark.parametrize("text", ["bsr２x２", "ds:١,0", "２:４", "coo３"])
+def test_format_strings_take_ascii_digits_only(text):
+    """``\\d`` matched any Unicode digit, which the DSL refuses; a format string now does too."""
+    with pytest.raises(FormatError, match="unknown format"):
+        as_format(text, None)
