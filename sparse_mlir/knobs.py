@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sparse_mlir.files import checkout_root
 
-__all__ = ["knobs"]
+__all__ = ["is_count", "knobs"]
 
 # ``os.environ`` keeps the environment in a dict of encoded keys; ``os.environ.get`` encodes the name and, for an
 # unset variable (the usual case), raises and catches a KeyError: 0.4-0.8 us a read.  Every threaded kernel call
@@ -62,7 +62,7 @@ class _Knobs:
         """``SPARSE_MLIR_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the cores this process may use."""
         for name in ("SPARSE_MLIR_NUM_THREADS", "OMP_NUM_THREADS"):
             value = _env(name, "").split(",")[0].strip()
-            if value.isdigit() and int(value) > 0:
+            if is_count(value) and int(value) > 0:
                 return int(value)
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -76,7 +76,7 @@ class _Knobs:
     def max_loaded_kernels() -> int:
         """``SPARSE_MLIR_MAX_LOADED_KERNELS``: compiled libraries kept loaded per process (LRU), default 256."""
         value = _env("SPARSE_MLIR_MAX_LOADED_KERNELS", "")
-        return max(1, int(value)) if value.isdigit() else 256
+        return max(1, int(value)) if is_count(value) else 256
 
     @staticmethod
     def dense_budget() -> int:
@@ -86,7 +86,7 @@ class _Knobs:
         candidate and a refused compile is not retried densified."""
         text = _env("SPARSE_MLIR_DENSE_BUDGET", "").strip()
         if text:
-            if text.isdigit():
+            if is_count(text):
                 return int(text)
             warnings.warn(f"SPARSE_MLIR_DENSE_BUDGET={text!r} is not a number of bytes; using the default",
                           RuntimeWarning, stacklevel=2)
@@ -202,6 +202,12 @@ class _Knobs:
 
 
 DENSE_BUDGET_FRACTION = 0.25  # of the memory available now: a dense copy must leave room for everything else
+
+
+def is_count(text: str) -> bool:
+    """Whether ``text`` is a whole number ``int`` reads: ASCII digits only (``"²".isdigit()`` is true, and
+    ``int("²")`` a ValueError on every kernel call)."""
+    return text.isascii() and text.isdigit()
 
 
 def _available_memory() -> int:

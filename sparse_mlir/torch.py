@@ -27,6 +27,7 @@ the layer's recipe, with a warning saying what was kept.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import logging
 import re
@@ -143,6 +144,14 @@ class Pruning:
         return f"{what} stored as {self.format}"
 
 
+def _versions(tensors: Sequence[torch.Tensor]) -> tuple[int, ...] | None:
+    """The in-place change counts of ``tensors``, or ``None`` for inference tensors (which keep none)."""
+    try:
+        return tuple(t._version for t in tensors)
+    except RuntimeError:
+        return None
+
+
 class SparseLinear(nn.Module):
     """A drop-in for ``nn.Linear`` whose weight is pruned: trains its stored weights, keeps its mask."""
 
@@ -238,6 +247,8 @@ class SparseLinear(nn.Module):
         values, bias = self._parameters["weight_values"], self._parameters.get("bias")
         levels = self._levels
         key = [(t.data_ptr(), t.shape, t.dtype) for t in (*levels, values, *(() if bias is None else (bias,)))]
+        versions = _versions(levels)  # a level buffer changed in place is checked again (``operator_weight``)
+        key.append(object() if versions is None else versions)  # none kept: rebuilt, so checked, every call
         kept = self.__dict__.get("_kept_operand")
         if kept is None or kept[0] != key:  # the operators' own wrapping (the kernels' C path keys on its format)
             weight = operator_weight(self._format_key, list(self._shape), levels, values)

@@ -44,16 +44,18 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from sparse_mlir.api import compile as compile_kernel
-from sparse_mlir.errors import OperandError
+from sparse_mlir.errors import FormatError, InvalidIndicesError, OperandError
 from sparse_mlir.formats import CSR, Format, format_from_json, format_to_json
 from sparse_mlir.runtime import threads
 from sparse_mlir.runtime.kernel import Kernel
+from sparse_mlir.tensor import storage
 from sparse_mlir.tensor.host import SparseTensor
 
 __all__ = ["ACTIVATIONS", "TransposedPattern", "feed_forward", "format_key", "linear", "transposed_pattern"]
@@ -88,7 +90,10 @@ def format_key(fmt: Format) -> str:
 
 @functools.cache
 def _format(key: str) -> Format:
-    return format_from_json(json.loads(key))
+    try:
+        return format_from_json(json.loads(key))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # an operator called with a key of its own
+        raise FormatError(f"not a weight format key ({format_key.__name__} makes them): {key!r}") from exc
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -146,8 +151,34 @@ def transposed_pattern(weight: SparseTensor) -> TransposedPattern:
 def operator_weight(fmt: str, shape: list[int], levels: list[torch.Tensor], values: torch.Tensor
                     ) -> SparseTensor:
     """A weight as the operators receive it (format key, shape, level buffers, values) as a ``SparseTensor``
-    over the same memory (validated when the module took it)."""
-    return SparseTensor(_format(fmt), tuple(shape), (*map(_numpy, levels), _numpy(values)), validate=False)
+    over the same memory.  The level buffers are checked whenever they are new to this function or were changed
+    in place since (torch counts in-place changes in ``_version``): a module's coordinate set to 10**9 under
+    ``no_grad``, or an operator called directly with its own buffers, crashed the kernel."""
+    tensor = SparseTensor(_format(fmt), tuple(shape), (*map(_numpy, levels), _numpy(values)), validate=False)
+    _check_levels(tensor, levels)
+    return tensor
+
+
+# level buffers checked as they are: id of the last level's tensor -> (a weak reference to it, the stamp it was
+# checked with; ``_check_levels``).  Not a WeakKeyDictionary: it compares keys with ``==``, elementwise on tensors.
+_checked_levels: dict[int, tuple[weakref.ref, tuple]] = {}
+
+
+def _check_levels(tensor: SparseTensor, levels: list[torch.Tensor]) -> None:
+    """Validate ``tensor`` (over the memory of ``levels``) unless these very level tensors were validated for it
+    and have not changed in place since: the stamp is their objects, memory and ``_version`` counts, with the
+    format, shape and value count.  Inference tensors count no changes: they are validated on every call."""
+    try:
+        stamp = (tensor.format, tensor.shape, tensor.nnz, tuple((id(t), t.data_ptr(), t._version) for t in levels))
+    except RuntimeError:
+        stamp = None
+    anchor = levels[-1] if levels else None
+    known = _checked_levels.get(id(anchor))
+    if anchor is None or stamp is None or known is None or known[0]() is not anchor or known[1] != stamp:
+        storage.validate(tensor.format, tensor.shape, tensor.buffers)
+        if anchor is not None and stamp is not None:
+            key = id(anchor)
+            _checked_levels[key] = (weakref.ref(anchor, lambda _, key=key: _checked_levels.pop(key, None)), stamp)
 
 
 def _check_activation(activation: str) -> None:
@@ -267,8 +298,12 @@ def _grad_input(grad: torch.Tensor, values: torch.Tensor, t_pos: torch.Tensor, t
     """``dX = dY W`` as the Linear kernel on ``W^T`` (CSR): ``dX[b,i] = dY[b,o] * WT[i,o]``, row-major."""
     out_features, in_features = shape
     fmt = _csr_width(values.numel(), max(shape))
-    gathered = np.take(_numpy(values), _numpy(t_order))  # numpy: torch's thread pool stalls on a busy machine
+    try:
+        gathered = np.take(_numpy(values), _numpy(t_order))  # numpy: torch's thread pool stalls on a busy machine
+    except IndexError as exc:
+        raise InvalidIndicesError(f"the transposed pattern's order is out of range: {exc}") from None
     w_t = SparseTensor(fmt, (in_features, out_features), (_numpy(t_pos), _numpy(t_crd), gathered), validate=False)
+    _check_levels(w_t, [t_pos, t_crd])
     kernel = _kernel(_LINEAR, (("W", fmt),), w_t.dtype)
     with threads.blocktime(0):
         return torch.from_numpy(kernel(X=_numpy(grad.contiguous()), W=w_t))

@@ -126,3 +126,26 @@ def test_sparse_linear_edges_are_refused_by_name_or_work():
             layer.load_state_dict({"weight": weight, "bias": torch.zeros(4)})
     empty = SparseLinear.from_linear(torch.nn.Linear(0, 4), sparsity=0.5)
     torch.testing.assert_close(empty(torch.randn(3, 0)), empty.bias.detach().expand(3, 4))
+
+
+def test_level_buffers_changed_in_place_are_checked_again():
+    """A SparseLinear's coordinate set to 10**9 in place (under no_grad), or an operator called with its own
+    buffers, crashed the kernel: the operators wrapped the buffers unchecked."""
+    from sparse_mlir.errors import FormatError
+    from sparse_mlir.torch import SparseLinear
+
+    layer = SparseLinear.from_linear(torch.nn.Linear(16, 8), sparsity=0.5)
+    x = torch.randn(3, 16)
+    want, first = layer(x), int(layer.weight_crd1[0])
+    with torch.no_grad():
+        layer.weight_crd1[0] = 10 ** 9
+    with pytest.raises(InvalidIndicesError, match="out of range"):
+        layer(x)
+    with torch.no_grad():
+        layer.weight_crd1[0] = first  # put back: checked again, and right
+    torch.testing.assert_close(layer(x), want)
+    torch.ops.sparse_mlir.linear(x, layer.weight_values.detach(), None, [layer.weight_pos1, layer.weight_crd1], [],
+                                 layer._format_key, list(layer._shape), "")
+    with pytest.raises(FormatError, match="format key"):
+        torch.ops.sparse_mlir.linear(x, layer.weight_values.detach(), None, [layer.weight_pos1, layer.weight_crd1],
+                                     [], "[1,2]", list(layer._shape), "")

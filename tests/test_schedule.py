@@ -348,3 +348,27 @@ def test_a_bsr_decision_sends_the_same_tensor_to_the_blocked_kernel(monkeypatch)
     assert python_path == []
     with pytest.raises(sm.errors.ShapeError):  # bad operands still get the library's error
         kernel(A=A, B=B[:100], bias=bias)
+
+
+def test_a_dense_choice_follows_values_changed_in_place(monkeypatch):
+    """The dense copy the auto schedule multiplies was kept per tensor: a scipy operand's values changed in place
+    between calls were not seen (the plain kernel saw them).  A SparseTensor keeps copies of what it is given, so
+    its values cannot change under a kept copy."""
+    import scipy.sparse as sp
+
+    import sparse_mlir.runtime.schedule as schedule
+
+    monkeypatch.setattr(schedule, "SPARSE_MARGIN", 1e-9)  # dense wins the decision
+    rng = np.random.default_rng(0)
+    dense = rng.random((96, 96)) + 0.1
+    a, b = sp.csr_matrix(dense), rng.random((96, 16))
+    kernel = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, schedule="auto")
+    first = kernel(A=a, B=b)
+    assert kernel.schedule["choice"] == "dense"
+    a.data *= 2.0
+    np.testing.assert_allclose(kernel(A=a, B=b), 2 * first, rtol=1e-12)
+    values = a.data.copy()
+    tensor = sm.SparseTensor.from_buffers("csr", a.shape, (a.indptr, a.indices, values))
+    before = kernel(A=tensor, B=b)
+    values *= 2.0  # the tensor holds its own copy
+    np.testing.assert_array_equal(kernel(A=tensor, B=b), before)

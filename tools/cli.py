@@ -22,7 +22,7 @@ from sparse_mlir.export.artifacts import export
 from sparse_mlir.files import checkout_root
 from sparse_mlir.io.matrix_files import file_kind, load_any, read_npy, save_any
 from sparse_mlir.io.smt import save_tensor
-from sparse_mlir.knobs import knobs
+from sparse_mlir.knobs import is_count, knobs
 from sparse_mlir.runtime import fast_call
 from sparse_mlir.runtime.threads import kernel_runtime, openmp_library
 from sparse_mlir.tensor.host import SparseTensor
@@ -208,7 +208,7 @@ def _check_prune_options(args: argparse.Namespace) -> None:
     """One pruning method and only its options: a conflicting option is refused, never silently ignored."""
     if args.pattern:
         n, _, m = args.pattern.partition(":")
-        if not (n.isdigit() and m.isdigit()):
+        if not (is_count(n) and is_count(m)):
             raise SparseMLIRError(f"--pattern is written N:M, e.g. 2:4; got {args.pattern!r}")
         given = [f"--{name} {value}" for name, value in (("sparsity", args.sparsity), ("block", args.block),
                                                         ("scope", args.scope)) if value is not None]
@@ -220,7 +220,7 @@ def _check_prune_options(args: argparse.Namespace) -> None:
         raise SparseMLIRError("give --pattern N:M, or --sparsity S (with --block RxC for block pruning)")
     if args.block:
         rows, _, cols = args.block.partition("x")
-        if not (rows.isdigit() and cols.isdigit() and int(rows) > 0 and int(cols) > 0):
+        if not (is_count(rows) and is_count(cols) and int(rows) > 0 and int(cols) > 0):
             raise SparseMLIRError(f"--block is written RxC with positive sizes, e.g. 4x4; got {args.block!r}")
         if args.scope is not None:
             raise SparseMLIRError(f"--scope {args.scope} is for unstructured pruning; --block {args.block} removes "

@@ -26,7 +26,10 @@ the parallel form that fits it, built with the bindings' op builders:
   (``loops.thread_count``) the outer entries are split into ``T`` ranges of
   about equal entries (bisection over the positions); range 0 scatters into
   ``y``, the others into ``T - 1`` private vectors, summed into ``y`` by a
-  parallel loop after.  One thread scatters straight into ``y``.
+  parallel loop after.  One thread scatters straight into ``y``.  The sums
+  are the same on every call with the same ``T``; the runtime's thread choice
+  (``runtime.thread_choice``) may run a call on fewer threads (its timed
+  trials of cold calls), whose sums then differ in the last bits.
 
 Row and column sums (``y[i] = A[i,j]``) are the same kernels without ``x``.
 ``y`` is zeroed by the C entry point (no ``FILLS_OUTPUT``): rows that hold no

@@ -417,7 +417,11 @@ def structure(tensor: SparseTensor) -> tuple:
 
 
 def _block_copy(tensor: SparseTensor, fmt: Format) -> SparseTensor:
-    """``tensor`` converted to the block format ``fmt``, made once per tensor."""
+    """``tensor`` converted to the block format ``fmt``, made once per tensor; every call for a scipy operand
+    used in place (``borrowed``), whose values may change between calls (a kept copy answered with the old
+    ones)."""
+    if tensor.borrowed:
+        return SparseTensor.from_scipy(tensor.to_scipy(), fmt)
     copies = _block_copies.setdefault(tensor, {})
     if fmt not in copies:
         copies[fmt] = SparseTensor.from_scipy(tensor.to_scipy(), fmt)
@@ -425,6 +429,9 @@ def _block_copy(tensor: SparseTensor, fmt: Format) -> SparseTensor:
 
 
 def _dense_copy(tensor: SparseTensor) -> np.ndarray:
+    """``tensor`` as a dense array, kept with it (made every call when ``borrowed``, as ``_block_copy``)."""
+    if tensor.borrowed:
+        return tensor.to_dense()
     dense = _dense_copies.get(tensor)
     if dense is None:
         dense = _dense_copies[tensor] = tensor.to_dense()

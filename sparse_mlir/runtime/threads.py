@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from sparse_mlir.knobs import knobs
+from sparse_mlir.knobs import is_count, knobs
 from sparse_mlir.runtime import gomp_bridge, kmp_pool
 
 __all__ = ["blocktime", "blocktime_seconds", "fixed", "for_work", "kernel_runtime", "load_runtime", "openmp_library",
@@ -236,7 +236,7 @@ def _parse_blocktime(text: str) -> float:
     """Seconds of a ``KMP_BLOCKTIME`` value (parsed once per value: this runs before every threaded call)."""
     text = text.strip().lower()
     for suffix, scale in (("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("", 1e-3)):
-        if text.endswith(suffix) and text[:len(text) - len(suffix)].isdigit():
+        if text.endswith(suffix) and is_count(text[:len(text) - len(suffix)]):
             return int(text[:len(text) - len(suffix)]) * scale
     return math.inf  # "infinite", or a form the runtime may read otherwise: assume the workers spin
 

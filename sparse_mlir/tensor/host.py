@@ -5,11 +5,13 @@ views, so kernels trust it afterwards: that is what makes passing a
 ``SparseTensor`` the fast way to call a kernel.  For that trust to hold, what
 was checked cannot change afterwards: the tensor's attributes cannot be set
 (``A.shape = ...`` on a checked tensor made a kernel read far outside it), and
-index buffers given from outside are copied, unless nobody can write them (a
-read-only mapped file), since the caller's own array stays writable (a
-coordinate changed after the check crashed the kernel).  Values are shared:
-changing them changes only the numbers a kernel computes with.  Builders never
-modify what they are given.
+a tensor keeps copies of the buffers it is given, unless nobody can write them
+(a read-only mapped file), since the caller's own arrays stay writable (a
+coordinate changed after the check crashed the kernel, and values changed
+after a schedule cached a dense copy of them were not seen).  The one
+exception is ``share_scipy``'s view of a scipy operand for one call
+(``borrowed``): checked on every call, never kept by anything.  Builders
+never modify what they are given.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class LevelBuffers:
 class SparseTensor(LevelBuffers):
     """A sparse tensor of order 1 to 3 in any :class:`~sparse_mlir.formats.Format`."""
 
-    __slots__ = ("format", "shape", "dtype", "buffers", "__weakref__")
+    __slots__ = ("format", "shape", "dtype", "buffers", "borrowed", "__weakref__")
 
     def __init__(self, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...], *,
                  validate: bool = True):
@@ -151,26 +153,30 @@ class SparseTensor(LevelBuffers):
         if validate:
             _check_buffer_layout(fmt, buffers)
             # checked as the copies the tensor keeps (see the module's docstring)
-            buffers = (*(b if _unchangeable(b) else b.copy() for b in buffers[:-1]), *buffers[-1:])
+            buffers = tuple(b if _unchangeable(b) else b.copy() for b in buffers)
         dtype = check_dtype(buffers[-1].dtype if buffers else None, "values")
         if validate:
             storage.validate(fmt, shape, buffers)
-        self._hold(fmt, shape, dtype, buffers)
+        self._hold(fmt, shape, dtype, buffers, borrowed=False)
 
     @classmethod
-    def _trusted(cls, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
+    def _trusted(cls, fmt: Format, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...], *,
+                 borrowed: bool = False) -> SparseTensor:
         """Wrap buffers a builder of this module has already checked (layout, bounds, dtype), skipping
-        ``__init__``'s checks: what keeps a scipy operand's per-call cost at a few microseconds."""
+        ``__init__``'s checks: what keeps a scipy operand's per-call cost at a few microseconds.  ``borrowed``:
+        the buffers are the caller's own (``share_scipy``)."""
         self = object.__new__(cls)
-        self._hold(fmt, shape, buffers[-1].dtype, buffers)
+        self._hold(fmt, shape, buffers[-1].dtype, buffers, borrowed=borrowed)
         return self
 
-    def _hold(self, fmt: Format, shape: tuple[int, ...], dtype: np.dtype, buffers: tuple[np.ndarray, ...]) -> None:
+    def _hold(self, fmt: Format, shape: tuple[int, ...], dtype: np.dtype, buffers: tuple[np.ndarray, ...], *,
+              borrowed: bool) -> None:
         """Set the attributes, once (``__setattr__`` refuses it afterwards)."""
         _set_format(self, fmt)
         _set_shape(self, shape)
         _set_dtype(self, dtype)
         _set_buffers(self, tuple(_readonly(np.ascontiguousarray(b)) for b in buffers))
+        _set_borrowed(self, borrowed)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a SparseTensor cannot be changed once checked ({name}); build a new one")
@@ -200,7 +206,7 @@ class SparseTensor(LevelBuffers):
         """
         shape = storage.check_shape(shape)
         fmt = as_format(format, len(shape))
-        values = np.asarray(values)
+        values = _array_of(values, "values", ShapeError)
         check_dtype(values.dtype, "values")
         if values.ndim != 1:
             raise ShapeError(f"values must be 1-d, got shape {values.shape}")
@@ -219,11 +225,11 @@ class SparseTensor(LevelBuffers):
         groups (``storage.pack_row_nm``: 4096^2 at 2:4 in 0.04 s, not 0.6),
         any other through coordinates.
         """
-        array = np.asarray(array)
+        array = _array_of(array, "the dense array", ShapeError)
         if not 1 <= array.ndim <= 3:
             raise ShapeError(f"sparse tensors have 1 to 3 dimensions, got {array.ndim}")
         check_dtype(array.dtype, "dense array")
-        kept = None if where is None else np.asarray(where)
+        kept = None if where is None else _array_of(where, "where", ShapeError)
         if kept is not None and kept.dtype != np.bool_:
             raise DTypeError(f"where must be a boolean array, got dtype {kept.dtype}")
         if kept is not None and kept.shape != array.shape:
@@ -242,9 +248,9 @@ class SparseTensor(LevelBuffers):
         The format defaults to the matrix's own (csr, csc, coo, bsr; others go
         through CSR).  When it is the matrix's own layout, scipy says the
         matrix is canonical (``has_canonical_format``) and its indices are of
-        the format's width, the scipy buffers are shared read-only, not
-        copied (see ``share_scipy``): mutating them afterwards is undefined.
-        Otherwise a sorted, duplicate-summed copy is built; int64 indices are
+        the format's width, its buffers are copied as they are (checked by
+        ``share_scipy``); the tensor never shares the matrix's memory (see the
+        module's docstring).  Otherwise a sorted, duplicate-summed copy is built; int64 indices are
         narrowed when they fit and the format is widened to 64 bits when they
         do not.  Kernels take scipy operands through ``share_scipy`` directly,
         at scipy's own index widths.
@@ -260,7 +266,7 @@ class SparseTensor(LevelBuffers):
             fmt = BSR(*matrix.blocksize)
         shared = share_scipy(matrix, fmt)
         if shared is not None and shared.format == fmt:
-            return shared
+            return cls._trusted(fmt, shared.shape, tuple(b.copy() for b in shared.buffers))
         _check_scipy_structure(matrix)
         coo = _native_indices(matrix).tocoo()
         return cls.from_coo(np.vstack([coo.row, coo.col]), coo.data, matrix.shape, fmt)
@@ -279,7 +285,10 @@ class SparseTensor(LevelBuffers):
         return storage.unpack(self.format, self.shape, self.buffers)
 
     def to_dense(self) -> np.ndarray:
-        out = np.zeros(self.shape, dtype=self.dtype)
+        try:
+            out = np.zeros(self.shape, dtype=self.dtype)
+        except (MemoryError, ValueError) as exc:  # (2**40, 2**40) with two entries: "array is too big"
+            raise ShapeError(f"a dense {self.shape} array of {self.dtype} cannot be allocated: {exc}") from None
         coords, values = self.to_coo()
         np.add.at(out, tuple(coords), values)
         return out
@@ -309,7 +318,13 @@ class SparseTensor(LevelBuffers):
             return bsr((blocks, b[1], b[0]), shape=self.shape)
         coords, values = self.to_coo()
         coo = coo_type((values, (coords[0], coords[1])), shape=self.shape)
-        return coo if fmt == COO.with_widths(fmt.pos_width, fmt.crd_width) else coo.tocsr()
+        if fmt == COO.with_widths(fmt.pos_width, fmt.crd_width):
+            return coo
+        try:
+            return coo.tocsr()
+        except (MemoryError, ValueError) as exc:  # a DCSR of 2**40 rows: 8 TiB of CSR row positions
+            raise ShapeError(f"a {self.shape} tensor cannot be held as scipy CSR ({exc}); take it as COO with "
+                             f"t.to_coo()") from None
 
     # -- the array protocol (scipy's sparray habits) ------------------------------
     __array_ufunc__ = None  # numpy defers ``x @ A`` to ``A.__rmatmul__`` instead of making an object array
@@ -325,8 +340,8 @@ class SparseTensor(LevelBuffers):
         target = check_dtype(dtype, "astype")
         if target == self.dtype:
             return self
-        return SparseTensor(self.format, self.shape, (*self.buffers[:-1], self.values.astype(target)),
-                            validate=False)
+        return SparseTensor._trusted(self.format, self.shape, (*self.buffers[:-1], self.values.astype(target)),
+                                     borrowed=self.borrowed)
 
     @property
     def T(self) -> SparseTensor:
@@ -336,8 +351,8 @@ class SparseTensor(LevelBuffers):
         fmt = self.format
         for here, there in ((CSR, CSC), (CSC, CSR)):
             if fmt == here.with_widths(fmt.pos_width, fmt.crd_width):
-                return SparseTensor(there.with_widths(fmt.pos_width, fmt.crd_width), self.shape[::-1], self.buffers,
-                                    validate=False)
+                return SparseTensor._trusted(there.with_widths(fmt.pos_width, fmt.crd_width), self.shape[::-1],
+                                             self.buffers, borrowed=self.borrowed)
         coords, values = self.to_coo()
         return SparseTensor.from_coo(coords[::-1], values, self.shape[::-1], fmt)
 
@@ -351,9 +366,15 @@ class SparseTensor(LevelBuffers):
         if self.ndim != 2:
             raise ShapeError(f"@ takes a 2-d sparse tensor, got {self.ndim}-d")
         if isinstance(other, SparseTensor):
-            kernel = _compile_kernel(_MATMUL, {"A": self.format, "B": other.format, "C": CSR},
-                                     self.dtype)
-            return kernel(A=self, B=other)
+            a = self
+            if a.format == CSC.with_widths(a.format.pos_width, a.format.crd_width) and \
+                    other.format != CSC.with_widths(other.format.pos_width, other.format.crd_width):
+                # the sparsifier cannot write a CSR result walking a CSC A against another format of B
+                # ("failed to legalize unresolved materialization"): A goes row-major first
+                coords, values = a.to_coo()
+                a = SparseTensor.from_coo(coords, values, a.shape, CSR)
+            kernel = _compile_kernel(_MATMUL, {"A": a.format, "B": other.format, "C": CSR}, a.dtype)
+            return kernel(A=a, B=other)
         rank = getattr(other, "ndim", None)
         if rank not in (1, 2):
             raise ShapeError(f"@ takes a 1-d or 2-d dense operand, got {type(other).__name__} of rank {rank}")
@@ -387,8 +408,8 @@ class SparseTensor(LevelBuffers):
 
 
 # the slots' own setters, which ``SparseTensor.__setattr__`` does not let anything else reach
-_set_format, _set_shape, _set_dtype, _set_buffers = (SparseTensor.__dict__[name].__set__
-                                                      for name in ("format", "shape", "dtype", "buffers"))
+_set_format, _set_shape, _set_dtype, _set_buffers, _set_borrowed = (
+    SparseTensor.__dict__[name].__set__ for name in ("format", "shape", "dtype", "buffers", "borrowed"))
 
 
 def exactly_tensor(tensor: SparseTensor) -> SparseTensor:
@@ -417,13 +438,21 @@ def _check_buffer_layout(fmt: Format, buffers: tuple[np.ndarray, ...]) -> None:
             raise DTypeError(f"{name} has dtype {buf.dtype}, but format {fmt} stores {want}")
 
 
+def _array_of(value: Any, what: str, error: type[SparseMLIRError]) -> np.ndarray:
+    """``np.asarray(value)``, with numpy's ``ValueError`` for ragged nested lists raised as ``error``."""
+    try:
+        return np.asarray(value)
+    except ValueError as exc:
+        raise error(f"{what} must be a rectangular array ({exc})") from None
+
+
 def _coordinate_rows(coords: Any, ndim: int, nnz: int) -> np.ndarray:
     """``coords`` as an ``(ndim, nnz)`` array, without guessing at any other layout.
 
     Only layouts with one reading are accepted: ``(ndim, nnz)`` itself, a
     flat list for a 1-d tensor, and an empty list when there are no entries.
     """
-    array = np.asarray(coords)
+    array = _array_of(coords, "coordinates", InvalidIndicesError)
     if array.ndim == 1 and (ndim == 1 or array.size == 0 == nnz):
         return array.reshape(ndim, -1)
     if array.ndim == 2 and array.shape[0] == ndim:
@@ -595,4 +624,4 @@ def _wrap_scipy(matrix: Any, fmt: Format, index: tuple[np.ndarray, ...]) -> Spar
         buffers = (index[0], index[1], data)
         shared = fmt.with_widths(index[0].itemsize * 8, index[1].itemsize * 8)
     check_dtype(data.dtype, "scipy matrix values")
-    return SparseTensor._trusted(shared, tuple(matrix.shape), buffers)
+    return SparseTensor._trusted(shared, tuple(matrix.shape), buffers, borrowed=True)

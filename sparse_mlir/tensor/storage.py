@@ -254,7 +254,10 @@ def pack_row_nm(fmt: Format, array: np.ndarray, kept: np.ndarray | None = None) 
     chosen = np.flatnonzero(_padded(used, counts, level.n))
     power_of_two = level.m & (level.m - 1) == 0
     offsets = chosen & (level.m - 1) if power_of_two else chosen % level.m
-    return offsets.astype(index_dtype(fmt.crd_width)), groups.reshape(-1).take(chosen)
+    values = groups.reshape(-1).take(chosen)
+    if kept is not None:  # a padding slot stores a zero, not the entry ``kept`` left out (a pruned weight came back)
+        values[~used.reshape(-1)[chosen]] = 0
+    return offsets.astype(index_dtype(fmt.crd_width)), values
 
 
 def _fill_groups(parent: np.ndarray, offsets: np.ndarray, counts: np.ndarray, n_groups: int, n: int,
