@@ -29,8 +29,8 @@ from sparse_mlir.formats import BSR, COO, CSC, CSR, Format, LevelKind, as_format
 from sparse_mlir.tensor import storage
 
 # ``SUPPORTED_DTYPES`` and ``check_dtype`` live in ``sparse_mlir.dtypes``; they stay importable from here
-__all__ = ["SparseTensor", "LevelBuffers", "exactly_tensor", "SUPPORTED_DTYPES", "check_dtype", "DEVICES", "register_device",
-           "register_compile", "share_scipy"]
+__all__ = ["SparseTensor", "LevelBuffers", "exactly_tensor", "SUPPORTED_DTYPES", "check_dtype", "DEVICES",
+           "register_device", "register_compile", "share_scipy"]
 
 DEVICES = ("cpu", "cuda")
 
