@@ -191,8 +191,8 @@ class SparseTensor(LevelBuffers):
     # -- builders ---------------------------------------------------------------
     @classmethod
     def from_buffers(cls, fmt: Format | str, shape: tuple[int, ...], buffers: tuple[np.ndarray, ...]) -> SparseTensor:
-        """Wrap level buffers (in ``fmt.buffer_names`` order) after validating them: the values are shared, the
-        index buffers copied unless nothing can write them (see the module's docstring)."""
+        """Level buffers (in ``fmt.buffer_names`` order), validated and copied unless nothing can write them (see
+        the module's docstring)."""
         return cls(as_format(fmt, len(shape)), shape, buffers)
 
     @classmethod
@@ -249,10 +249,10 @@ class SparseTensor(LevelBuffers):
         through CSR).  When it is the matrix's own layout, scipy says the
         matrix is canonical (``has_canonical_format``) and its indices are of
         the format's width, its buffers are copied as they are (checked by
-        ``share_scipy``); the tensor never shares the matrix's memory (see the
-        module's docstring).  Otherwise a sorted, duplicate-summed copy is built; int64 indices are
-        narrowed when they fit and the format is widened to 64 bits when they
-        do not.  Kernels take scipy operands through ``share_scipy`` directly,
+        ``share_scipy``): the tensor never shares the matrix's memory (see
+        the module's docstring).  Otherwise a sorted, duplicate-summed copy
+        is built; int64 indices are narrowed when they fit and the format is
+        widened to 64 bits when they do not.  Kernels take scipy operands through ``share_scipy`` directly,
         at scipy's own index widths.
         """
         import scipy.sparse as sp
