@@ -13,6 +13,7 @@ straight in the LLVM dialect, with the MLIR bindings' op builders.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from mlir import ir
@@ -81,6 +82,23 @@ class _Entry:
 
     def mul(self, a: ir.Value, b: ir.Value) -> ir.Value:
         return llvm.mul(a, b, self._none, ip=self.ip)
+
+    def size_mul(self, a: ir.Value, b: ir.Value, code: int = SIZE_MISMATCH) -> ir.Value:
+        """``a * b`` of sizes or entry counts, returning ``code`` when it overflows int64 (no buffer is that long;
+        the wrapped product had let 2^62 x 8 at 2:4 pass with no coordinates at all)."""
+        return self._checked(llvm.intr_smul_with_overflow, a, b, code)
+
+    def size_add(self, a: ir.Value, b: ir.Value, code: int = SIZE_MISMATCH) -> ir.Value:
+        """``a + b``, as ``size_mul`` (``rows + 1`` wrapped to INT64_MIN for INT64_MAX rows)."""
+        return self._checked(llvm.intr_sadd_with_overflow, a, b, code)
+
+    def _checked(self, op: Any, a: ir.Value, b: ir.Value, code: int) -> ir.Value:
+        x, y = _constant_of(a), _constant_of(b)
+        if x is not None and y is not None:  # compiled-in sizes: folded (they fit; no status to return for them)
+            return self.constant(x * y if op is llvm.intr_smul_with_overflow else x + y)
+        pair = op(llvm.StructType.get_literal([self.i64, self.i1]), a, b, ip=self.ip)
+        self.fail_if(llvm.extractvalue(self.i1, pair, [1], ip=self.ip), code)
+        return llvm.extractvalue(self.i64, pair, [0], ip=self.ip)
 
     def trunc(self, type_: ir.Type, value: ir.Value) -> ir.Value:
         return llvm.trunc(type_, value, self._none, ip=self.ip)
@@ -174,6 +192,16 @@ class _Entry:
         llvm.return_(arg=self.constant(status, self.i32), ip=self.ip)
 
 
+def _constant_of(value: ir.Value) -> int | None:
+    """The integer an ``llvm.mlir.constant`` result holds, else ``None``."""
+    owner = value.owner
+    if isinstance(owner, ir.Operation) or hasattr(owner, "operation"):
+        op = owner if isinstance(owner, ir.Operation) else owner.operation
+        if op.name == "llvm.mlir.constant":
+            return ir.IntegerAttr(op.attributes["value"]).value
+    return None
+
+
 def _llvm_type(dtype: np.dtype) -> ir.Type:
     return ir.Type.parse(TYPE_NAMES[dtype.name])
 
@@ -255,14 +283,14 @@ def _check_levels(e: _Entry, op: OperandABI, args: dict[str, ir.Value], sizes: l
     n = e.constant(1)
     for i, level in enumerate(fmt.levels):
         if level.kind is LevelKind.DENSE:
-            n = e.mul(n, sizes[i])
+            n = e.size_mul(n, sizes[i])
             continue
-        if level.kind is LevelKind.STRUCTURED:
-            n = e.mul(n, e.constant(level.n))
+        if level.kind is LevelKind.STRUCTURED:  # n may come from positions: their values are what is wrong
+            n = e.size_mul(n, e.constant(level.n), BAD_LEVELS)
             e.fail_if(e.ne(args[f"crd{i}_len"], n), BAD_LEVELS)
             continue
         if level.has_positions:
-            e.fail_if(e.ne(args[f"pos{i}_len"], e.add(n, e.constant(1))), BAD_LEVELS)
+            e.fail_if(e.ne(args[f"pos{i}_len"], e.size_add(n, e.constant(1), BAD_LEVELS)), BAD_LEVELS)
             _check_monotone(e, args[f"pos{i}"], n, dtypes[f"pos{i}"])
             n = _load_index(e, args[f"pos{i}"], n, dtypes[f"pos{i}"])
             e.fail_if(e.icmp(_SLT, n, e.constant(0)), BAD_LEVELS)
@@ -301,11 +329,11 @@ def _implicit_positions(e: _Entry, op: OperandABI, sizes: list[ir.Value]) -> tup
     level = fmt.levels[-1]
     groups = e.constant(1)
     for size in sizes[:-1]:
-        groups = e.mul(groups, size)
+        groups = e.size_mul(groups, size)
     width = fmt.pos_width // 8 if fmt.pos_width else 8
     element = ir.IntegerType.get_signless(8 * width)
-    length = e.add(groups, e.constant(1))
-    pointer = e.call("malloc", [e.mul(length, e.constant(width))], e.ptr)
+    length = e.size_add(groups, e.constant(1))
+    pointer = e.call("malloc", [e.size_mul(length, e.constant(width))], e.ptr)
     e.fail_if(e.icmp(_EQ, pointer, e.null()), NULL_POINTER)
 
     def fill(k: ir.Value, _: list[ir.Value]) -> list[ir.Value]:
@@ -455,6 +483,8 @@ def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool, 
     for p in params:
         if p.kind == "dim":
             e.fail_if(e.icmp(_SLT, args[p.name], zero), SIZE_MISMATCH)
+        elif p.kind == "len":  # a negative length matched a wrapped ``rows + 1`` and the walk read past the end
+            e.fail_if(e.icmp(_SLT, args[p.name], zero), BAD_LEVELS)
     for static, carriers in sig.extents().values():
         dims = [args[f"{name}_d{d}"] for name, d in carriers]
         reference = e.constant(static) if static is not None else (dims[0] if dims else None)
@@ -485,7 +515,7 @@ def _add_entry(module: ir.Module, sig: Signature, kernel: str, zero_fill: bool, 
             if op.output and zero_fill:
                 nbytes = e.constant(op.dtype.itemsize)
                 for dim in dims:
-                    nbytes = e.mul(nbytes, dim)
+                    nbytes = e.size_mul(nbytes, dim)
                 llvm.intr_memset(args[op.name], e.constant(0, e.i8), nbytes, False, ip=e.ip)
             slots.append(_descriptor(e, args[op.name], dims))
         elif f"{op.name}_{buf}" in args:

@@ -608,3 +608,32 @@ def test_audit_five_tensor_edges():
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                               env={**__import__("os").environ, name: "²"}, timeout=300)
         assert done.returncode == 0 and done.stdout.strip() == "3.0", (name, done.stderr[-500:])
+
+
+def test_the_c_entry_point_refuses_negative_lengths_and_size_overflow(tmp_path):
+    """Called from C: a negative position length that matched a wrapped ``rows + 1`` (rows = INT64_MAX) passed,
+    and the position check read past the buffer; rows = 2**62 at 2:4 wrapped the coordinate count to 0 (an
+    empty matrix of 2**62 rows, whose kernel read past its values)."""
+    import ctypes
+
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    spmm = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "csr"}, dtype="float32")
+    nm = sm.compile("C[i,j] = A[i,k] * B[k,j]", formats={"A": "2:4"}, dtype="float32")
+    sm.export(spmm, tmp_path, "guarded_spmm")
+    sm.export(nm, tmp_path, "guarded_nm")
+    pos, dense = np.zeros(3, np.int32), np.zeros(4, np.float32)
+    at = lambda a: a.ctypes.data  # noqa: E731
+    lib = ctypes.CDLL(str(tmp_path / "libguarded_spmm.so"))
+    lib.guarded_spmm.restype, lib.guarded_spmm.argtypes = ctypes.c_int32, [ptr, i64, ptr, i64, ptr, i64, i64, i64,
+                                                                           ptr, i64, i64, ptr, i64, i64]
+    big = np.iinfo(np.int64)
+    status = lib.guarded_spmm(at(pos), big.min, None, 0, None, 0, big.max, 4, at(dense), 4, 0, at(dense), big.max, 0)
+    assert status == 3  # SPARSE_MLIR_BAD_LEVELS: lengths are never negative
+    status = lib.guarded_spmm(at(pos), 3, None, 0, None, 0, big.max, 4, at(dense), 4, 0, at(dense), big.max, 0)
+    assert status in (2, 3)  # INT64_MAX rows: their positions cannot be counted
+    lib = ctypes.CDLL(str(tmp_path / "libguarded_nm.so"))
+    lib.guarded_nm.restype, lib.guarded_nm.argtypes = ctypes.c_int32, [ptr, i64, ptr, i64, i64, i64, ptr, i64, i64,
+                                                                       ptr, i64, i64]
+    crd = np.zeros(4, np.int8)
+    status = lib.guarded_nm(at(crd), 0, at(dense), 0, 1 << 62, 8, at(dense), 8, 0, at(dense), 1 << 62, 0)
+    assert status == 2  # SPARSE_MLIR_SIZE_MISMATCH: 2**62 rows x 2 groups x 2 entries overflows

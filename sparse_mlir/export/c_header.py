@@ -40,11 +40,13 @@ def c_header(sig: Signature, openmp: Path | None = None) -> str:
         given = "; ".join(f"{op.name}'s as {', '.join(f'{op.name}_d{d}' for d in op.size_params)}" for op in sized)
         lines += [f" * Shape-generic: every size is given at run time ({given}, after the",
                   " * buffers). Sizes must agree wherever an index repeats, none may be",
-                  " * negative, a dimension a format tiles must be a multiple of its block (status",
-                  " * SPARSE_MLIR_SIZE_MISMATCH), and level buffer lengths must fit the sizes (positions",
-                  " * rows + 1 long...: status SPARSE_MLIR_BAD_LEVELS)."]
+                  " * negative or so large that the entries they make overflow 64 bits, a dimension a",
+                  " * format tiles must be a multiple of its block (status SPARSE_MLIR_SIZE_MISMATCH),",
+                  " * and level buffer lengths must fit the sizes (positions rows + 1 long...: status",
+                  " * SPARSE_MLIR_BAD_LEVELS)."]
     lines += [" * Sparse buffers are canonical: positions non-decreasing, coordinates in range and sorted",
-              " * within each segment (what sparse_mlir.SparseTensor holds). Lengths are checked, and positions",
+              " * within each segment (what sparse_mlir.SparseTensor holds). Lengths are checked (none may be",
+              " * negative), and positions",
               " * must start at 0 and never decrease (status SPARSE_MLIR_BAD_LEVELS otherwise); coordinates are",
               " * not checked. A dense output is zero-filled, then written; it must not overlap an input."]
     if openmp is not None:
