@@ -194,11 +194,9 @@ class _Entry:
 
 def _constant_of(value: ir.Value) -> int | None:
     """The integer an ``llvm.mlir.constant`` result holds, else ``None``."""
-    owner = value.owner
-    if isinstance(owner, ir.Operation) or hasattr(owner, "operation"):
-        op = owner if isinstance(owner, ir.Operation) else owner.operation
-        if op.name == "llvm.mlir.constant":
-            return ir.IntegerAttr(op.attributes["value"]).value
+    op = getattr(value.owner, "operation", value.owner)  # an OpView's operation; a block argument's owner: a Block
+    if isinstance(op, ir.Operation) and op.name == "llvm.mlir.constant":
+        return ir.IntegerAttr(op.attributes["value"]).value
     return None
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from sparse_mlir.distributed import blocks as B
 from sparse_mlir.distributed.kernels import SHIP_MODES, KernelPlan, make_plan
 from sparse_mlir.dsl.plan import plan as plan_spec
-from sparse_mlir.dtypes import check_dtype
+from sparse_mlir.dtypes import check_dtype, whole_number
 from sparse_mlir.errors import FormatError, OperandError, ShapeError
 from sparse_mlir.formats import CSR, Format
 from sparse_mlir.tensor.host import SparseTensor
@@ -304,11 +304,8 @@ class ColumnShardedMatrix:
     """
 
     def __init__(self, rows: RowShardedMatrix, split_every: int = 2):
-        if isinstance(split_every, (bool, np.bool_)) or not isinstance(split_every, (int, np.integer)) \
-                or split_every < 2:
-            raise OperandError(f"split_every must be a whole number of at least 2, got {split_every!r}")
         self.rows = rows
-        self.split_every = split_every
+        self.split_every = whole_number(split_every, "split_every", OperandError, least=2)
 
     @classmethod
     def from_scipy(cls, matrix: Any, chunks: int | tuple[int, ...] | None = None, *, dtype: Any = None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from sparse_mlir.dtypes import whole_number
 from sparse_mlir.errors import DTypeError, OperandError, OptionError, ShapeError
 from sparse_mlir.distributed.matrix import RowShardedMatrix
 
@@ -126,7 +126,7 @@ def cg(A: RowShardedMatrix, b: Any, *, rtol: float = 1e-8, maxiter: int | None =
         raise DTypeError(f"cg's right-hand side is {b_dtype}, the matrix {A.dtype}; it would not cast exactly")
     if not 0 <= rtol < math.inf:  # NaN too
         raise OptionError(f"cg's rtol must be a finite number >= 0, got {rtol}")
-    maxiter = 10 * n if maxiter is None else _whole(maxiter, "maxiter")
+    maxiter = 10 * n if maxiter is None else whole_number(maxiter, "cg's maxiter", OptionError)
     start = time.perf_counter()
     chunks = (A.layout.row_chunks,)
     r = (b.rechunk(chunks) if hasattr(b, "dask") else da.from_array(np.asarray(b, A.dtype), chunks=chunks))
@@ -155,15 +155,6 @@ def cg(A: RowShardedMatrix, b: Any, *, rtol: float = 1e-8, maxiter: int | None =
             callback(iterations, math.sqrt(rho) / bnorm)
     residual = math.sqrt(rho) / bnorm
     return CGResult(x.compute(), iterations, residual, residual < rtol or rho == 0, time.perf_counter() - start)
-
-
-def _whole(value: Any, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise OptionError(f"cg's {what} must be a whole number, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise OptionError(f"cg's {what} must be a whole number, got {value!r}") from None
 
 
 def poisson3d(n: int, dtype: Any = np.float64) -> Any:

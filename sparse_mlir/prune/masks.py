@@ -8,13 +8,13 @@ the caller passed in is modified.
 
 from __future__ import annotations
 
-import operator
 
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from sparse_mlir import dtypes
 from sparse_mlir.dtypes import check_dtype
 from sparse_mlir.errors import OperandError, PatternError, ShapeError
 from sparse_mlir.formats import BSR, CSR, NM, Format, as_format
@@ -49,17 +49,8 @@ class Pattern:
 
 
 def whole_number(value: Any, what: str, least: int = 1) -> int:
-    """``value`` as an int of at least ``least``, or ``PatternError`` naming ``what``: an int or numpy integer,
-    not a bool or a float (``block=(2.9, 4)`` was pruned as 2x4, ``gradual=0.5`` as 0: no pruning at all)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise PatternError(f"{what} must be a whole number, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise PatternError(f"{what} must be a whole number, got {value!r}") from None
-    if number < least:
-        raise PatternError(f"{what} must be at least {least}, got {number}")
-    return number
+    """``dtypes.whole_number`` for pruning options: a ``PatternError``, at least 1 unless said otherwise."""
+    return dtypes.whole_number(value, what, PatternError, least)
 
 
 def check_sparsity(sparsity: Any) -> float:
